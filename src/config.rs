@@ -1,0 +1,72 @@
+//! Configuration shared by the subcommands, in one place: every setting is a flag with an
+//! environment-variable twin, and `strata <command> --help` shows them all.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+
+/// Where state lives: the database and the node-local data directory.
+#[derive(Debug, Clone, Args)]
+pub struct StorageArgs {
+    /// Postgres connection URL. Unset with `strata up`: a local cluster is created and started
+    /// in `<data-dir>/postgres`.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Node-local data directory: blob store, extracted layers, images, embedded Postgres.
+    #[arg(long, env = "STRATA_DATA_DIR", default_value = "/var/lib/strata")]
+    pub data_dir: PathBuf,
+
+    /// Maximum connections in this process's Postgres pool.
+    #[arg(long, env = "STRATA_DB_POOL_SIZE", default_value_t = 16)]
+    pub db_pool_size: u32,
+}
+
+/// Settings of the HTTP server.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address the API listens on.
+    #[arg(long, env = "STRATA_LISTEN", default_value = "127.0.0.1:3000")]
+    pub listen: SocketAddr,
+
+    /// Token operators present as `Authorization: Bearer <token>` on `/admin/*`. Without one,
+    /// the operator API answers 503 (it is never open).
+    #[arg(long, env = "STRATA_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Base URL clients use to reach this server, for links the server hands out (upload URLs).
+    /// Defaults to `http://<listen>`.
+    #[arg(long, env = "STRATA_PUBLIC_URL")]
+    pub public_url: Option<String>,
+}
+
+/// Identity of this process in event metadata and logs.
+#[derive(Debug, Clone, Args)]
+pub struct NodeArgs {
+    /// Node id recorded as the actor of every event this process appends. Defaults to the
+    /// hostname.
+    #[arg(long, env = "STRATA_NODE_ID")]
+    pub node_id: Option<String>,
+}
+
+impl NodeArgs {
+    pub fn node_id(&self) -> String {
+        self.node_id.clone().unwrap_or_else(|| {
+            rustix::system::uname()
+                .nodename()
+                .to_string_lossy()
+                .into_owned()
+        })
+    }
+}
+
+impl ServeArgs {
+    pub fn public_url(&self) -> String {
+        self.public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{}", self.listen))
+            .trim_end_matches('/')
+            .to_string()
+    }
+}

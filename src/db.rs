@@ -1,0 +1,29 @@
+//! Connecting to Postgres and applying the schema.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+/// The schema, embedded at compile time from `migrations/` (append-only).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Opens a pool on `url`. Statement logging is turned down to debug so that queries do not
+/// flood the service log.
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+    let options: PgConnectOptions = url
+        .parse::<PgConnectOptions>()?
+        .log_statements(log::LevelFilter::Debug)
+        .log_slow_statements(log::LevelFilter::Warn, Duration::from_secs(1));
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options)
+        .await
+}
+
+/// Applies pending migrations. Safe to call from several processes at once: sqlx takes an
+/// advisory lock for the duration.
+pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
+    MIGRATOR.run(pool).await
+}

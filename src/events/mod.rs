@@ -1,0 +1,1 @@
+//! Event types and the Postgres event store.

@@ -1,0 +1,21 @@
+//! strata: a self-hosted template-build service that speaks the E2B build protocol.
+//!
+//! Layout:
+//! * [`domain`]: pure state machines (`decide`/`evolve`), cache-key encoding, validation. No I/O.
+//! * [`events`]: versioned event types and the Postgres event store.
+//! * [`projections`]: read models fed inline or from the global feed.
+//! * [`reconcilers`]: workers that drive every build to a terminal state.
+//! * [`api`]: the E2B-compatible HTTP API and the operator (audit) API.
+//! * [`vmm`]: sandbox backends, layers, images and the build executor.
+//! * [`config`], [`telemetry`], [`embedded_postgres`]: process plumbing shared by the subcommands.
+
+pub mod api;
+pub mod config;
+pub mod db;
+pub mod domain;
+pub mod embedded_postgres;
+pub mod events;
+pub mod projections;
+pub mod reconcilers;
+pub mod telemetry;
+pub mod vmm;

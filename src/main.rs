@@ -1,0 +1,74 @@
+//! The `strata` binary: one executable, one subcommand per role.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use strata::telemetry::{self, LogFormat};
+
+/// strata: a self-hosted template-build service that speaks the E2B build protocol.
+///
+/// Point the stock E2B SDK at it (E2B_API_URL=http://127.0.0.1:3000) and build templates.
+/// `strata up` runs everything in one process on a local Postgres it starts itself.
+#[derive(Debug, Parser)]
+#[command(name = "strata", version, propagate_version = true)]
+struct Cli {
+    /// Log format on stderr. `RUST_LOG` sets the filter (default: info).
+    #[arg(
+        long,
+        env = "STRATA_LOG_FORMAT",
+        value_enum,
+        default_value_t,
+        global = true
+    )]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run everything in one process: API, worker and reconcilers. Without DATABASE_URL, a
+    /// local Postgres cluster is created and started in the data directory, and stopped on
+    /// Ctrl-C or SIGTERM.
+    Up(cli::up::UpArgs),
+    /// Run the stateless HTTP API (E2B-compatible endpoints, uploads, operator API).
+    Api(cli::api::ApiArgs),
+    /// Run a build node: claim started builds and execute them in sandboxes.
+    Worker(cli::worker::WorkerArgs),
+    /// Run reconcilers (all, or one with --only). Several copies may run at once.
+    Reconcile(cli::reconcile::ReconcileArgs),
+    /// Apply pending database migrations and exit.
+    Migrate(cli::migrate::MigrateArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("strata: cannot start the async runtime: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let _telemetry = telemetry::init(cli.log_format)?;
+        match cli.command {
+            Command::Up(args) => cli::up::run(args).await,
+            Command::Api(args) => cli::api::run(args).await,
+            Command::Worker(args) => cli::worker::run(args).await,
+            Command::Reconcile(args) => cli::reconcile::run(args).await,
+            Command::Migrate(args) => cli::migrate::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("strata: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

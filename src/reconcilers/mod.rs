@@ -1,0 +1,1 @@
+//! Reconcilers: independent workers that replay streams and drive state forward.

@@ -1,0 +1,1 @@
+//! Sandboxes: backends, layers, base images and the build executor.

@@ -1,0 +1,149 @@
+//! The one harness every integration test shares.
+//!
+//! * Postgres: `STRATA_TEST_DATABASE_URL` (an admin URL to an existing server) when set;
+//!   otherwise an embedded cluster in `/tmp/strata-test-pg`, started on first use and reused by
+//!   every later test process (a file lock serializes the start).
+//! * Each test gets a fresh database, cloned from a template database that has the current
+//!   migrations applied (named by their checksums, so a new migration makes a new template).
+//! * A temporary data directory per test.
+#![allow(dead_code)]
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+use strata::embedded_postgres::EmbeddedPostgres;
+
+/// Port of the shared embedded test cluster.
+const TEST_PG_PORT: u16 = 54330;
+const TEST_PG_DIR: &str = "/tmp/strata-test-pg";
+
+/// A fresh, migrated database for one test.
+pub struct TestDb {
+    pub pool: PgPool,
+    /// URL of this test's database, for child processes.
+    pub url: String,
+    pub name: String,
+}
+
+/// An admin URL (database `postgres`) on the shared server, starting it if needed.
+pub fn server_admin_url() -> String {
+    if let Ok(url) = std::env::var("STRATA_TEST_DATABASE_URL") {
+        return url;
+    }
+    let pg = EmbeddedPostgres::new(TEST_PG_DIR, TEST_PG_PORT).expect("embedded Postgres for tests");
+    std::fs::create_dir_all("/tmp").ok();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/tmp/strata-test-pg.lock")
+        .expect("open the test Postgres lock file");
+    // SAFETY: flock on a file descriptor we own; released when `lock` is dropped.
+    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+    if !pg.is_running() {
+        pg.start_blocking()
+            .expect("start the embedded test Postgres");
+    }
+    drop(lock);
+    pg.url("postgres")
+}
+
+fn with_database(url: &str, database: &str) -> String {
+    let (base, _) = url.rsplit_once('/').expect("database URL has a path");
+    let query = url
+        .split_once('?')
+        .map(|(_, q)| format!("?{q}"))
+        .unwrap_or_default();
+    format!("{base}/{database}{query}")
+}
+
+fn template_name() -> String {
+    let mut hasher = Sha256::new();
+    for migration in strata::db::MIGRATOR.iter() {
+        hasher.update(migration.version.to_le_bytes());
+        hasher.update(&migration.checksum);
+    }
+    format!("strata_tpl_{}", &hex::encode(hasher.finalize())[..16])
+}
+
+/// Creates the migrated template database once per migration set.
+async fn ensure_template(admin: &PgPool, admin_url: &str) -> String {
+    let name = template_name();
+    let mut conn = admin.acquire().await.expect("admin connection");
+    // Serializes template creation across concurrently starting test processes.
+    sqlx::query("SELECT pg_advisory_lock(727272)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(&name)
+        .fetch_optional(&mut *conn)
+        .await
+        .unwrap();
+    if exists.is_none() {
+        let building = format!("{name}_building");
+        sqlx::query(&format!("DROP DATABASE IF EXISTS \"{building}\""))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::query(&format!("CREATE DATABASE \"{building}\""))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let pool = strata::db::connect(&with_database(admin_url, &building), 2)
+            .await
+            .expect("connect to the template database");
+        strata::db::migrate(&pool)
+            .await
+            .expect("migrate the template database");
+        pool.close().await;
+        sqlx::query(&format!(
+            "ALTER DATABASE \"{building}\" RENAME TO \"{name}\""
+        ))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+    sqlx::query("SELECT pg_advisory_unlock(727272)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    name
+}
+
+/// A fresh database for this test, with every migration applied.
+pub async fn test_db() -> TestDb {
+    let admin_url = tokio::task::spawn_blocking(server_admin_url).await.unwrap();
+    let admin = strata::db::connect(&admin_url, 2)
+        .await
+        .expect("connect to the test server");
+    let template = ensure_template(&admin, &admin_url).await;
+    let name = format!("strata_test_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!(
+        "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
+    ))
+    .execute(&admin)
+    .await
+    .expect("create the test database");
+    admin.close().await;
+    let url = with_database(&admin_url, &name);
+    let pool = strata::db::connect(&url, 40)
+        .await
+        .expect("connect to the test database");
+    TestDb { pool, url, name }
+}
+
+/// A temporary data directory, removed when dropped.
+pub fn data_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("strata-test-")
+        .tempdir()
+        .expect("temporary data directory")
+}
+
+/// Path of the `strata` binary built for this test run.
+pub fn strata_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_strata"))
+}
