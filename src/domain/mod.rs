@@ -1,3 +1,25 @@
 //! Pure domain logic: state machines as `decide(state, command) -> Result<Vec<Event>, Error>` and
 //! `evolve(state, event) -> state`, key encodings and validation. Nothing here performs I/O or
 //! reads a clock: time is passed in by the caller.
+//!
+//! Layout:
+//! * [`ids`]: validated identifiers and the stream-name helpers.
+//! * [`canonical`]: the length-delimited encoding behind every digest we compute.
+//! * [`build_spec`]: the E2B request bodies as validated types, the request digest, and the
+//!   command-context fold.
+//! * [`template`]: the template aggregate and the team-scoped name claim.
+//! * [`build`]: the build aggregate (upload bindings and intents, freeze, attempts, fencing,
+//!   publishing, terminal states) and its E2B status view.
+//! * [`files`]: published generations of one `(scope, filesHash)`.
+//! * [`promotion`]: the promotion outbox of one `(build, epoch)`.
+//! * [`upload_url`]: signed upload URLs.
+//! * [`cache_key`]: fingerprint, base, step and final keys.
+//!
+//! Every aggregate follows one shape: `State` (Default), `Command`, `Event` (versioned, serde
+//! tagged by `type`), `Error`, `decide` and `evolve`. Where one transition spans several streams,
+//! a pure function over all their states returns the events per stream; the caller appends them
+//! in one transaction with the versions it read.
+
+pub mod build_spec;
+pub mod canonical;
+pub mod ids;
