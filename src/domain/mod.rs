@@ -20,6 +20,12 @@
 //! a pure function over all their states returns the events per stream; the caller appends them
 //! in one transaction with the versions it read.
 
+pub mod build;
 pub mod build_spec;
+// pub mod cache_key;
 pub mod canonical;
+pub mod files;
 pub mod ids;
+// pub mod promotion;
+// pub mod template;
+// pub mod upload_url;
