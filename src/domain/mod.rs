@@ -22,7 +22,7 @@
 
 pub mod build;
 pub mod build_spec;
-// pub mod cache_key;
+pub mod cache_key;
 pub mod canonical;
 pub mod files;
 pub mod ids;

@@ -160,7 +160,9 @@ fn happy_path_from_registration_to_ready() {
         Digest::of(b"tar-bytes")
     );
 
-    let events = w.start(spec_copying(&[h.clone()]), t(3), true).unwrap();
+    let events = w
+        .start(spec_copying(std::slice::from_ref(&h)), t(3), true)
+        .unwrap();
     assert!(matches!(events[0], Event::BuildFrozen { .. }));
     assert!(matches!(
         events[1],
@@ -489,7 +491,8 @@ fn worker_failure_reports_the_step_and_releases_context() {
     w.link(1, &h, t(1)).unwrap();
     w.link(2, &h, t(1)).unwrap();
     w.upload(1, b"c", t(2)).unwrap();
-    w.start(spec_copying(&[h.clone()]), t(3), true).unwrap();
+    w.start(spec_copying(std::slice::from_ref(&h)), t(3), true)
+        .unwrap();
     assert!(matches!(
         w.run(Command::FailBuild {
             epoch: Epoch(1),
