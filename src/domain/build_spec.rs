@@ -773,6 +773,28 @@ impl TemplateBuildStartV2 {
         hashes
     }
 
+    /// This request without private-registry credentials: the form that is stored in events,
+    /// so that secrets never enter the audit history. The credentials still count in
+    /// [`Self::request_digest`], which is computed from the full request.
+    pub fn without_credentials(&self) -> Self {
+        let mut spec = self.clone();
+        if let BaseSource::Image { registry, .. } = &mut spec.base {
+            *registry = None;
+        }
+        spec
+    }
+
+    /// Whether a private registry must be authenticated against to pull the base.
+    pub fn has_registry_credentials(&self) -> bool {
+        matches!(
+            self.base,
+            BaseSource::Image {
+                registry: Some(_),
+                ..
+            }
+        )
+    }
+
     /// The sha256 of the canonical encoding of this request. A replayed start with the same
     /// digest is the same request (idempotent); a different digest after the freeze is a
     /// conflict. Canonical means: independent of JSON key order, whitespace and of keys we ignore;

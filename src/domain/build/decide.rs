@@ -317,7 +317,8 @@ fn start(
     }
     let mut events = vec![Event::BuildFrozen {
         request_digest,
-        spec: spec.clone(),
+        spec: spec.without_credentials(),
+        registry_credentials: spec.has_registry_credentials(),
         bindings,
         frozen_at: now,
         queue_deadline,

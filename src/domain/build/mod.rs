@@ -218,7 +218,9 @@ pub struct Registration {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Freeze {
     pub request_digest: Digest,
+    /// Without registry credentials (see `BuildFrozen`).
     pub spec: TemplateBuildStartV2,
+    pub registry_credentials: bool,
     pub bindings: BTreeMap<FilesHash, Binding>,
 }
 
@@ -289,11 +291,14 @@ pub enum Event {
         intent: IntentId,
         expired_at: DateTime<Utc>,
     },
-    /// Build start: the request, its digest and the bindings every COPY will read.
+    /// Build start: the request, its digest and the bindings every COPY will read. The spec is
+    /// stored without registry credentials; `registry_credentials` says the base needs them, and
+    /// the API keeps them outside the event store for the worker.
     #[serde(rename = "BuildFrozen.v1")]
     BuildFrozen {
         request_digest: Digest,
         spec: TemplateBuildStartV2,
+        registry_credentials: bool,
         bindings: BTreeMap<FilesHash, Binding>,
         frozen_at: DateTime<Utc>,
         queue_deadline: DateTime<Utc>,
@@ -413,6 +418,7 @@ pub fn evolve(mut state: State, event: &Event) -> State {
         Event::BuildFrozen {
             request_digest,
             spec,
+            registry_credentials,
             bindings,
             queue_deadline,
             ..
@@ -420,6 +426,7 @@ pub fn evolve(mut state: State, event: &Event) -> State {
             state.freeze = Some(Freeze {
                 request_digest: *request_digest,
                 spec: spec.clone(),
+                registry_credentials: *registry_credentials,
                 bindings: bindings.clone(),
             });
             state.bindings.clear();

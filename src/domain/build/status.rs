@@ -1,7 +1,7 @@
 //! The E2B view of a build: `GET /templates/{id}/builds/{bid}/status`.
 //!
 //! Layout: [`BuildStatus`] and [`status_of`]; [`ErrorReason`] and [`reason_of`]; [`LogEntry`],
-//! [`LogLevel`] and [`page_logs`].
+//! [`LogLevel`] and [`page_logs`]; [`StatusResponse`], the whole response body.
 //!
 //! The SDK accepts exactly `waiting|building|ready|error`; a queued build is `waiting` (as E2B
 //! reports builds that are not yet triggered), publishing is still `building`, and only Ready is
@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::{FailedStep, Phase, State};
+use crate::domain::ids::BuildId;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -79,6 +80,42 @@ pub fn page_logs<T>(entries: &[T], offset: usize, limit: Option<usize>) -> &[T] 
     &entries[start..end]
 }
 
+/// The `200` body of the status endpoint. `logs` is legacy and always empty, but the SDK
+/// requires the key (PROTOCOL §1.5).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusResponse {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub status: BuildStatus,
+    pub log_entries: Vec<LogEntry>,
+    pub logs: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<ErrorReason>,
+}
+
+impl StatusResponse {
+    /// The response for a registered build and one page of its logs; `None` when the build
+    /// stream is empty (answer 404).
+    pub fn of(
+        state: &State,
+        build_id: &super::super::ids::BuildId,
+        page: Vec<LogEntry>,
+    ) -> Option<Self> {
+        let registration = state.registration.as_ref()?;
+        Some(Self {
+            template_id: registration.template.to_string(),
+            build_id: build_id.to_string(),
+            status: status_of(state)?,
+            log_entries: page,
+            logs: vec![],
+            reason: reason_of(state),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +139,34 @@ mod tests {
         assert_eq!(
             serde_json::to_value(BuildStatus::Building).unwrap(),
             "building"
+        );
+    }
+
+    #[test]
+    fn status_response_has_every_required_key() {
+        use crate::domain::build::{evolve, Event};
+        use crate::domain::build_spec::Resources;
+        use crate::domain::ids::{TeamId, TemplateId};
+        let at = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let build = BuildId::parse("6b44026b-52e0-4514-9034-f764fec84928").unwrap();
+        assert!(StatusResponse::of(&State::default(), &build, vec![]).is_none());
+        let state = evolve(
+            State::default(),
+            &Event::BuildRegistered {
+                template: TemplateId::parse("tpl00eba6899868497d8").unwrap(),
+                team: TeamId::parse("t").unwrap(),
+                tags: vec![],
+                resources: Resources::default(),
+                registered_at: at,
+                waiting_deadline: at,
+            },
+        );
+        let body =
+            serde_json::to_value(StatusResponse::of(&state, &build, vec![]).unwrap()).unwrap();
+        // Exactly the captured waiting response.
+        assert_eq!(
+            body,
+            serde_json::json!({"templateID": "tpl00eba6899868497d8", "buildID": "6b44026b-52e0-4514-9034-f764fec84928", "status": "waiting", "logEntries": [], "logs": []})
         );
     }
 

@@ -377,6 +377,29 @@ fn freeze_rejects_missing_bindings_and_later_uploads() {
 }
 
 #[test]
+fn registry_credentials_count_in_the_digest_but_never_enter_events() {
+    let body = json!({"fromImage": "registry.example.com/team/img:1",
+        "fromImageRegistry": {"type": "registry", "username": "u", "password": "hunter2-secret"},
+        "force": false, "steps": [{"type": "RUN", "args": ["true"], "force": false}]});
+    let spec: TemplateBuildStartV2 = serde_json::from_value(body).unwrap();
+    let mut w = World::registered();
+    let events = w.start(spec.clone(), t(1), true).unwrap();
+    let stored = serde_json::to_string(&events).unwrap();
+    assert!(!stored.contains("hunter2-secret"), "{stored}");
+    let freeze = w.build.freeze.as_ref().unwrap();
+    assert!(freeze.registry_credentials);
+    assert_eq!(freeze.request_digest, spec.request_digest());
+    assert_ne!(
+        spec.request_digest(),
+        spec.without_credentials().request_digest()
+    );
+    assert!(
+        w.start(spec, t(2), true).unwrap().is_empty(),
+        "a replay with credentials is the same request"
+    );
+}
+
+#[test]
 fn lease_expiry_fails_the_build_with_node_lost_and_fences_the_epoch() {
     let mut w = World::registered();
     w.start(spec_copying(&[]), t(1), true).unwrap();
