@@ -42,7 +42,7 @@ pub use decide::{decide, AttemptGrant, Command, Error};
 
 use super::build_spec::{Resources, Tag, TemplateBuildStartV2};
 use super::ids::{
-    Digest, Epoch, FilesHash, Generation, IntentId, NodeId, SnapshotId, TeamId, TemplateId,
+    Digest, Epoch, FilesHash, Generation, IntentId, NodeId, Scope, SnapshotId, TeamId, TemplateId,
 };
 
 /// Which generation of a context archive a build uses for one `filesHash`.
@@ -243,6 +243,11 @@ pub struct State {
 }
 
 impl State {
+    /// The scope of the build's context: the `files-{scope}-{hash}` streams it reads and writes.
+    pub fn scope(&self) -> Option<Scope> {
+        self.registration.as_ref().map(|r| Scope::team(&r.team))
+    }
+
     /// The binding a COPY of `hash` reads: the frozen one after start, the live one before.
     pub fn binding(&self, hash: &FilesHash) -> Option<&Binding> {
         match &self.freeze {

@@ -99,11 +99,7 @@ pub struct StatusResponse {
 impl StatusResponse {
     /// The response for a registered build and one page of its logs; `None` when the build
     /// stream is empty (answer 404).
-    pub fn of(
-        state: &State,
-        build_id: &super::super::ids::BuildId,
-        page: Vec<LogEntry>,
-    ) -> Option<Self> {
+    pub fn of(state: &State, build_id: &BuildId, page: Vec<LogEntry>) -> Option<Self> {
         let registration = state.registration.as_ref()?;
         Some(Self {
             template_id: registration.template.to_string(),

@@ -118,6 +118,7 @@ impl World {
             &CompleteUpload {
                 build: build_id(),
                 intent: intent(i),
+                hash: h.clone(),
                 generation,
                 blob_digest: Digest::of(bytes),
                 size: bytes.len() as u64,
@@ -302,6 +303,39 @@ fn upload_replays_are_idempotent_and_conflicts_are_named() {
         Err(UploadError::BindingChanged { .. })
     ));
     assert_eq!(w.build.bindings[&h].generation, Generation(1));
+}
+
+#[test]
+fn completion_checks_the_url_against_its_intent() {
+    let h = hash('a');
+    let mut w = World::registered();
+    w.link(1, &h, t(1)).unwrap();
+    let f = w.files[&h].clone();
+    let mut cmd = CompleteUpload {
+        build: build_id(),
+        intent: intent(1),
+        hash: hash('b'),
+        generation: Generation(1),
+        blob_digest: Digest::of(b"x"),
+        size: 1,
+        now: t(2),
+    };
+    assert!(matches!(
+        complete_upload(&w.build, &f, &cmd),
+        Err(UploadError::HashMismatch { .. })
+    ));
+    cmd.hash = h.clone();
+    cmd.generation = Generation(2);
+    assert!(matches!(
+        complete_upload(&w.build, &f, &cmd),
+        Err(UploadError::GenerationMismatch { .. })
+    ));
+    cmd.intent = intent(9);
+    assert!(matches!(
+        complete_upload(&w.build, &f, &cmd),
+        Err(UploadError::UnknownIntent { .. })
+    ));
+    assert_eq!(w.build.scope().unwrap().as_str(), "team1");
 }
 
 #[test]

@@ -58,7 +58,8 @@ pub struct LinkResponse {
 pub struct CompleteUpload {
     pub build: BuildId,
     pub intent: IntentId,
-    /// The generation the signed URL names; must be the intent's.
+    /// The filesHash and generation the signed URL names; both must be the intent's.
+    pub hash: FilesHash,
     pub generation: Generation,
     pub blob_digest: Digest,
     pub size: u64,
@@ -80,6 +81,12 @@ pub enum UploadError {
         intent: IntentId,
         url: Generation,
         reserved: Generation,
+    },
+    #[error("the URL names filesHash {url} but intent {intent} was issued for {reserved}; request a new upload link")]
+    HashMismatch {
+        intent: IntentId,
+        url: FilesHash,
+        reserved: FilesHash,
     },
     #[error("upload intent {intent} expired; request a new upload link")]
     IntentExpired { intent: IntentId },
@@ -188,6 +195,13 @@ pub fn complete_upload(
         .intents
         .get(&cmd.intent)
         .ok_or(UploadError::UnknownIntent { intent: cmd.intent })?;
+    if intent.hash != cmd.hash {
+        return Err(UploadError::HashMismatch {
+            intent: cmd.intent,
+            url: cmd.hash.clone(),
+            reserved: intent.hash.clone(),
+        });
+    }
     if intent.generation != cmd.generation {
         return Err(UploadError::GenerationMismatch {
             intent: cmd.intent,
