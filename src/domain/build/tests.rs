@@ -607,7 +607,7 @@ fn waiting_and_intent_deadlines() {
         intent: intent(1),
         now: t(3601),
     })
-    .ok();
+    .unwrap();
     assert!(matches!(
         w.upload(1, b"late", t(400)),
         Err(UploadError::IntentExpired { .. })
