@@ -102,6 +102,8 @@ fn walk<W: Write>(
             h.set_mode(0o600);
             h.set_size(0);
             h.set_mtime(0);
+            h.set_uid(0);
+            h.set_gid(0);
             builder
                 .append_data(&mut h, rel.join(wh_name), io::empty())
                 .map_err(err("whiteout"))?;
@@ -116,6 +118,8 @@ fn walk<W: Write>(
                 h.set_mode(0o600);
                 h.set_size(0);
                 h.set_mtime(0);
+                h.set_uid(0);
+                h.set_gid(0);
                 builder
                     .append_data(&mut h, rel_path.join(OPAQUE_MARKER), io::empty())
                     .map_err(err("opaque marker"))?;
