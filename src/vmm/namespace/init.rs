@@ -201,6 +201,11 @@ fn build_dev() -> Result<(), String> {
             )
         };
         check(r, &format!("mknod /dev/{name}"))?;
+        // SAFETY: as above; mknod's mode is filtered by the umask.
+        check(
+            unsafe { libc::chmod(p.as_ptr(), 0o666) },
+            &format!("chmod /dev/{name}"),
+        )?;
     }
     ensure_dir("/dev/pts", 0o755)?;
     mount(
