@@ -553,6 +553,9 @@ mod tests {
         h.set_entry_type(kind);
         h.set_size(size);
         h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
         h
     }
 
@@ -569,6 +572,12 @@ mod tests {
         let gnu = h.as_gnu_mut().unwrap();
         gnu.name[..name.len()].copy_from_slice(name.as_bytes());
         gnu.linkname[..link.len()].copy_from_slice(link.as_bytes());
+        // A well-formed sparse header (real size 0, empty map), so the type itself is judged.
+        gnu.realsize.copy_from_slice(b"00000000000\0");
+        for s in gnu.sparse.iter_mut() {
+            s.offset.copy_from_slice(b"00000000000\0");
+            s.numbytes.copy_from_slice(b"00000000000\0");
+        }
         h.set_cksum();
         b.append(&h, data).unwrap();
     }

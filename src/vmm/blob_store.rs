@@ -82,7 +82,7 @@ pub trait BlobStore: Send + Sync {
     fn verify(&self, digest: &Digest) -> Result<u64> {
         let mut reader = self.open_verified(digest)?;
         let n = io::copy(&mut reader, &mut io::sink())
-            .map_err(VmmError::io(format!("reading blob {digest}")))?;
+            .map_err(|e| read_error(e, &format!("reading blob {digest}")))?;
         reader.finish()?;
         Ok(n)
     }
@@ -215,17 +215,7 @@ impl<R: Read> VerifyingReader<R> {
 
     /// Drains what is left and checks the digest.
     pub fn finish(mut self) -> Result<()> {
-        io::copy(&mut self, &mut io::sink()).map_err(|e| {
-            if e.kind() == io::ErrorKind::InvalidData {
-                match e.into_inner().map(|b| b.downcast::<VmmError>()) {
-                    Some(Ok(v)) => *v,
-                    Some(Err(other)) => VmmError::io("verifying a blob")(io::Error::other(other)),
-                    None => VmmError::Image("verification failed".into()),
-                }
-            } else {
-                VmmError::io("reading a blob")(e)
-            }
-        })?;
+        io::copy(&mut self, &mut io::sink()).map_err(|e| read_error(e, "reading a blob"))?;
         Ok(())
     }
 }
@@ -251,6 +241,21 @@ impl<R: Read> Read for VerifyingReader<R> {
         }
         self.hasher.update(&buf[..n]);
         Ok(n)
+    }
+}
+
+/// Turns a read error back into the digest mismatch a [`VerifyingReader`] raised, if it was one.
+pub fn read_error(e: io::Error, context: &str) -> VmmError {
+    let is_ours = e
+        .get_ref()
+        .is_some_and(|inner| inner.downcast_ref::<VmmError>().is_some());
+    if is_ours {
+        match e.into_inner().map(|b| b.downcast::<VmmError>()) {
+            Some(Ok(v)) => *v,
+            _ => unreachable!("checked above"),
+        }
+    } else {
+        VmmError::io(context)(e)
     }
 }
 
