@@ -186,7 +186,7 @@ impl SandboxCgroup {
     /// SIGKILLs every member except `keep`, until none is left (a forking process may add
     /// members between rounds).
     pub fn kill_all_except(&self, keep: &[i32]) {
-        for _ in 0..200 {
+        for _ in 0..1000 {
             let victims: Vec<i32> = self
                 .members()
                 .into_iter()
@@ -199,7 +199,7 @@ impl SandboxCgroup {
                 // SAFETY: kill(2) with a pid read from our own cgroup.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(1));
         }
         tracing::warn!(dirs = ?self.dirs, "processes kept appearing in a sandbox cgroup");
     }
@@ -218,12 +218,12 @@ impl SandboxCgroup {
     pub fn remove(&mut self) {
         self.kill_all();
         for d in self.dirs.drain(..) {
-            for attempt in 0..400 {
+            for attempt in 0..2000 {
                 match fs::remove_dir(&d) {
                     Ok(()) => break,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
                     Err(e) => {
-                        if attempt == 399 {
+                        if attempt == 1999 {
                             tracing::error!(path = %d.display(), error = %e, "cannot remove a sandbox cgroup");
                         }
                         // Members may still be exiting; kill again and retry.
@@ -233,7 +233,7 @@ impl SandboxCgroup {
                                 unsafe { libc::kill(pid, libc::SIGKILL) };
                             }
                         }
-                        std::thread::sleep(Duration::from_millis(5));
+                        std::thread::sleep(Duration::from_millis(1));
                     }
                 }
             }
