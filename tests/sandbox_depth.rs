@@ -6,13 +6,17 @@ mod common;
 use common::sandbox::*;
 use strata::vmm::compact::compact;
 use strata::vmm::depth::DepthBudget;
-use strata::vmm::{layer, BlobStore, Digest, NamespaceBackend, NamespaceConfig, SandboxBackend, VmmError};
+use strata::vmm::{
+    layer, BlobStore, Digest, NamespaceBackend, NamespaceConfig, SandboxBackend, VmmError,
+};
 
 /// A layer from a closure that fills an overlay-format directory.
 fn make_layer(backend: &NamespaceBackend, fill: impl FnOnce(&std::path::Path)) -> Digest {
     let dir = tempfile::tempdir().unwrap();
     fill(dir.path());
-    layer::seal_dir(dir.path(), backend.blobs().as_ref() as &dyn BlobStore).unwrap().digest
+    layer::seal_dir(dir.path(), backend.blobs().as_ref() as &dyn BlobStore)
+        .unwrap()
+        .digest
 }
 
 fn whiteout(path: &std::path::Path) {
@@ -40,7 +44,14 @@ async fn a_hundred_layers_boot_and_an_over_budget_stack_is_refused() {
     }
     assert_eq!(stack.len(), 100);
     let mut sb = boot(&backend, spec(stack.clone())).await;
-    assert_eq!(sh(&mut sb, "ls /layers | wc -l; cat /layers/0 /layers/98 /layers-top").await, "99\n0\n98\n98\n");
+    assert_eq!(
+        sh(
+            &mut sb,
+            "ls /layers | wc -l; cat /layers/0 /layers/98 /layers-top"
+        )
+        .await,
+        "99\n0\n98\n98\n"
+    );
     let id = sb.id().to_string();
     sb.destroy().await.unwrap();
     assert_no_trace(&id);
@@ -48,18 +59,45 @@ async fn a_hundred_layers_boot_and_an_over_budget_stack_is_refused() {
     // 501 lowers: refused with a clear error, before any mount.
     let too_deep: Vec<Digest> = std::iter::repeat(stack[0].clone()).take(501).collect();
     let err = backend.boot(spec(too_deep)).await.err().expect("refused");
-    assert!(matches!(err, VmmError::StackTooDeep { depth: 501, budget: 500, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            VmmError::StackTooDeep {
+                depth: 501,
+                budget: 500,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("compact"), "{err}");
 
     // A budget with a reserve for the build's checkpoints refuses earlier.
     let reserved = NamespaceBackend::new(NamespaceConfig {
         data_dir: node_dir(),
         agent_binary: common::strata_bin(),
-        depth: DepthBudget { overlay_max: 500, reserved: 450 },
+        depth: DepthBudget {
+            overlay_max: 500,
+            reserved: 450,
+        },
     })
     .unwrap();
-    let err = reserved.boot(spec(stack.clone())).await.err().expect("refused");
-    assert!(matches!(err, VmmError::StackTooDeep { depth: 100, budget: 50, .. }), "{err}");
+    let err = reserved
+        .boot(spec(stack.clone()))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(
+            err,
+            VmmError::StackTooDeep {
+                depth: 100,
+                budget: 50,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -88,12 +126,24 @@ async fn compaction_keeps_the_filesystem_identical() {
     }));
     stack.push(make_layer(&backend, |d| {
         std::fs::create_dir_all(d.join("app/later-opaque")).unwrap();
-        rustix::fs::setxattr(d.join("app/later-opaque"), "trusted.overlay.opaque", b"y", rustix::fs::XattrFlags::empty()).unwrap();
+        rustix::fs::setxattr(
+            d.join("app/later-opaque"),
+            "trusted.overlay.opaque",
+            b"y",
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
         std::fs::write(d.join("app/later-opaque/new"), "new").unwrap();
         std::fs::create_dir_all(d.join("usr")).unwrap();
         // A base directory replaced wholesale.
         std::fs::create_dir_all(d.join("usr/sbin")).unwrap();
-        rustix::fs::setxattr(d.join("usr/sbin"), "trusted.overlay.opaque", b"y", rustix::fs::XattrFlags::empty()).unwrap();
+        rustix::fs::setxattr(
+            d.join("usr/sbin"),
+            "trusted.overlay.opaque",
+            b"y",
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
         std::fs::write(d.join("usr/sbin/only"), "only").unwrap();
         std::fs::write(d.join("app/link"), "link is a file again").unwrap();
     }));
@@ -108,7 +158,8 @@ async fn compaction_keeps_the_filesystem_identical() {
     sb.destroy().await.unwrap();
 
     let blobs = backend.blobs();
-    let (compacted, layer) = compact(blobs.as_ref(), backend.layers(), &stack, 1..4, &node_dir()).unwrap();
+    let (compacted, layer) =
+        compact(blobs.as_ref(), backend.layers(), &stack, 1..4, &node_dir()).unwrap();
     assert_eq!(compacted.len(), stack.len() - 2);
     assert_eq!(compacted[1], layer.digest);
     let mut sb = boot(&backend, spec(compacted.clone())).await;
@@ -117,7 +168,14 @@ async fn compaction_keeps_the_filesystem_identical() {
     assert_eq!(before, after, "compaction changed the filesystem");
 
     // Flattening the whole stack, base included, gives the same tree too.
-    let (flat, _) = compact(blobs.as_ref(), backend.layers(), &stack, 0..stack.len(), &node_dir()).unwrap();
+    let (flat, _) = compact(
+        blobs.as_ref(),
+        backend.layers(),
+        &stack,
+        0..stack.len(),
+        &node_dir(),
+    )
+    .unwrap();
     assert_eq!(flat.len(), 1);
     let mut sb = boot(&backend, spec(flat)).await;
     assert_eq!(manifest(&mut sb).await, before);

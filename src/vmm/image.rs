@@ -94,6 +94,17 @@ impl ImageCatalog {
         fs::rename(&tmp, &path).map_err(VmmError::io("publishing an image manifest"))
     }
 
+    /// Drops a name from the catalog (its blobs stay until garbage collection).
+    pub fn remove(&self, name: &str) -> Result<()> {
+        match fs::remove_file(self.dir.join(file_name(name))) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(VmmError::ImageNotFound(name.to_string()))
+            }
+            Err(e) => Err(VmmError::io("removing an image")(e)),
+        }
+    }
+
     pub fn list(&self) -> Result<Vec<ImageManifest>> {
         let mut out = Vec::new();
         for e in fs::read_dir(&self.dir).map_err(VmmError::io("listing images"))? {
