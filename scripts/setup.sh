@@ -9,6 +9,9 @@ command -v cargo >/dev/null || { echo "setup: cargo is required (install Rust wi
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 command -v psql >/dev/null || need_apt+=(postgresql-client)
 id postgres >/dev/null 2>&1 || need_apt+=(postgresql)
+# Sandboxes: the Debian base image is made with debootstrap; openssl is the benchmark baseline.
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+command -v openssl >/dev/null || need_apt+=(openssl)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
@@ -17,3 +20,16 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 # The Debian package starts its own cluster on 5432; strata does not use it.
+
+# Base images for sandboxes (busybox, debian:bookworm, e2bdev/base), built once into the node
+# data directory, where `cargo test` also finds them. Needs root (sandboxes are namespaces).
+if [ "$(id -u)" = 0 ]; then
+  ls /var/lib/apt/lists/*_Packages >/dev/null 2>&1 || apt-get update -qq
+  (
+    cd "$(dirname "$0")/.."
+    cargo build --quiet --bin strata
+    STRATA_DATA_DIR="${STRATA_DATA_DIR:-/var/lib/strata}" ./target/debug/strata image build-base
+  )
+else
+  echo "setup: not root; skipping the sandbox base images (sandbox tests need root)" >&2
+fi

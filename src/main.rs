@@ -40,10 +40,24 @@ enum Command {
     Reconcile(cli::reconcile::ReconcileArgs),
     /// Apply pending database migrations and exit.
     Migrate(cli::migrate::MigrateArgs),
+    /// Manage the node's local image catalog (base images, imports).
+    Image(cli::image::ImageArgs),
+    /// Sandbox benchmark (to be folded into `strata bench sandbox`).
+    BenchSandbox(cli::bench_sandbox::BenchSandboxArgs),
+    #[command(hide = true)]
+    SandboxInit(cli::sandbox::SandboxInitArgs),
+    #[command(hide = true)]
+    SandboxAgent(cli::sandbox::SandboxAgentArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Sandbox-side subcommands fork: they must run before any runtime thread exists.
+    match &cli.command {
+        Command::SandboxInit(args) => return cli::sandbox::init(args),
+        Command::SandboxAgent(args) => return cli::sandbox::agent(args),
+        _ => {}
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -62,6 +76,9 @@ fn main() -> std::process::ExitCode {
             Command::Worker(args) => cli::worker::run(args).await,
             Command::Reconcile(args) => cli::reconcile::run(args).await,
             Command::Migrate(args) => cli::migrate::run(args).await,
+            Command::Image(args) => cli::image::run(args).await,
+            Command::BenchSandbox(args) => cli::bench_sandbox::run(args).await,
+            Command::SandboxInit(_) | Command::SandboxAgent(_) => unreachable!("dispatched above"),
         }
     });
     match result {

@@ -2,8 +2,11 @@
 //! shutdown. Errors here are `anyhow`, with context that reads like a sentence.
 
 pub mod api;
+pub mod bench_sandbox;
+pub mod image;
 pub mod migrate;
 pub mod reconcile;
+pub mod sandbox;
 pub mod up;
 pub mod worker;
 

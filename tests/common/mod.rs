@@ -8,6 +8,8 @@
 //! * A temporary data directory per test.
 #![allow(dead_code)]
 
+pub mod sandbox;
+
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 

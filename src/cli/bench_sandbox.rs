@@ -1,0 +1,157 @@
+//! `strata bench-sandbox` (to become `strata bench sandbox`): sandbox latency and checkpoint
+//! cost, each next to a baseline measured in the same run.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use strata::vmm::image;
+use strata::vmm::{
+    layer, BlobStore, BootSpec, Digest, ExecRequest, NamespaceBackend, NamespaceConfig, Network,
+    SandboxBackend,
+};
+
+#[derive(Debug, Args)]
+pub struct BenchSandboxArgs {
+    #[arg(long, env = "STRATA_DATA_DIR", default_value = "/var/lib/strata")]
+    data_dir: PathBuf,
+    /// Runs per latency measurement.
+    #[arg(long, default_value_t = 50)]
+    runs: usize,
+    /// Size of the writable layer for the checkpoint measurement, in MiB.
+    #[arg(long, default_value_t = 50)]
+    checkpoint_mib: u64,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn spec(layers: Vec<Digest>) -> BootSpec {
+    let mut s = BootSpec::new(layers);
+    s.limits.network = Network::Host;
+    s
+}
+
+pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
+    let backend = NamespaceBackend::new(NamespaceConfig {
+        data_dir: args.data_dir.clone(),
+        agent_binary: std::env::current_exe().context("locating the strata binary")?,
+        depth: Default::default(),
+    })?;
+    let blobs = backend.blobs();
+    let (d, b) = (args.data_dir.clone(), blobs.clone());
+    let base = tokio::task::spawn_blocking(move || image::ensure_busybox(&d, b.as_ref())).await??;
+    let base_layers = base.digests();
+
+    // 1. boot + exec `true` + destroy.
+    let mut samples = Vec::new();
+    for i in 0..args.runs + 2 {
+        let t = Instant::now();
+        let mut sb = backend.boot(spec(base_layers.clone())).await?;
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let out = sb.exec(ExecRequest::shell("true"), tx).await?;
+        sb.destroy().await?;
+        anyhow::ensure!(out.success(), "`true` failed: {out:?}");
+        if i >= 2 {
+            samples.push(t.elapsed());
+        }
+    }
+    samples.sort();
+    println!(
+        "boot+exec(true)+destroy, busybox, {} runs: p50 {:.1} ms, p99 {:.1} ms",
+        samples.len(),
+        ms(percentile(&samples, 0.5)),
+        ms(percentile(&samples, 0.99))
+    );
+
+    // 2. checkpoint of an N MiB writable layer vs `tar -c DIR | openssl dgst -sha256` of the
+    // same directory, three rounds, medians.
+    let (mut checkpoints, mut baselines, mut size) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..3 {
+        let mut sb = backend.boot(spec(base_layers.clone())).await?;
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let out = sb
+            .exec(
+                ExecRequest::shell(format!(
+                    "mkdir -p /bench && for i in $(seq 1 {n}); do head -c 1048576 /dev/urandom > /bench/f$i; done",
+                    n = args.checkpoint_mib
+                )),
+                tx,
+            )
+            .await?;
+        anyhow::ensure!(out.success(), "filling the writable layer failed: {out:?}");
+        let upper = args
+            .data_dir
+            .join("sandboxes")
+            .join(sb.id())
+            .join("upper-0");
+        let t = Instant::now();
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "tar -C '{}' -cf - . | openssl dgst -sha256 >/dev/null",
+                upper.display()
+            ))
+            .status()?;
+        baselines.push(t.elapsed());
+        anyhow::ensure!(status.success(), "baseline tar | openssl failed");
+        let t = Instant::now();
+        let layer = sb.checkpoint().await?;
+        checkpoints.push(t.elapsed());
+        size = layer.size;
+        sb.destroy().await?;
+    }
+    checkpoints.sort();
+    baselines.sort();
+    let (checkpoint, baseline) = (checkpoints[1], baselines[1]);
+    println!(
+        "checkpoint of a {} MiB writable layer (median of 3): {:.0} ms (seal + extract + reboot; layer {} bytes); \
+         baseline tar|openssl sha256 of the same dir: {:.0} ms; ratio {:.2}x",
+        args.checkpoint_mib,
+        ms(checkpoint),
+        size,
+        ms(baseline),
+        checkpoint.as_secs_f64() / baseline.as_secs_f64()
+    );
+
+    // 3. boot latency by stack depth.
+    let scratch = tempfile::tempdir_in(&args.data_dir)?;
+    let mut extra = Vec::new();
+    for i in 0..63 {
+        let dir = scratch.path().join(format!("l{i}"));
+        std::fs::create_dir_all(dir.join("layers"))?;
+        std::fs::write(
+            dir.join("layers").join(format!("file{i}")),
+            format!("layer {i}\n"),
+        )?;
+        extra.push(layer::seal_dir(&dir, blobs.as_ref() as &dyn BlobStore)?.digest);
+    }
+    for depth in [1usize, 16, 64] {
+        let mut stack = base_layers.clone();
+        stack.extend(extra.iter().take(depth - 1).cloned());
+        let mut samples = Vec::new();
+        for i in 0..args.runs + 1 {
+            let t = Instant::now();
+            let sb = backend.boot(spec(stack.clone())).await?;
+            let e = t.elapsed();
+            sb.destroy().await?;
+            if i >= 1 {
+                samples.push(e);
+            }
+        }
+        samples.sort();
+        println!(
+            "boot on {depth:>2} layers: p50 {:.1} ms, p99 {:.1} ms",
+            ms(percentile(&samples, 0.5)),
+            ms(percentile(&samples, 0.99))
+        );
+    }
+    Ok(())
+}

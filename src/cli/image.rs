@@ -1,0 +1,105 @@
+//! `strata image`: the node's local image catalog.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use strata::vmm::image::{self, ImageCatalog};
+use strata::vmm::{BlobStore, NamespaceBackend, NamespaceConfig};
+
+#[derive(Debug, Args)]
+pub struct ImageArgs {
+    /// Node-local data directory (blobs, layers, images).
+    #[arg(
+        long,
+        env = "STRATA_DATA_DIR",
+        default_value = "/var/lib/strata",
+        global = true
+    )]
+    data_dir: PathBuf,
+    #[command(subcommand)]
+    command: ImageCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ImageCommand {
+    /// Build the built-in base images that are missing: busybox, debian:bookworm, e2bdev/base.
+    BuildBase {
+        /// Only build the busybox base (seconds, no debootstrap).
+        #[arg(long)]
+        busybox_only: bool,
+        /// Debian mirror for debootstrap.
+        #[arg(
+            long,
+            env = "STRATA_DEBIAN_MIRROR",
+            default_value = "http://deb.debian.org/debian"
+        )]
+        mirror: String,
+    },
+    /// Import an OCI image layout directory or a `docker save` archive.
+    Import {
+        path: PathBuf,
+        #[arg(long)]
+        name: String,
+    },
+    /// List images: name, manifest digest, layers, size.
+    Ls,
+}
+
+pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
+    let data_dir = args.data_dir;
+    let backend = NamespaceBackend::new(NamespaceConfig {
+        data_dir: data_dir.clone(),
+        agent_binary: std::env::current_exe().context("locating the strata binary")?,
+        depth: Default::default(),
+    })
+    .context("opening the node's sandbox backend")?;
+    let blobs = backend.blobs();
+    match args.command {
+        ImageCommand::BuildBase {
+            busybox_only,
+            mirror,
+        } => {
+            let (d, b) = (data_dir.clone(), blobs.clone());
+            let m = tokio::task::spawn_blocking(move || image::ensure_busybox(&d, b.as_ref()))
+                .await??;
+            println!("{}\t{}", m.name, m.digest());
+            if !busybox_only {
+                let (d, b) = (data_dir.clone(), blobs.clone());
+                let m = tokio::task::spawn_blocking(move || {
+                    image::ensure_debian(&d, b.as_ref(), &mirror)
+                })
+                .await??;
+                println!("{}\t{}", m.name, m.digest());
+                let m =
+                    image::ensure_e2b_base(&data_dir, &backend, blobs.as_ref() as &dyn BlobStore)
+                        .await?;
+                println!("{}\t{}", m.name, m.digest());
+            }
+        }
+        ImageCommand::Import { path, name } => {
+            let d = data_dir.clone();
+            let m = tokio::task::spawn_blocking(move || {
+                image::import(&path, &name, &d, blobs.as_ref())
+            })
+            .await??;
+            println!("{}\t{}\t{} layers", m.name, m.digest(), m.layers.len());
+        }
+        ImageCommand::Ls => {
+            println!(
+                "{:<24} {:<73} {:>6} {:>12}",
+                "NAME", "DIGEST", "LAYERS", "SIZE"
+            );
+            for m in ImageCatalog::open(&data_dir)?.list()? {
+                println!(
+                    "{:<24} {:<73} {:>6} {:>12}",
+                    m.name,
+                    m.digest().to_string(),
+                    m.layers.len(),
+                    m.size()
+                );
+            }
+        }
+    }
+    Ok(())
+}

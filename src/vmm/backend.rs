@@ -1,0 +1,209 @@
+//! The sandbox backend contract. A backend boots sandboxes on layer stacks; a sandbox runs
+//! commands, takes COPY archives, seals checkpoints and is destroyed. The namespace backend
+//! implements it today; a VM backend can implement it later without the builder noticing.
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::archive_policy::ArchivePolicy;
+use super::blob_store::Digest;
+use super::error::Result;
+use super::layer::LayerRef;
+
+/// Defaults every command inherits unless it overrides them.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct CommandContext {
+    pub env: Vec<(String, String)>,
+    /// A user name or `uid[:gid]`; empty means root.
+    pub user: String,
+    /// Absolute working directory; `None` means the user's home.
+    pub workdir: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum Network {
+    /// Share the host's network namespace (package installs need it); resolv.conf is bound in.
+    #[default]
+    Host,
+    /// A private network namespace with only loopback.
+    None,
+}
+
+/// Resource limits, enforced by cgroups (CPU, memory, pids) and by the host (timeout).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Limits {
+    /// CPU quota in cores (`1.5` = 150 % of one core).
+    pub cpus: Option<f64>,
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u64>,
+    /// Default per-command timeout.
+    pub timeout: Duration,
+    pub network: Network,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            cpus: None,
+            memory_bytes: None,
+            pids: Some(4096),
+            timeout: Duration::from_secs(3600),
+            network: Network::Host,
+        }
+    }
+}
+
+/// What a sandbox boots on.
+#[derive(Debug, Clone)]
+pub struct BootSpec {
+    /// Layer digests, bottom first.
+    pub layers: Vec<Digest>,
+    pub context: CommandContext,
+    pub limits: Limits,
+    /// Mount a tmpfs on `/tmp`. Off by default: builds expect `/tmp` to persist across steps
+    /// and into checkpoints, as it does under Docker and E2B (see ADR 0003).
+    pub tmpfs_tmp: bool,
+}
+
+impl BootSpec {
+    pub fn new(layers: Vec<Digest>) -> BootSpec {
+        BootSpec {
+            layers,
+            context: CommandContext::default(),
+            limits: Limits::default(),
+            tmpfs_tmp: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub enum CommandLine {
+    /// Run through `/bin/sh -c`.
+    Shell(String),
+    /// Run directly (looked up in the command's PATH).
+    Argv(Vec<String>),
+}
+
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    pub command: CommandLine,
+    /// Overrides the context's user.
+    pub user: Option<String>,
+    /// Added over the context's env (later wins).
+    pub env: Vec<(String, String)>,
+    /// Overrides the context's workdir.
+    pub cwd: Option<String>,
+    /// Overrides the limits' timeout.
+    pub timeout: Option<Duration>,
+}
+
+impl ExecRequest {
+    pub fn shell(cmd: impl Into<String>) -> ExecRequest {
+        ExecRequest {
+            command: CommandLine::Shell(cmd.into()),
+            user: None,
+            env: Vec::new(),
+            cwd: None,
+            timeout: None,
+        }
+    }
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+    pub fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// One line of output (a very long line arrives in chunks of at most 64 KiB).
+#[derive(Debug, Clone)]
+pub struct OutputLine {
+    pub stream: OutputStream,
+    pub at: DateTime<Utc>,
+    pub line: String,
+}
+
+pub type OutputSink = UnboundedSender<OutputLine>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecOutcome {
+    Exited(i32),
+    Signaled(i32),
+    /// Killed by the host after the timeout.
+    TimedOut,
+}
+
+impl ExecOutcome {
+    pub fn success(&self) -> bool {
+        *self == ExecOutcome::Exited(0)
+    }
+}
+
+/// A COPY step's arguments (PROTOCOL.md §3.5/§3.7).
+#[derive(Debug, Clone)]
+pub struct CopyRequest {
+    pub src: String,
+    pub dest: String,
+    pub owner: Option<String>,
+    pub mode: Option<String>,
+    pub policy: ArchivePolicy,
+}
+
+impl CopyRequest {
+    pub fn new(src: impl Into<String>, dest: impl Into<String>) -> CopyRequest {
+        CopyRequest {
+            src: src.into(),
+            dest: dest.into(),
+            owner: None,
+            mode: None,
+            policy: ArchivePolicy::upload(),
+        }
+    }
+}
+
+#[async_trait]
+pub trait SandboxBackend: Send + Sync {
+    /// A name and version for the cache fingerprint.
+    fn name(&self) -> &'static str;
+    async fn boot(&self, spec: BootSpec) -> Result<Box<dyn Sandbox>>;
+}
+
+#[async_trait]
+pub trait Sandbox: Send {
+    fn id(&self) -> &str;
+    /// The current stack, bottom first (grows with each checkpoint).
+    fn layers(&self) -> &[Digest];
+    /// The context commands inherit; builders update it on ENV, USER and WORKDIR.
+    fn context_mut(&mut self) -> &mut CommandContext;
+    /// Runs a command; every line of output goes to `output` as it arrives. Processes the
+    /// command leaves behind are killed when it ends.
+    async fn exec(&mut self, request: ExecRequest, output: OutputSink) -> Result<ExecOutcome>;
+    /// Copies from a tar (plain or gzip) archive on the host, with COPY semantics.
+    async fn copy_in(&mut self, archive: &Path, request: CopyRequest) -> Result<()>;
+    /// Creates a user if missing (with passwordless sudo when `sudo` and the image has sudo).
+    async fn ensure_user(&mut self, name: &str, sudo: bool) -> Result<()>;
+    /// Seals the writable layer into an immutable layer and continues on a fresh one.
+    async fn checkpoint(&mut self) -> Result<LayerRef>;
+    /// Kills everything and removes every trace on the host.
+    async fn destroy(self: Box<Self>) -> Result<()>;
+}

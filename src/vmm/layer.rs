@@ -1,0 +1,307 @@
+//! Layers: OCI layer tars built from overlay upper directories, and the node's cache of
+//! extracted layers that overlay mounts as lower directories.
+//!
+//! Format of a sealed layer (deterministic: one directory always gives the same sha256):
+//! * uncompressed tar, GNU headers, depth first with each directory's entries in byte order
+//!   of their names on disk (a whiteout sorts by the name it hides), no entry for the root;
+//! * numeric owners only (no user or group names), no atime or ctime;
+//! * mtime policy: the file's own mtime truncated to whole seconds (whiteouts carry 0), so an
+//!   unchanged tree reseals to the same digest while tools that compare mtimes keep working;
+//! * overlay deletions (0/0 character devices) become OCI whiteouts `.wh.<name>`, and an
+//!   opaque directory (`trusted.overlay.opaque=y`) is followed by a `.wh..wh..opq` entry;
+//! * hardlinked files inside one layer are stored once plus link entries;
+//! * extended attributes are not carried (a known limit: file capabilities are lost).
+//!
+//! A layer's digest is the sha256 of that tar (the OCI "diff id"). [`LayerCache`] extracts a
+//! blob once per node into `layers/<hex>/`, translating whiteouts back to overlay's format;
+//! the extraction goes to a temporary name and is renamed into place, so concurrent
+//! extractions of one layer are safe and a half-extracted layer is never mounted.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use super::archive_policy::{
+    self, ArchivePolicy, OPAQUE_MARKER, OVERLAY_OPAQUE_XATTR, WHITEOUT_PREFIX,
+};
+use super::blob_store::{BlobStore, Digest};
+use super::error::{Result, VmmError};
+
+/// A sealed layer: its digest and the size of its tar.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LayerRef {
+    pub digest: Digest,
+    pub size: u64,
+}
+
+/// Writes the deterministic layer tar of an overlay-format directory to `out`.
+pub fn write_layer_tar(dir: &Path, out: impl Write) -> Result<()> {
+    let mut builder = tar::Builder::new(out);
+    builder.mode(tar::HeaderMode::Complete);
+    let mut links = HashMap::new();
+    walk(dir, Path::new(""), &mut builder, &mut links)?;
+    builder
+        .into_inner()
+        .and_then(|mut w| w.flush())
+        .map_err(VmmError::io("finishing a layer tar"))?;
+    Ok(())
+}
+
+/// Seals `dir` into the blob store and returns the layer.
+pub fn seal_dir(dir: &Path, blobs: &dyn BlobStore) -> Result<LayerRef> {
+    let mut writer = blobs.writer()?;
+    write_layer_tar(dir, &mut writer)?;
+    let (digest, size) = writer.commit()?;
+    Ok(LayerRef { digest, size })
+}
+
+fn base_header(meta: &fs::Metadata, kind: tar::EntryType) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_uid(meta.uid() as u64);
+    h.set_gid(meta.gid() as u64);
+    h.set_mode(meta.mode() & 0o7777);
+    h.set_mtime(meta.mtime().max(0) as u64);
+    h.set_size(0);
+    h
+}
+
+fn is_opaque(path: &Path) -> bool {
+    let mut buf = [0u8; 8];
+    matches!(rustix::fs::lgetxattr(path, OVERLAY_OPAQUE_XATTR, &mut buf), Ok(1) if buf[0] == b'y')
+}
+
+fn walk<W: Write>(
+    dir: &Path,
+    rel: &Path,
+    builder: &mut tar::Builder<W>,
+    links: &mut HashMap<(u64, u64), PathBuf>,
+) -> Result<()> {
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .map_err(VmmError::io(format!("reading {}", dir.display())))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<io::Result<_>>()
+        .map_err(VmmError::io(format!("reading {}", dir.display())))?;
+    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    for name in names {
+        let path = dir.join(&name);
+        let rel_path = rel.join(&name);
+        let meta = fs::symlink_metadata(&path)
+            .map_err(VmmError::io(format!("stat of {}", path.display())))?;
+        let ft = meta.file_type();
+        let err =
+            |what: &str| VmmError::io(format!("adding {} ({what}) to a layer", rel_path.display()));
+        if ft.is_char_device() && meta.rdev() == 0 {
+            let mut wh_name = std::ffi::OsString::from(WHITEOUT_PREFIX);
+            wh_name.push(&name);
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o600);
+            h.set_size(0);
+            h.set_mtime(0);
+            h.set_uid(0);
+            h.set_gid(0);
+            builder
+                .append_data(&mut h, rel.join(wh_name), io::empty())
+                .map_err(err("whiteout"))?;
+        } else if ft.is_dir() {
+            let mut h = base_header(&meta, tar::EntryType::Directory);
+            builder
+                .append_data(&mut h, &rel_path, io::empty())
+                .map_err(err("directory"))?;
+            if is_opaque(&path) {
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(0o600);
+                h.set_size(0);
+                h.set_mtime(0);
+                h.set_uid(0);
+                h.set_gid(0);
+                builder
+                    .append_data(&mut h, rel_path.join(OPAQUE_MARKER), io::empty())
+                    .map_err(err("opaque marker"))?;
+            }
+            walk(&path, &rel_path, builder, links)?;
+        } else if ft.is_file() {
+            if meta.nlink() > 1 {
+                if let Some(first) = links.get(&(meta.dev(), meta.ino())) {
+                    let mut h = base_header(&meta, tar::EntryType::Link);
+                    builder
+                        .append_link(&mut h, &rel_path, first)
+                        .map_err(err("hardlink"))?;
+                    continue;
+                }
+                links.insert((meta.dev(), meta.ino()), rel_path.clone());
+            }
+            let mut h = base_header(&meta, tar::EntryType::Regular);
+            h.set_size(meta.len());
+            let file = fs::File::open(&path).map_err(err("open"))?;
+            builder
+                .append_data(&mut h, &rel_path, file)
+                .map_err(err("file"))?;
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&path).map_err(err("readlink"))?;
+            let mut h = base_header(&meta, tar::EntryType::Symlink);
+            builder
+                .append_link(&mut h, &rel_path, target)
+                .map_err(err("symlink"))?;
+        } else if ft.is_fifo() {
+            let mut h = base_header(&meta, tar::EntryType::Fifo);
+            builder
+                .append_data(&mut h, &rel_path, io::empty())
+                .map_err(err("fifo"))?;
+        } else {
+            // Device nodes (other than whiteouts) and sockets do not travel in layers: a device
+            // node in a lower directory would give every later sandbox access to that device.
+            tracing::warn!(path = %rel_path.display(), "skipping a device node or socket while sealing a layer");
+        }
+    }
+    Ok(())
+}
+
+/// The node's extracted layers: `<root>/<hex>/`, overlay-format (whiteouts are 0/0 devices).
+#[derive(Debug, Clone)]
+pub struct LayerCache {
+    root: PathBuf,
+}
+
+impl LayerCache {
+    pub fn open(root: impl Into<PathBuf>) -> Result<LayerCache> {
+        let root = root.into();
+        fs::create_dir_all(&root).map_err(VmmError::io(format!("creating {}", root.display())))?;
+        Ok(LayerCache { root })
+    }
+
+    pub fn path(&self, digest: &Digest) -> PathBuf {
+        self.root.join(digest.hex())
+    }
+
+    /// Returns the extracted directory of `digest`, extracting and verifying it first if needed.
+    pub fn ensure(&self, blobs: &dyn BlobStore, digest: &Digest) -> Result<PathBuf> {
+        let dest = self.path(digest);
+        if dest.is_dir() {
+            return Ok(dest);
+        }
+        let tmp = self.root.join(format!(
+            ".tmp-{}-{}",
+            digest.hex(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        fs::create_dir(&tmp).map_err(VmmError::io(format!("creating {}", tmp.display())))?;
+        let result = (|| {
+            let mut reader = blobs.open_verified(digest)?;
+            archive_policy::extract_tar(&mut reader, &tmp, &ArchivePolicy::layer())?;
+            reader.finish()
+        })();
+        if let Err(e) = result {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+        match fs::rename(&tmp, &dest) {
+            Ok(()) => Ok(dest),
+            Err(_) if dest.is_dir() => {
+                // Another extraction of the same layer won the race; both are identical.
+                let _ = fs::remove_dir_all(&tmp);
+                Ok(dest)
+            }
+            Err(e) => {
+                let _ = fs::remove_dir_all(&tmp);
+                Err(VmmError::io(format!("publishing layer {digest}"))(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vmm::blob_store::LocalBlobStore;
+
+    fn sample(dir: &Path) {
+        fs::create_dir_all(dir.join("a/b")).unwrap();
+        fs::write(dir.join("a/b/file"), "content").unwrap();
+        fs::write(dir.join("z"), "z").unwrap();
+        std::os::unix::fs::symlink("a/b/file", dir.join("link")).unwrap();
+        fs::hard_link(dir.join("z"), dir.join("z-hard")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &dir.join("a/deleted"),
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::empty(),
+            rustix::fs::makedev(0, 0),
+        )
+        .unwrap();
+        rustix::fs::setxattr(
+            dir.join("a/b"),
+            OVERLAY_OPAQUE_XATTR,
+            b"y",
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn sealing_is_deterministic_and_survives_a_round_trip() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
+        let cache = LayerCache::open(store_dir.path().join("layers")).unwrap();
+        let src = tempfile::tempdir().unwrap();
+        sample(src.path());
+        let first = seal_dir(src.path(), &blobs).unwrap();
+        assert_eq!(seal_dir(src.path(), &blobs).unwrap(), first);
+        // The tar holds OCI whiteouts, not device nodes.
+        let mut names = Vec::new();
+        let mut r = blobs.open_verified(&first.digest).unwrap();
+        for e in tar::Archive::new(&mut r).entries().unwrap() {
+            names.push(e.unwrap().path().unwrap().display().to_string());
+        }
+        assert!(names.contains(&"a/.wh.deleted".to_string()), "{names:?}");
+        assert!(names.contains(&"a/b/.wh..wh..opq".to_string()), "{names:?}");
+        assert_eq!(
+            names,
+            [
+                "a",
+                "a/b",
+                "a/b/.wh..wh..opq",
+                "a/b/file",
+                "a/.wh.deleted",
+                "link",
+                "z",
+                "z-hard"
+            ],
+            "depth first, each directory in byte order of the names on disk"
+        );
+        // Extracting gives back overlay's format, which seals to the same digest.
+        let extracted = cache.ensure(&blobs, &first.digest).unwrap();
+        assert_eq!(seal_dir(&extracted, &blobs).unwrap(), first);
+        let m = fs::symlink_metadata(extracted.join("a/deleted")).unwrap();
+        assert!(m.file_type().is_char_device() && m.rdev() == 0);
+    }
+
+    #[test]
+    fn a_corrupt_blob_is_never_extracted() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
+        let cache = LayerCache::open(store_dir.path().join("layers")).unwrap();
+        let src = tempfile::tempdir().unwrap();
+        fs::write(src.path().join("f"), "original").unwrap();
+        let layer = seal_dir(src.path(), &blobs).unwrap();
+        let path = blobs.path_of(&layer.digest);
+        let mut bytes = fs::read(&path).unwrap();
+        let at = bytes.windows(8).position(|w| w == b"original").unwrap();
+        bytes[at] = b'O';
+        fs::write(&path, bytes).unwrap();
+        let err = cache.ensure(&blobs, &layer.digest).unwrap_err();
+        assert!(matches!(err, VmmError::DigestMismatch { .. }), "{err}");
+        assert!(!cache.path(&layer.digest).exists());
+        assert_eq!(
+            fs::read_dir(store_dir.path().join("layers"))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+}

@@ -1,0 +1,175 @@
+//! `strata sandbox-agent`: the in-sandbox side of exec, COPY and user creation.
+//!
+//! The host starts it inside the sandbox's namespaces and cgroup (setns + execveat of the
+//! strata binary by file descriptor, so no host path needs to be visible inside). It forks
+//! once, so the worker is inside the sandbox's pid namespace, and reports the worker's fate on
+//! fd 3: `exit N`, `signal N`, or `error MESSAGE` when the request itself failed (unknown user,
+//! missing working directory, a rejected archive). All untrusted work happens here, inside
+//! the sandbox's root: archive extraction and user switching never run on the host.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+
+use crate::vmm::copy::{self, CopySpec};
+use crate::vmm::users::{self, UserDb};
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub enum AgentRequest {
+    Exec {
+        argv: Vec<String>,
+        user: String,
+        env: Vec<(String, String)>,
+        cwd: Option<String>,
+    },
+    Copy(CopySpec),
+    EnsureUser {
+        name: String,
+        sudo: bool,
+    },
+}
+
+/// Where the agent reports the worker's fate.
+pub const STATUS_FD: i32 = 3;
+/// The sandbox's mount namespace, entered first thing after exec.
+pub const MOUNT_NS_FD: i32 = 4;
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Capabilities a sandboxed root keeps (Docker's default set without MKNOD: there is no device
+/// cgroup here, so a device node would reach the host's devices).
+const KEEP_CAPS: &[u32] = &[0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 29, 31];
+
+fn report(line: &str) {
+    let msg = format!("{line}\n");
+    // SAFETY: writing to the inherited status descriptor.
+    unsafe { libc::write(STATUS_FD, msg.as_ptr().cast(), msg.len()) };
+}
+
+pub fn run(request_json: &str) -> i32 {
+    // SAFETY: a single-threaded process entering the sandbox's mount namespace; from here on
+    // `/` is the sandbox's root and no host path resolves.
+    unsafe {
+        if libc::setns(MOUNT_NS_FD, libc::CLONE_NEWNS) != 0 {
+            report(&format!(
+                "error entering the sandbox's mount namespace: {}",
+                std::io::Error::last_os_error()
+            ));
+            return 1;
+        }
+        libc::close(MOUNT_NS_FD);
+    }
+    if let Err(e) = std::env::set_current_dir("/") {
+        report(&format!("error chdir /: {e}"));
+        return 1;
+    }
+    // The status descriptor must not leak into the user's command.
+    // SAFETY: fcntl on an inherited descriptor.
+    unsafe { libc::fcntl(STATUS_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let request: AgentRequest = match serde_json::from_str(request_json) {
+        Ok(r) => r,
+        Err(e) => {
+            report(&format!("error bad agent request: {e}"));
+            return 2;
+        }
+    };
+    // SAFETY: single-threaded process.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        report(&format!("error fork: {}", std::io::Error::last_os_error()));
+        return 1;
+    }
+    if pid == 0 {
+        let code = match work(request) {
+            Ok(()) => 0,
+            Err(e) => {
+                report(&format!("error {}", e.replace('\n', " ")));
+                127
+            }
+        };
+        let _ = std::io::stdout().flush();
+        // SAFETY: ending the child.
+        unsafe { libc::_exit(code) };
+    }
+    loop {
+        let mut status = 0;
+        // SAFETY: waiting for our child.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            if libc::WIFEXITED(status) {
+                report(&format!("exit {}", libc::WEXITSTATUS(status)));
+            } else if libc::WIFSIGNALED(status) {
+                report(&format!("signal {}", libc::WTERMSIG(status)));
+            }
+            return 0;
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            report("error lost track of the command");
+            return 1;
+        }
+    }
+}
+
+fn drop_capabilities() {
+    for cap in 0..64u32 {
+        if !KEEP_CAPS.contains(&cap) {
+            // SAFETY: prctl on ourselves; EINVAL for caps the kernel does not know is fine.
+            unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        }
+    }
+}
+
+fn work(request: AgentRequest) -> Result<(), String> {
+    match request {
+        AgentRequest::Exec {
+            argv,
+            user,
+            env,
+            cwd,
+        } => {
+            // SAFETY: a new session makes the command and its children one process group.
+            unsafe { libc::setsid() };
+            let db = UserDb::load(Path::new("/"));
+            let who = db.resolve(if user.is_empty() { "root" } else { &user })?;
+            let cwd = cwd.unwrap_or_else(|| who.home.clone());
+            let mut vars: Vec<(String, String)> = vec![
+                ("PATH".into(), DEFAULT_PATH.into()),
+                ("HOME".into(), who.home.clone()),
+                ("USER".into(), who.name.clone()),
+                ("LOGNAME".into(), who.name.clone()),
+            ];
+            for (k, v) in env {
+                vars.retain(|(old, _)| old != &k);
+                vars.push((k, v));
+            }
+            drop_capabilities();
+            let groups: Vec<libc::gid_t> = who.groups.clone();
+            // SAFETY: dropping privileges in the forked worker, before exec.
+            unsafe {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(who.gid) != 0
+                    || libc::setuid(who.uid) != 0
+                {
+                    return Err(format!(
+                        "switching to {} ({}:{}): {}",
+                        who.name,
+                        who.uid,
+                        who.gid,
+                        std::io::Error::last_os_error()
+                    ));
+                }
+            }
+            if let Err(e) = std::env::set_current_dir(&cwd) {
+                return Err(format!("working directory {cwd}: {e}"));
+            }
+            let (program, args) = argv.split_first().ok_or("empty command")?;
+            let err = std::process::Command::new(program)
+                .args(args)
+                .env_clear()
+                .envs(vars)
+                .exec();
+            Err(format!("cannot run {program}: {err}"))
+        }
+        AgentRequest::Copy(spec) => copy::run_copy(Path::new("/"), std::io::stdin().lock(), &spec),
+        AgentRequest::EnsureUser { name, sudo } => users::ensure_user(Path::new("/"), &name, sudo),
+    }
+}

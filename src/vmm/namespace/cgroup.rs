@@ -1,0 +1,250 @@
+//! cgroup limits for one sandbox: cgroup v2 when the unified hierarchy has the cpu, memory and
+//! pids controllers, else v1 (per-controller hierarchies, as on hybrid hosts).
+//!
+//! Every sandbox gets `strata/<id>` in each hierarchy used. Teardown kills every member
+//! (`cgroup.kill` on v2, repeated SIGKILL rounds on v1) and then removes the directories.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::vmm::backend::Limits;
+use crate::vmm::error::{Result, VmmError};
+
+const V2_ROOT: &str = "/sys/fs/cgroup";
+
+#[derive(Debug, Clone)]
+pub enum CgroupDriver {
+    V2 {
+        root: PathBuf,
+    },
+    V1 {
+        memory: Option<PathBuf>,
+        pids: Option<PathBuf>,
+        cpu: Option<PathBuf>,
+    },
+}
+
+fn has_v2_controllers(dir: &Path) -> bool {
+    fs::read_to_string(dir.join("cgroup.controllers"))
+        .map(|c| {
+            let c: Vec<&str> = c.split_whitespace().collect();
+            ["cpu", "memory", "pids"].iter().all(|k| c.contains(k))
+        })
+        .unwrap_or(false)
+}
+
+impl CgroupDriver {
+    pub fn detect() -> CgroupDriver {
+        let root = PathBuf::from(V2_ROOT);
+        if has_v2_controllers(&root) {
+            return CgroupDriver::V2 { root };
+        }
+        let v1 = |names: &[&str], probe: &str| {
+            names
+                .iter()
+                .map(|n| root.join(n))
+                .find(|p| p.join(probe).exists())
+        };
+        CgroupDriver::V1 {
+            memory: v1(&["memory"], "cgroup.procs"),
+            pids: v1(&["pids"], "cgroup.procs"),
+            cpu: v1(&["cpu", "cpu,cpuacct"], "cgroup.procs"),
+        }
+    }
+
+    /// Creates the sandbox's cgroups and writes its limits.
+    pub fn create(&self, id: &str, limits: &Limits) -> Result<SandboxCgroup> {
+        let mut cg = SandboxCgroup {
+            dirs: Vec::new(),
+            v2: matches!(self, CgroupDriver::V2 { .. }),
+        };
+        let result = self.create_into(&mut cg, id, limits);
+        if let Err(e) = result {
+            cg.remove();
+            return Err(e);
+        }
+        Ok(cg)
+    }
+
+    fn create_into(&self, cg: &mut SandboxCgroup, id: &str, limits: &Limits) -> Result<()> {
+        match self {
+            CgroupDriver::V2 { root } => {
+                let parent = root.join("strata");
+                mkdir(&parent)?;
+                write(&root.join("cgroup.subtree_control"), "+cpu +memory +pids")?;
+                write(&parent.join("cgroup.subtree_control"), "+cpu +memory +pids")?;
+                let dir = parent.join(id);
+                mkdir(&dir)?;
+                cg.dirs.push(dir.clone());
+                if let Some(cpus) = limits.cpus {
+                    write(
+                        &dir.join("cpu.max"),
+                        &format!("{} 100000", (cpus * 100000.0) as u64),
+                    )?;
+                }
+                if let Some(m) = limits.memory_bytes {
+                    write(&dir.join("memory.max"), &m.to_string())?;
+                    let _ = write(&dir.join("memory.swap.max"), "0");
+                }
+                if let Some(p) = limits.pids {
+                    write(&dir.join("pids.max"), &p.to_string())?;
+                }
+            }
+            CgroupDriver::V1 { memory, pids, cpu } => {
+                let need = |c: &Option<PathBuf>,
+                            what: &str,
+                            wanted: bool|
+                 -> Result<Option<PathBuf>> {
+                    match (c, wanted) {
+                        (Some(p), _) => Ok(Some(p.join("strata").join(id))),
+                        (None, true) => Err(VmmError::Cgroup {
+                            path: PathBuf::from(V2_ROOT),
+                            message: format!("no {what} controller on cgroup v1 or v2; cannot enforce the {what} limit"),
+                        }),
+                        (None, false) => Ok(None),
+                    }
+                };
+                // The pids hierarchy is always used when present: it is how members are listed.
+                let pids_dir = need(pids, "pids", limits.pids.is_some())?;
+                let mem_dir = need(memory, "memory", limits.memory_bytes.is_some())?;
+                let cpu_dir = need(cpu, "cpu", limits.cpus.is_some())?;
+                for d in [&pids_dir, &mem_dir, &cpu_dir].into_iter().flatten() {
+                    mkdir(d.parent().unwrap())?;
+                    mkdir(d)?;
+                    cg.dirs.push(d.clone());
+                }
+                if let (Some(d), Some(p)) = (&pids_dir, limits.pids) {
+                    write(&d.join("pids.max"), &p.to_string())?;
+                }
+                if let (Some(d), Some(m)) = (&mem_dir, limits.memory_bytes) {
+                    write(&d.join("memory.limit_in_bytes"), &m.to_string())?;
+                    if d.join("memory.memsw.limit_in_bytes").exists() {
+                        let _ = write(&d.join("memory.memsw.limit_in_bytes"), &m.to_string());
+                    }
+                }
+                if let (Some(d), Some(c)) = (&cpu_dir, limits.cpus) {
+                    write(&d.join("cpu.cfs_period_us"), "100000")?;
+                    write(
+                        &d.join("cpu.cfs_quota_us"),
+                        &((c * 100000.0) as u64).to_string(),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn mkdir(p: &Path) -> Result<()> {
+    match fs::create_dir(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(VmmError::Cgroup {
+            path: p.to_path_buf(),
+            message: format!("cannot create: {e} (is strata running as root?)"),
+        }),
+    }
+}
+
+fn write(p: &Path, value: &str) -> Result<()> {
+    fs::write(p, value).map_err(|e| VmmError::Cgroup {
+        path: p.to_path_buf(),
+        message: format!("cannot write {value:?}: {e}"),
+    })
+}
+
+/// One sandbox's cgroup directories (one on v2, one per controller on v1).
+#[derive(Debug)]
+pub struct SandboxCgroup {
+    dirs: Vec<PathBuf>,
+    v2: bool,
+}
+
+impl SandboxCgroup {
+    /// The `cgroup.procs` files a new member writes itself into.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// Host pids of every member.
+    pub fn members(&self) -> Vec<i32> {
+        let Some(dir) = self.dirs.first() else {
+            return Vec::new();
+        };
+        fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// SIGKILLs every member except `keep`, until none is left (a forking process may add
+    /// members between rounds).
+    pub fn kill_all_except(&self, keep: &[i32]) {
+        for _ in 0..1000 {
+            let victims: Vec<i32> = self
+                .members()
+                .into_iter()
+                .filter(|p| !keep.contains(p))
+                .collect();
+            if victims.is_empty() {
+                return;
+            }
+            for pid in victims {
+                // SAFETY: kill(2) with a pid read from our own cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        tracing::warn!(dirs = ?self.dirs, "processes kept appearing in a sandbox cgroup");
+    }
+
+    /// Kills every member.
+    pub fn kill_all(&self) {
+        if self.v2 {
+            if let Some(d) = self.dirs.first() {
+                let _ = fs::write(d.join("cgroup.kill"), "1");
+            }
+        }
+        self.kill_all_except(&[]);
+    }
+
+    /// Kills everything and removes the directories; waits for the kernel to release them.
+    pub fn remove(&mut self) {
+        self.kill_all();
+        for d in self.dirs.drain(..) {
+            for attempt in 0..2000 {
+                match fs::remove_dir(&d) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(e) => {
+                        if attempt == 1999 {
+                            tracing::error!(path = %d.display(), error = %e, "cannot remove a sandbox cgroup");
+                        }
+                        // Members may still be exiting; kill again and retry.
+                        if let Ok(procs) = fs::read_to_string(d.join("cgroup.procs")) {
+                            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                                // SAFETY: as above.
+                                unsafe { libc::kill(pid, libc::SIGKILL) };
+                            }
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for SandboxCgroup {
+    fn drop(&mut self) {
+        if !self.dirs.is_empty() {
+            self.remove();
+        }
+    }
+}

@@ -1,0 +1,693 @@
+//! The namespace backend: sandboxes are processes in fresh mount, pid, ipc, uts (and
+//! optionally net) namespaces over an overlay of the layer stack, limited by cgroups.
+//!
+//! * [`init`]: pid 1 of a sandbox (mounts, pivot, reaper).
+//! * [`agent`]: runs inside a sandbox for each exec, COPY and user creation.
+//! * [`cgroup`]: v1/v2 limits and teardown.
+//! * this file: the host side ([`NamespaceBackend`], [`NamespaceSandbox`]).
+//!
+//! Host layout under the data directory: `sandboxes/<id>/{upper-N,work-N,root}`. The overlay
+//! is only ever mounted inside the sandbox's mount namespace, so nothing stays mounted on the
+//! host once its processes are gone. A checkpoint stops the sandbox, seals `upper-N`, and
+//! boots it again on the longer stack with a fresh `upper-N+1`.
+
+pub mod agent;
+pub mod cgroup;
+pub mod init;
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+use self::agent::AgentRequest;
+use self::cgroup::{CgroupDriver, SandboxCgroup};
+use self::init::InitSpec;
+use super::backend::*;
+use super::blob_store::{Digest, LocalBlobStore};
+use super::copy::CopySpec;
+use super::depth::DepthBudget;
+use super::error::{Result, VmmError};
+use super::layer::{self, LayerCache, LayerRef};
+
+#[derive(Debug, Clone)]
+pub struct NamespaceConfig {
+    /// Node data directory: `blobs/`, `layers/`, `sandboxes/`.
+    pub data_dir: PathBuf,
+    /// The strata binary, started as `sandbox-init` and `sandbox-agent`.
+    pub agent_binary: PathBuf,
+    pub depth: DepthBudget,
+}
+
+struct Shared {
+    config: NamespaceConfig,
+    blobs: Arc<LocalBlobStore>,
+    layers: LayerCache,
+    cgroups: CgroupDriver,
+}
+
+#[derive(Clone)]
+pub struct NamespaceBackend {
+    shared: Arc<Shared>,
+}
+
+impl NamespaceBackend {
+    pub fn new(config: NamespaceConfig) -> Result<NamespaceBackend> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(VmmError::NotRoot);
+        }
+        let blobs = Arc::new(LocalBlobStore::open(config.data_dir.join("blobs"))?);
+        let layers = LayerCache::open(config.data_dir.join("layers"))?;
+        std::fs::create_dir_all(config.data_dir.join("sandboxes"))
+            .map_err(VmmError::io("creating the sandboxes directory"))?;
+        Ok(NamespaceBackend {
+            shared: Arc::new(Shared {
+                config,
+                blobs,
+                layers,
+                cgroups: CgroupDriver::detect(),
+            }),
+        })
+    }
+
+    pub fn blobs(&self) -> Arc<LocalBlobStore> {
+        self.shared.blobs.clone()
+    }
+
+    pub fn layers(&self) -> &LayerCache {
+        &self.shared.layers
+    }
+
+    pub fn cgroup_driver(&self) -> &CgroupDriver {
+        &self.shared.cgroups
+    }
+
+    async fn lowers(&self, stack: &[Digest]) -> Result<Vec<PathBuf>> {
+        let shared = self.shared.clone();
+        let stack = stack.to_vec();
+        tokio::task::spawn_blocking(move || {
+            let mut dirs = stack
+                .iter()
+                .map(|d| shared.layers.ensure(shared.blobs.as_ref(), d))
+                .collect::<Result<Vec<_>>>()?;
+            dirs.reverse();
+            Ok(dirs)
+        })
+        .await
+        .expect("layer extraction task")
+    }
+}
+
+#[async_trait]
+impl SandboxBackend for NamespaceBackend {
+    fn name(&self) -> &'static str {
+        "namespace-v1"
+    }
+
+    async fn boot(&self, spec: BootSpec) -> Result<Box<dyn Sandbox>> {
+        self.shared.config.depth.check(spec.layers.len())?;
+        let lowers = self.lowers(&spec.layers).await?;
+        let id = format!("sbx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let dir = self.shared.config.data_dir.join("sandboxes").join(&id);
+        std::fs::create_dir_all(dir.join("root"))
+            .map_err(VmmError::io("creating the sandbox directory"))?;
+        let cgroup = match self.shared.cgroups.create(&id, &spec.limits) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let mut sandbox = NamespaceSandbox {
+            backend: self.clone(),
+            id,
+            dir,
+            layers: spec.layers.clone(),
+            context: spec.context.clone(),
+            limits: spec.limits.clone(),
+            tmpfs_tmp: spec.tmpfs_tmp,
+            generation: 0,
+            cgroup: Some(cgroup),
+            running: None,
+        };
+        if let Err(e) = sandbox.start(lowers).await {
+            sandbox.teardown().await;
+            return Err(e);
+        }
+        Ok(Box::new(sandbox))
+    }
+}
+
+/// The init process of a running sandbox.
+struct Running {
+    child: Child,
+    /// Host pid of `sandbox-init` (outside the pid namespace).
+    outer: i32,
+    /// Host pid of the sandbox's pid 1.
+    pid1: i32,
+}
+
+pub struct NamespaceSandbox {
+    backend: NamespaceBackend,
+    id: String,
+    dir: PathBuf,
+    layers: Vec<Digest>,
+    context: CommandContext,
+    limits: Limits,
+    tmpfs_tmp: bool,
+    /// Bumped at each checkpoint: names the current upper and work directories.
+    generation: u32,
+    cgroup: Option<SandboxCgroup>,
+    running: Option<Running>,
+}
+
+fn open_fds(paths: &[PathBuf], write: bool) -> Result<Vec<OwnedFd>> {
+    paths
+        .iter()
+        .map(|p| {
+            std::fs::OpenOptions::new()
+                .read(!write)
+                .write(write)
+                .open(p)
+                .map(OwnedFd::from)
+                .map_err(VmmError::io(format!("opening {}", p.display())))
+        })
+        .collect()
+}
+
+/// Splits a stream into lines (at most 64 KiB each) and sends them with a timestamp.
+async fn pump(mut reader: impl AsyncRead + Unpin, stream: OutputStream, sink: OutputSink) {
+    const MAX: usize = 64 * 1024;
+    let mut pending: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let send = |bytes: &[u8]| {
+        let _ = sink.send(OutputLine {
+            stream,
+            at: chrono::Utc::now(),
+            line: String::from_utf8_lossy(bytes).into_owned(),
+        });
+    };
+    loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        pending.extend_from_slice(&buf[..n]);
+        while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
+            send(&pending[..pos]);
+            pending.drain(..=pos);
+        }
+        while pending.len() >= MAX {
+            send(&pending[..MAX]);
+            pending.drain(..MAX);
+        }
+    }
+    if !pending.is_empty() {
+        send(&pending);
+    }
+}
+
+enum AgentStatus {
+    Exit(i32),
+    Signal(i32),
+    Error(String),
+    Lost,
+}
+
+fn parse_status(text: &str) -> AgentStatus {
+    let mut status = AgentStatus::Lost;
+    for line in text.lines() {
+        if let Some(msg) = line.strip_prefix("error ") {
+            return AgentStatus::Error(msg.to_string());
+        } else if let Some(n) = line.strip_prefix("exit ") {
+            status = AgentStatus::Exit(n.trim().parse().unwrap_or(-1));
+        } else if let Some(n) = line.strip_prefix("signal ") {
+            status = AgentStatus::Signal(n.trim().parse().unwrap_or(-1));
+        }
+    }
+    status
+}
+
+impl NamespaceSandbox {
+    fn shared(&self) -> &Shared {
+        &self.backend.shared
+    }
+
+    fn upper(&self) -> PathBuf {
+        self.dir.join(format!("upper-{}", self.generation))
+    }
+
+    fn work(&self) -> PathBuf {
+        self.dir.join(format!("work-{}", self.generation))
+    }
+
+    fn cgroup(&self) -> &SandboxCgroup {
+        self.cgroup.as_ref().expect("a live sandbox has a cgroup")
+    }
+
+    /// Starts `sandbox-init` on `lowers` (top first) and waits for `ready`.
+    async fn start(&mut self, lowers: Vec<PathBuf>) -> Result<()> {
+        for d in [self.upper(), self.work()] {
+            std::fs::create_dir_all(&d)
+                .map_err(VmmError::io(format!("creating {}", d.display())))?;
+        }
+        let spec = InitSpec {
+            lowers,
+            upper: self.upper(),
+            work: self.work(),
+            root: self.dir.join("root"),
+            hostname: "sandbox".into(),
+            network_none: self.limits.network == Network::None,
+            tmpfs_tmp: self.tmpfs_tmp,
+        };
+        let spec_json = serde_json::to_string(&spec).expect("init spec serializes");
+        let cgroup_fds = open_fds(&self.cgroup().procs_files(), true)?;
+        let raw_cgroup: Vec<i32> = cgroup_fds.iter().map(|f| f.as_raw_fd()).collect();
+        let mut flags =
+            libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+        if spec.network_none {
+            flags |= libc::CLONE_NEWNET;
+        }
+        let mut cmd = Command::new(&self.shared().config.agent_binary);
+        cmd.arg("sandbox-init")
+            .arg(&spec_json)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        // SAFETY: the hook only makes async-signal-safe syscalls on pre-opened descriptors.
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in &raw_cgroup {
+                    if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if libc::unshare(flags) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| VmmError::Boot(format!("starting sandbox-init: {e}")))?;
+        drop(cgroup_fds);
+        let mut stdout = child.stdout.take().expect("piped stdout");
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        let handshake = async {
+            let mut text = String::new();
+            let mut buf = [0u8; 256];
+            let (mut pid1, mut ready) = (None, false);
+            while !(ready && pid1.is_some()) {
+                let n = stdout.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                text.push_str(&String::from_utf8_lossy(&buf[..n]));
+                for line in text.lines() {
+                    if let Some(p) = line.strip_prefix("init-pid ") {
+                        pid1 = p.trim().parse::<i32>().ok();
+                    }
+                    ready |= line == "ready";
+                }
+            }
+            (pid1, ready)
+        };
+        let (pid1, ready) = match tokio::time::timeout(Duration::from_secs(60), handshake).await {
+            Ok(r) => r,
+            Err(_) => (None, false),
+        };
+        let outer = child.id().map(|p| p as i32).unwrap_or(0);
+        match (pid1, ready) {
+            (Some(pid1), true) => {
+                tokio::spawn(async move {
+                    let mut rest = String::new();
+                    let _ = stderr.read_to_string(&mut rest).await;
+                    if !rest.trim().is_empty() {
+                        tracing::warn!(output = %rest.trim(), "sandbox-init stderr");
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut sink = Vec::new();
+                    let _ = stdout.read_to_end(&mut sink).await;
+                });
+                self.running = Some(Running { child, outer, pid1 });
+                Ok(())
+            }
+            _ => {
+                let _ = child.start_kill();
+                let mut message = String::new();
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    stderr.read_to_string(&mut message),
+                )
+                .await;
+                let _ = child.wait().await;
+                Err(VmmError::Boot(if message.trim().is_empty() {
+                    "sandbox-init exited before it was ready".into()
+                } else {
+                    message.trim().to_string()
+                }))
+            }
+        }
+    }
+
+    /// Starts `sandbox-agent` inside the sandbox's namespaces and cgroup.
+    fn spawn_agent(
+        &self,
+        request: &AgentRequest,
+        stdin: Stdio,
+    ) -> Result<(Child, tokio::net::unix::pipe::Receiver)> {
+        let running = self
+            .running
+            .as_ref()
+            .ok_or_else(|| VmmError::Exec("the sandbox is not running".into()))?;
+        let ns_dir = PathBuf::from(format!("/proc/{}/ns", running.outer));
+        let ns_fds = open_fds(
+            &["ipc", "uts", "net", "pid_for_children"].map(|n| ns_dir.join(n)),
+            false,
+        )?;
+        // The mount namespace is entered by the agent itself, after exec: the strata binary and
+        // its dynamic loader are host files that are not visible inside the sandbox.
+        let mnt_fd = open_fds(&[ns_dir.join("mnt")], false)?;
+        let cgroup_fds = open_fds(&self.cgroup().procs_files(), true)?;
+        let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| VmmError::io("creating the status pipe")(e.into()))?;
+        let json = serde_json::to_string(request).expect("agent request serializes");
+        let raw_ns: Vec<i32> = ns_fds.iter().map(|f| f.as_raw_fd()).collect();
+        let raw_cg: Vec<i32> = cgroup_fds.iter().map(|f| f.as_raw_fd()).collect();
+        let raw_mnt = mnt_fd[0].as_raw_fd();
+        let status_fd = status_w.as_raw_fd();
+        let mut cmd = Command::new(&self.shared().config.agent_binary);
+        cmd.arg("sandbox-agent")
+            .arg(&json)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(stdin)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        // SAFETY: only async-signal-safe syscalls on descriptors opened before fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                for fd in &raw_cg {
+                    if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                for fd in &raw_ns {
+                    if libc::setns(*fd, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if libc::dup2(status_fd, agent::STATUS_FD) < 0
+                    || libc::dup2(raw_mnt, agent::MOUNT_NS_FD) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| VmmError::Exec(format!("entering the sandbox: {e}")))?;
+        drop((ns_fds, mnt_fd, cgroup_fds, status_w));
+        let status = tokio::net::unix::pipe::Receiver::from_owned_fd(status_r)
+            .map_err(VmmError::io("reading the agent status"))?;
+        Ok((child, status))
+    }
+
+    /// Runs an agent request; returns the worker's status and everything it wrote.
+    async fn run_agent(
+        &mut self,
+        request: AgentRequest,
+        stdin_file: Option<&Path>,
+        timeout: Duration,
+        sink: OutputSink,
+    ) -> Result<(AgentStatus, bool)> {
+        let stdin = if stdin_file.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        };
+        let (mut child, mut status) = self.spawn_agent(&request, stdin)?;
+        let feeder = match (stdin_file, child.stdin.take()) {
+            (Some(path), Some(mut pipe)) => {
+                let mut file = tokio::fs::File::open(path)
+                    .await
+                    .map_err(VmmError::io(format!("opening {}", path.display())))?;
+                Some(tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut file, &mut pipe).await;
+                    let _ = pipe.shutdown().await;
+                }))
+            }
+            _ => None,
+        };
+        let out = tokio::spawn(pump(
+            child.stdout.take().expect("stdout"),
+            OutputStream::Stdout,
+            sink.clone(),
+        ));
+        let err = tokio::spawn(pump(
+            child.stderr.take().expect("stderr"),
+            OutputStream::Stderr,
+            sink,
+        ));
+        let mut text = String::new();
+        let timed_out = tokio::time::timeout(timeout, status.read_to_string(&mut text))
+            .await
+            .is_err();
+        // The command's leftovers (and, after a timeout, the command itself) do not outlive it.
+        let keep = self
+            .running
+            .as_ref()
+            .map(|r| vec![r.outer, r.pid1])
+            .unwrap_or_default();
+        let cgroup = self.cgroup.take();
+        let cgroup = tokio::task::spawn_blocking(move || {
+            if let Some(c) = &cgroup {
+                c.kill_all_except(&keep);
+            }
+            cgroup
+        })
+        .await
+        .expect("kill task");
+        self.cgroup = cgroup;
+        let _ = child.wait().await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            let _ = out.await;
+            let _ = err.await;
+        })
+        .await;
+        if let Some(f) = feeder {
+            f.abort();
+        }
+        Ok((parse_status(&text), timed_out))
+    }
+
+    /// Stops every process; the overlay and every other mount go with the mount namespace.
+    async fn stop(&mut self) {
+        if let Some(mut running) = self.running.take() {
+            let cgroup = self.cgroup.take();
+            let cgroup = tokio::task::spawn_blocking(move || {
+                if let Some(c) = &cgroup {
+                    c.kill_all();
+                }
+                cgroup
+            })
+            .await
+            .expect("kill task");
+            self.cgroup = cgroup;
+            let _ = running.child.start_kill();
+            let _ = running.child.wait().await;
+        }
+    }
+
+    async fn teardown(&mut self) {
+        self.stop().await;
+        let cgroup = self.cgroup.take();
+        let dir = self.dir.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(mut c) = cgroup {
+                c.remove();
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        })
+        .await;
+    }
+}
+
+#[async_trait]
+impl Sandbox for NamespaceSandbox {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn layers(&self) -> &[Digest] {
+        &self.layers
+    }
+
+    fn context_mut(&mut self) -> &mut CommandContext {
+        &mut self.context
+    }
+
+    async fn exec(&mut self, request: ExecRequest, output: OutputSink) -> Result<ExecOutcome> {
+        let argv = match request.command {
+            CommandLine::Shell(cmd) => vec!["/bin/sh".into(), "-c".into(), cmd],
+            CommandLine::Argv(a) => a,
+        };
+        let mut env = self.context.env.clone();
+        env.extend(request.env);
+        let user = request.user.unwrap_or_else(|| self.context.user.clone());
+        let cwd = request.cwd.or_else(|| self.context.workdir.clone());
+        let timeout = request.timeout.unwrap_or(self.limits.timeout);
+        let (status, timed_out) = self
+            .run_agent(
+                AgentRequest::Exec {
+                    argv,
+                    user,
+                    env,
+                    cwd,
+                },
+                None,
+                timeout,
+                output,
+            )
+            .await?;
+        if timed_out {
+            return Ok(ExecOutcome::TimedOut);
+        }
+        match status {
+            AgentStatus::Exit(c) => Ok(ExecOutcome::Exited(c)),
+            AgentStatus::Signal(s) => Ok(ExecOutcome::Signaled(s)),
+            AgentStatus::Error(m) => Err(VmmError::Exec(m)),
+            // The agent itself was killed: by the OOM killer or the pids limit, most likely.
+            AgentStatus::Lost => Ok(ExecOutcome::Signaled(libc::SIGKILL)),
+        }
+    }
+
+    async fn copy_in(&mut self, archive: &Path, request: CopyRequest) -> Result<()> {
+        let spec = CopySpec {
+            src: request.src,
+            dest: request.dest,
+            owner: request.owner,
+            mode: request.mode,
+            workdir: self.context.workdir.clone(),
+            user: if self.context.user.is_empty() {
+                "root".into()
+            } else {
+                self.context.user.clone()
+            },
+            policy: request.policy,
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (status, timed_out) = self
+            .run_agent(
+                AgentRequest::Copy(spec),
+                Some(archive),
+                self.limits.timeout,
+                tx,
+            )
+            .await?;
+        let mut log = Vec::new();
+        while let Ok(l) = rx.try_recv() {
+            log.push(l.line);
+        }
+        match (status, timed_out) {
+            (_, true) => Err(VmmError::Copy("timed out".into())),
+            (AgentStatus::Exit(0), _) => Ok(()),
+            (AgentStatus::Error(m), _) => Err(VmmError::Copy(m)),
+            (other, _) => Err(VmmError::Copy(format!(
+                "the copy process ended abnormally ({}): {}",
+                match other {
+                    AgentStatus::Exit(c) => format!("exit {c}"),
+                    AgentStatus::Signal(s) => format!("signal {s}"),
+                    _ => "killed".into(),
+                },
+                log.join("\n")
+            ))),
+        }
+    }
+
+    async fn ensure_user(&mut self, name: &str, sudo: bool) -> Result<()> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (status, _) = self
+            .run_agent(
+                AgentRequest::EnsureUser {
+                    name: name.to_string(),
+                    sudo,
+                },
+                None,
+                self.limits.timeout,
+                tx,
+            )
+            .await?;
+        match status {
+            AgentStatus::Exit(0) => Ok(()),
+            AgentStatus::Error(m) => Err(VmmError::User(m)),
+            _ => {
+                let mut log = Vec::new();
+                while let Ok(l) = rx.try_recv() {
+                    log.push(l.line);
+                }
+                Err(VmmError::User(log.join("\n")))
+            }
+        }
+    }
+
+    async fn checkpoint(&mut self) -> Result<LayerRef> {
+        let depth = &self.shared().config.depth;
+        if self.layers.len() + 1 > depth.overlay_max {
+            return Err(VmmError::StackTooDeep {
+                depth: self.layers.len() + 1,
+                budget: depth.budget(),
+                overlay_max: depth.overlay_max,
+                reserved: depth.reserved,
+            });
+        }
+        self.stop().await;
+        let upper = self.upper();
+        let work = self.work();
+        let shared = self.backend.shared.clone();
+        let sealed = tokio::task::spawn_blocking(move || {
+            let layer = layer::seal_dir(&upper, shared.blobs.as_ref())?;
+            shared.layers.ensure(shared.blobs.as_ref(), &layer.digest)?;
+            let _ = std::fs::remove_dir_all(&upper);
+            let _ = std::fs::remove_dir_all(&work);
+            Ok::<_, VmmError>(layer)
+        })
+        .await
+        .expect("seal task")?;
+        self.layers.push(sealed.digest.clone());
+        self.generation += 1;
+        let lowers = self.backend.lowers(&self.layers).await?;
+        self.start(lowers).await?;
+        Ok(sealed)
+    }
+
+    async fn destroy(mut self: Box<Self>) -> Result<()> {
+        self.teardown().await;
+        Ok(())
+    }
+}
+
+impl Drop for NamespaceSandbox {
+    fn drop(&mut self) {
+        // Best effort for a sandbox that was never destroyed: the cgroup's own drop kills
+        // every member and removes its directories.
+        if let Some(mut c) = self.cgroup.take() {
+            c.remove();
+        }
+        if self.dir.exists() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Sandbox helpers: the node directory (shared by every sandbox test, content-addressed, so
+//! concurrent tests are safe), the busybox base (built on first use), and ways to look at a
+//! sandbox from inside and from the host.
+
+use std::path::PathBuf;
+
+use strata::vmm::image;
+use strata::vmm::{
+    BootSpec, Digest, ExecOutcome, ExecRequest, NamespaceBackend, NamespaceConfig, Network,
+    OutputLine, OutputStream, Sandbox, SandboxBackend,
+};
+
+/// `$STRATA_DATA_DIR`, else `/var/lib/strata` (where `scripts/setup.sh` builds the bases).
+pub fn node_dir() -> PathBuf {
+    std::env::var_os("STRATA_DATA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/strata"))
+}
+
+pub fn backend() -> NamespaceBackend {
+    NamespaceBackend::new(NamespaceConfig {
+        data_dir: node_dir(),
+        agent_binary: super::strata_bin(),
+        depth: Default::default(),
+    })
+    .expect("the namespace backend (these tests run as root)")
+}
+
+/// The busybox base's layers, building the image if the node has none.
+pub async fn busybox(backend: &NamespaceBackend) -> Vec<Digest> {
+    let blobs = backend.blobs();
+    tokio::task::spawn_blocking(move || image::ensure_busybox(&node_dir(), blobs.as_ref()))
+        .await
+        .unwrap()
+        .expect("the busybox base image")
+        .digests()
+}
+
+pub fn spec(layers: Vec<Digest>) -> BootSpec {
+    let mut s = BootSpec::new(layers);
+    s.limits.network = Network::None;
+    s
+}
+
+pub struct Output {
+    pub outcome: ExecOutcome,
+    pub stdout: String,
+    pub stderr: String,
+    pub lines: Vec<OutputLine>,
+}
+
+pub async fn exec(sb: &mut Box<dyn Sandbox>, request: ExecRequest) -> Output {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let outcome = sb.exec(request, tx).await.expect("exec");
+    let mut lines = Vec::new();
+    while let Ok(l) = rx.try_recv() {
+        lines.push(l);
+    }
+    let pick = |s: OutputStream| {
+        lines
+            .iter()
+            .filter(|l| l.stream == s)
+            .map(|l| format!("{}\n", l.line))
+            .collect::<String>()
+    };
+    Output {
+        outcome,
+        stdout: pick(OutputStream::Stdout),
+        stderr: pick(OutputStream::Stderr),
+        lines,
+    }
+}
+
+/// Runs a shell command that must succeed; returns its stdout.
+pub async fn sh(sb: &mut Box<dyn Sandbox>, cmd: &str) -> String {
+    let out = exec(sb, ExecRequest::shell(cmd)).await;
+    assert!(
+        out.outcome.success(),
+        "`{cmd}` failed with {:?}: {}",
+        out.outcome,
+        out.stderr
+    );
+    out.stdout
+}
+
+/// Every path of the root filesystem with type, mode, owner, size, content hash and link
+/// target, as seen from inside the sandbox (other mounts excluded).
+pub async fn manifest(sb: &mut Box<dyn Sandbox>) -> String {
+    sh(
+        sb,
+        r#"find / -xdev | sort | while IFS= read -r p; do
+  if [ -L "$p" ]; then echo "$p|link|$(stat -c '%u:%g' "$p")|$(readlink "$p")";
+  elif [ -f "$p" ]; then echo "$p|file|$(stat -c '%a|%u:%g|%s' "$p")|$(sha256sum < "$p" | cut -d' ' -f1)";
+  elif [ -d "$p" ]; then echo "$p|dir|$(stat -c '%a|%u:%g' "$p")";
+  else echo "$p|other|$(stat -c '%F|%a|%u:%g' "$p")"; fi
+done"#,
+    )
+    .await
+}
+
+/// Asserts that nothing of sandbox `id` is left on the host: no directory, no cgroup, no
+/// mount, no process.
+pub fn assert_no_trace(id: &str) {
+    let dir = node_dir().join("sandboxes").join(id);
+    assert!(!dir.exists(), "{} is left behind", dir.display());
+    for ctrl in ["", "pids/", "memory/", "cpu/", "unified/"] {
+        let cg = PathBuf::from(format!("/sys/fs/cgroup/{ctrl}strata/{id}"));
+        assert!(!cg.exists(), "cgroup {} is left behind", cg.display());
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(id), "a mount of {id} is left behind");
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cg) = std::fs::read_to_string(entry.path().join("cgroup")) {
+            assert!(
+                !cg.contains(&format!("strata/{id}")),
+                "process {:?} of {id} is left behind",
+                entry.file_name()
+            );
+        }
+    }
+}
+
+/// Boots a sandbox for the test; the caller destroys it.
+pub async fn boot(backend: &NamespaceBackend, spec: BootSpec) -> Box<dyn Sandbox> {
+    backend.boot(spec).await.expect("boot")
+}

@@ -1,0 +1,175 @@
+//! Checkpoint fidelity: after every step, a fresh sandbox booted on the checkpoint's stack has
+//! exactly the live sandbox's filesystem.
+
+mod common;
+
+use common::sandbox::*;
+use strata::vmm::{CopyRequest, Sandbox};
+
+/// A gzip COPY context like the SDK's: `ctx/` with a nested tree, a symlink and an executable.
+fn context_archive(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("context.tar.gz");
+    let gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(&path).unwrap(),
+        flate2::Compression::best(),
+    );
+    let mut b = tar::Builder::new(gz);
+    let mut add = |name: &str, kind: tar::EntryType, mode: u32, data: &[u8], link: Option<&str>| {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_size(data.len() as u64);
+        h.set_mtime(1_700_000_000);
+        match link {
+            Some(l) => b.append_link(&mut h, name, l).unwrap(),
+            None => b.append_data(&mut h, name, data).unwrap(),
+        }
+    };
+    add("ctx", tar::EntryType::Directory, 0o755, b"", None);
+    add("ctx/bin", tar::EntryType::Directory, 0o755, b"", None);
+    add(
+        "ctx/bin/run.sh",
+        tar::EntryType::Regular,
+        0o755,
+        b"#!/bin/sh\necho run\n",
+        None,
+    );
+    add(
+        "ctx/config.txt",
+        tar::EntryType::Regular,
+        0o644,
+        b"key=value\n",
+        None,
+    );
+    add(
+        "ctx/link.txt",
+        tar::EntryType::Symlink,
+        0o777,
+        b"",
+        Some("config.txt"),
+    );
+    add(
+        "ctx/nested/deep/data.txt",
+        tar::EntryType::Regular,
+        0o600,
+        b"deep\n",
+        None,
+    );
+    add(
+        "single.txt",
+        tar::EntryType::Regular,
+        0o644,
+        b"single\n",
+        None,
+    );
+    b.into_inner().unwrap().finish().unwrap();
+    path
+}
+
+async fn checkpoint_and_compare(
+    backend: &strata::vmm::NamespaceBackend,
+    sb: &mut Box<dyn Sandbox>,
+    step: &str,
+) {
+    let live = manifest(sb).await;
+    let layer = sb.checkpoint().await.expect("checkpoint");
+    assert!(layer.size > 0);
+    let mut fresh = boot(backend, spec(sb.layers().to_vec())).await;
+    let restored = manifest(&mut fresh).await;
+    let fresh_id = fresh.id().to_string();
+    fresh.destroy().await.unwrap();
+    assert_no_trace(&fresh_id);
+    if live != restored {
+        let l: Vec<&str> = live.lines().collect();
+        let r: Vec<&str> = restored.lines().collect();
+        let only_live: Vec<_> = l.iter().filter(|x| !r.contains(x)).collect();
+        let only_restored: Vec<_> = r.iter().filter(|x| !l.contains(x)).collect();
+        panic!("after {step}: live and restored differ\nonly live: {only_live:#?}\nonly restored: {only_restored:#?}");
+    }
+    // The live sandbox continues on the checkpoint with the same filesystem.
+    assert_eq!(
+        manifest(sb).await,
+        live,
+        "after {step}: the sandbox changed across its own checkpoint"
+    );
+}
+
+#[tokio::test]
+async fn every_checkpoint_restores_the_live_filesystem() {
+    let backend = backend();
+    let base = busybox(&backend).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let archive = context_archive(tmp.path());
+    let mut sb = boot(&backend, spec(base.clone())).await;
+    let id = sb.id().to_string();
+
+    // RUN: files, a directory tree, a symlink, a hardlink, owners and modes.
+    sh(
+        &mut sb,
+        "mkdir -p /app/dir/sub /app/gone && echo a > /app/a.txt && echo x > /app/gone/x \
+        && echo s > /app/dir/sub/s && ln -s a.txt /app/link && ln /app/a.txt /app/hard \
+        && chmod 640 /app/a.txt && chown 65534:65534 /app/hard && echo t > /tmp/persisted",
+    )
+    .await;
+    checkpoint_and_compare(&backend, &mut sb, "RUN create").await;
+
+    // COPY: a directory's contents merged into dest, and a single file with owner and mode.
+    sb.copy_in(&archive, CopyRequest::new("ctx", "/srv"))
+        .await
+        .expect("COPY ctx");
+    let mut req = CopyRequest::new("single.txt", "/srv/files/");
+    req.owner = Some("65534:65534".into());
+    req.mode = Some("0600".into());
+    sb.copy_in(&archive, req).await.expect("COPY single");
+    assert_eq!(
+        sh(
+            &mut sb,
+            "cat /srv/config.txt /srv/link.txt /srv/files/single.txt"
+        )
+        .await,
+        "key=value\nkey=value\nsingle\n"
+    );
+    assert_eq!(
+        sh(
+            &mut sb,
+            "stat -c '%a %u' /srv/files/single.txt /srv/bin/run.sh"
+        )
+        .await,
+        "600 65534\n755 0\n"
+    );
+    checkpoint_and_compare(&backend, &mut sb, "COPY").await;
+
+    // WORKDIR: created with mkdir -p, then the context carries it.
+    sh(&mut sb, "mkdir -p /work/deep").await;
+    sb.context_mut().workdir = Some("/work/deep".into());
+    assert_eq!(sh(&mut sb, "pwd").await, "/work/deep\n");
+    checkpoint_and_compare(&backend, &mut sb, "WORKDIR").await;
+
+    // RUN: deletions, of this build's files and of the base's.
+    sh(
+        &mut sb,
+        "rm /app/a.txt /bin/vi && rm -rf /app/gone /usr/share",
+    )
+    .await;
+    checkpoint_and_compare(&backend, &mut sb, "RUN delete").await;
+
+    // RUN: a directory replaced by a file, a base directory replaced by another directory, a
+    // symlink replaced by a directory.
+    sh(
+        &mut sb,
+        "rm -rf /app/dir && echo now-a-file > /app/dir \
+        && rm -rf /usr/sbin && mkdir /usr/sbin && echo only > /usr/sbin/only \
+        && rm /app/link && mkdir /app/link && echo in > /app/link/inside",
+    )
+    .await;
+    checkpoint_and_compare(&backend, &mut sb, "RUN replace").await;
+    assert_eq!(
+        sh(&mut sb, "ls /usr/sbin; test ! -e /bin/vi && echo vi-gone").await,
+        "only\nvi-gone\n"
+    );
+
+    // The stack grew by one layer per checkpoint.
+    assert_eq!(sb.layers().len(), base.len() + 5);
+    sb.destroy().await.unwrap();
+    assert_no_trace(&id);
+}

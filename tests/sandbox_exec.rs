@@ -1,0 +1,175 @@
+//! Exec: users from the sandbox's own account files, env, cwd, exit codes, signals, streamed
+//! output, and what a sandboxed root can no longer do.
+
+mod common;
+
+use std::time::Duration;
+
+use common::sandbox::*;
+use strata::vmm::{CommandLine, ExecOutcome, ExecRequest, OutputStream, VmmError};
+
+#[tokio::test]
+async fn commands_run_as_the_requested_user_with_env_and_cwd() {
+    let backend = backend();
+    let base = busybox(&backend).await;
+    let mut sb = boot(&backend, spec(base)).await;
+    let id = sb.id().to_string();
+
+    assert_eq!(
+        sh(&mut sb, "id -u; id -g; echo $HOME; pwd").await,
+        "0\n0\n/root\n/root\n"
+    );
+
+    // The E2B default user, created by editing passwd/group/shadow (busybox has no useradd).
+    sb.ensure_user("user", true).await.unwrap();
+    sh(&mut sb, "echo 'extra:x:2000:user' >> /etc/group").await;
+    let out = exec(
+        &mut sb,
+        ExecRequest::shell("id -u; id -g; id -G; echo $HOME $USER; pwd").user("user"),
+    )
+    .await;
+    assert_eq!(
+        out.stdout, "1000\n1000\n1000 2000\n/home/user user\n/home/user\n",
+        "{}",
+        out.stderr
+    );
+
+    // A bare uid, and uid:gid, without accounts.
+    let out = exec(
+        &mut sb,
+        ExecRequest::shell("id -u; id -g").user("4242:4343"),
+    )
+    .await;
+    assert_eq!(out.stdout, "4242\n4343\n");
+    let out = exec(&mut sb, ExecRequest::shell("touch /root/x").user("4242")).await;
+    assert_eq!(
+        out.outcome,
+        ExecOutcome::Exited(1),
+        "an unprivileged uid cannot write /root"
+    );
+
+    // Env and cwd, from the context and the request (the request wins).
+    sb.context_mut().env = vec![
+        ("FOO".into(), "context".into()),
+        ("BAR".into(), "kept".into()),
+    ];
+    sb.context_mut().workdir = Some("/tmp".into());
+    assert_eq!(
+        sh(&mut sb, "echo $FOO $BAR; pwd").await,
+        "context kept\n/tmp\n"
+    );
+    let out = exec(
+        &mut sb,
+        ExecRequest::shell("echo $FOO $BAR; pwd")
+            .env("FOO", "request")
+            .cwd("/etc"),
+    )
+    .await;
+    assert_eq!(out.stdout, "request kept\n/etc\n");
+
+    // argv without a shell, resolved in PATH.
+    let mut req = ExecRequest::shell("");
+    req.command = CommandLine::Argv(vec!["echo".into(), "a b".into(), "$FOO".into()]);
+    assert_eq!(exec(&mut sb, req).await.stdout, "a b $FOO\n");
+
+    // Exit codes and signals.
+    assert_eq!(
+        exec(&mut sb, ExecRequest::shell("exit 7")).await.outcome,
+        ExecOutcome::Exited(7)
+    );
+    assert_eq!(
+        exec(&mut sb, ExecRequest::shell("kill -TERM $$"))
+            .await
+            .outcome,
+        ExecOutcome::Signaled(15)
+    );
+
+    // Output streams, in order, timestamped.
+    let out = exec(
+        &mut sb,
+        ExecRequest::shell("for i in 1 2 3; do echo out$i; echo err$i >&2; done"),
+    )
+    .await;
+    assert_eq!(out.stdout, "out1\nout2\nout3\n");
+    assert_eq!(out.stderr, "err1\nerr2\nerr3\n");
+    let outs: Vec<_> = out
+        .lines
+        .iter()
+        .filter(|l| l.stream == OutputStream::Stdout)
+        .collect();
+    assert!(outs.windows(2).all(|w| w[0].at <= w[1].at));
+
+    // Failures to start are errors, not exit codes.
+    let err = sb
+        .exec(
+            ExecRequest::shell("true").user("nobody-here"),
+            tokio::sync::mpsc::unbounded_channel().0,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, VmmError::Exec(ref m) if m.contains("/etc/passwd")),
+        "{err}"
+    );
+    let err = sb
+        .exec(
+            ExecRequest::shell("true").cwd("/no/such/dir"),
+            tokio::sync::mpsc::unbounded_channel().0,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("/no/such/dir"), "{err}");
+
+    // Isolation: own pid namespace and hostname, no host paths, no mounting, no device nodes.
+    let ps = sh(
+        &mut sb,
+        "cat /proc/1/cmdline | tr '\\0' ' '; echo; hostname; ls /proc | grep -c '^[0-9]'",
+    )
+    .await;
+    let lines: Vec<&str> = ps.lines().collect();
+    assert!(lines[0].contains("sandbox-init"), "{ps}");
+    assert_eq!(lines[1], "sandbox");
+    assert!(
+        lines[2].parse::<u32>().unwrap() < 10,
+        "only the sandbox's processes are visible: {ps}"
+    );
+    let host_marker = common::sandbox::node_dir();
+    let out = exec(
+        &mut sb,
+        ExecRequest::shell(format!("ls {}", host_marker.display())),
+    )
+    .await;
+    assert!(
+        !out.outcome.success(),
+        "the host data directory is not visible inside"
+    );
+    for cmd in [
+        "mknod /dev/sda b 8 0",
+        "mount -t tmpfs none /mnt",
+        "mount -t proc none /mnt",
+    ] {
+        sh(&mut sb, "mkdir -p /mnt").await;
+        let out = exec(&mut sb, ExecRequest::shell(cmd)).await;
+        assert!(
+            !out.outcome.success(),
+            "`{cmd}` must fail for a sandboxed root"
+        );
+    }
+
+    // A background process does not outlive its command.
+    sh(&mut sb, "sleep 1000 & echo started").await;
+    assert_eq!(
+        sh(&mut sb, "ps | grep -c '[s]leep 1000' || true").await,
+        "0\n"
+    );
+
+    // Timeouts are per command.
+    let out = exec(
+        &mut sb,
+        ExecRequest::shell("sleep 30").timeout(Duration::from_millis(300)),
+    )
+    .await;
+    assert_eq!(out.outcome, ExecOutcome::TimedOut);
+    sb.destroy().await.unwrap();
+    assert_no_trace(&id);
+}
