@@ -1,5 +1,7 @@
 //! HTTP surface: the E2B-compatible API and the operator API.
 
+pub mod admin;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -34,6 +36,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
+        .merge(admin::routes(state.clone()))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }
