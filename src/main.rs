@@ -40,6 +40,12 @@ enum Command {
     Reconcile(cli::reconcile::ReconcileArgs),
     /// Apply pending database migrations and exit.
     Migrate(cli::migrate::MigrateArgs),
+    /// Print a stream's audit history (reads DATABASE_URL directly).
+    History(cli::history::HistoryArgs),
+    /// List, rebuild or run the async projections (read models).
+    Projections(cli::projections::ProjectionsArgs),
+    /// Measure throughput and latency against a baseline taken in the same run.
+    Bench(cli::bench::BenchArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -62,6 +68,9 @@ fn main() -> std::process::ExitCode {
             Command::Worker(args) => cli::worker::run(args).await,
             Command::Reconcile(args) => cli::reconcile::run(args).await,
             Command::Migrate(args) => cli::migrate::run(args).await,
+            Command::History(args) => cli::history::run(args).await,
+            Command::Projections(args) => cli::projections::run(args).await,
+            Command::Bench(args) => cli::bench::run(args).await,
         }
     });
     match result {

@@ -2,7 +2,10 @@
 //! shutdown. Errors here are `anyhow`, with context that reads like a sentence.
 
 pub mod api;
+pub mod bench;
+pub mod history;
 pub mod migrate;
+pub mod projections;
 pub mod reconcile;
 pub mod up;
 pub mod worker;

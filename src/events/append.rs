@@ -125,15 +125,9 @@ impl EventStore {
                     return Ok(outcome);
                 }
                 Err(AttemptError::Conflict { stream, expected }) => {
-                    if let Some(outcome) = self.replayed(writes, attempt).await? {
-                        return Ok(outcome);
-                    }
-                    let actual = super::store::stream_version(&self.pool, &stream).await?;
-                    return Err(AppendError::VersionConflict {
-                        stream,
-                        expected,
-                        actual,
-                    });
+                    return self
+                        .conflict_or_replay(writes, stream, expected, attempt)
+                        .await;
                 }
                 Err(AttemptError::EventIdTaken) => {
                     if let Some(outcome) = self.replayed(writes, attempt).await? {
@@ -149,6 +143,14 @@ impl EventStore {
                     }
                 }
                 Err(AttemptError::Database(err)) if is_serialization_failure(&err) => {
+                    // Most often we lost a race for a head row (a concurrent writer moved it
+                    // while we waited for its lock): then another attempt can only conflict,
+                    // so answer the conflict now instead of backing off.
+                    if let Some((stream, expected)) = self.moved_stream(writes).await? {
+                        return self
+                            .conflict_or_replay(writes, stream, expected, attempt)
+                            .await;
+                    }
                     if attempt >= max_attempts {
                         return Err(AppendError::SerializationRetriesExhausted {
                             attempts: attempt,
@@ -172,82 +174,41 @@ impl EventStore {
             .pool
             .begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE")
             .await?;
+        // Stream-id order, so that concurrent multi-stream appends lock head rows in one order.
         let mut order: Vec<usize> = (0..writes.len()).collect();
         order.sort_by(|&a, &b| writes[a].stream.cmp(&writes[b].stream));
+        let mut stored: Vec<Vec<Stored>> = vec![Vec::new(); writes.len()];
         let mut before = vec![0u64; writes.len()];
         for i in order {
-            before[i] = move_head(&mut tx, &writes[i]).await?;
-        }
-
-        let mut stream_ids = Vec::new();
-        let mut versions = Vec::new();
-        let mut event_ids = Vec::new();
-        let mut types = Vec::new();
-        let mut datas = Vec::new();
-        let mut metadatas = Vec::new();
-        for (write, &base) in writes.iter().zip(&before) {
-            for (k, event) in write.events.iter().enumerate() {
-                stream_ids.push(write.stream.as_str().to_owned());
-                versions.push(to_i64(base + k as u64 + 1));
-                event_ids.push(event.event_id);
-                types.push(event.event_type.clone());
-                datas.push(event.data.clone());
-                metadatas.push(
-                    serde_json::to_value(&event.metadata)
-                        .expect("metadata is plain data and always serializes"),
-                );
+            let write = &writes[i];
+            if write.is_guard() {
+                before[i] = check_guard(&mut tx, write).await?;
+            } else {
+                stored[i] = move_head_and_insert(&mut tx, write).await?;
+                before[i] = stored[i][0].version - 1;
             }
         }
-        let mut recorded = Vec::with_capacity(event_ids.len());
-        if !event_ids.is_empty() {
-            let rows = sqlx::query(
-                "INSERT INTO events (stream_id, version, event_id, type, data, metadata) \
-                 SELECT stream_id, version, event_id, type, data, metadata \
-                 FROM unnest($1::text[], $2::int8[], $3::uuid[], $4::text[], $5::jsonb[], $6::jsonb[]) \
-                   WITH ORDINALITY AS e(stream_id, version, event_id, type, data, metadata, ord) \
-                 ORDER BY ord \
-                 RETURNING position, event_id, recorded_at, tx_id::text AS tx_id",
-            )
-            .bind(&stream_ids)
-            .bind(&versions)
-            .bind(&event_ids)
-            .bind(&types)
-            .bind(&datas)
-            .bind(&metadatas)
-            .fetch_all(&mut *tx)
-            .await?;
-            let mut stored: BTreeMap<Uuid, (i64, chrono::DateTime<chrono::Utc>, String)> = rows
-                .iter()
-                .map(|r| {
-                    Ok((
-                        r.try_get::<Uuid, _>("event_id")?,
-                        (
-                            r.try_get("position")?,
-                            r.try_get("recorded_at")?,
-                            r.try_get("tx_id")?,
-                        ),
-                    ))
-                })
-                .collect::<Result<_, sqlx::Error>>()?;
-            for (write, &base) in writes.iter().zip(&before) {
-                for (k, event) in write.events.iter().enumerate() {
-                    let (position, recorded_at, tx_id) = stored
-                        .remove(&event.event_id)
-                        .expect("INSERT … RETURNING returns every inserted event");
-                    recorded.push(RecordedEvent {
-                        position: position as u64,
+        let recorded: Vec<RecordedEvent> = writes
+            .iter()
+            .zip(stored)
+            .flat_map(|(write, rows)| {
+                write
+                    .events
+                    .iter()
+                    .zip(rows)
+                    .map(|(event, row)| RecordedEvent {
+                        position: row.position,
                         stream_id: write.stream.clone(),
-                        version: base + k as u64 + 1,
+                        version: row.version,
                         event_id: event.event_id,
                         event_type: event.event_type.clone(),
                         data: event.data.clone(),
                         metadata: event.metadata.clone(),
-                        recorded_at,
-                        tx_id: tx_id.parse().expect("xid8 renders as an unsigned integer"),
-                    });
-                }
-            }
-        }
+                        recorded_at: row.recorded_at,
+                        tx_id: row.tx_id,
+                    })
+            })
+            .collect();
 
         inline.apply(&mut tx, &recorded).await?;
         tx.commit().await?;
@@ -262,6 +223,68 @@ impl EventStore {
             versions,
             replay: false,
             attempts: 0,
+        })
+    }
+
+    /// The first write whose stream is no longer where the write expects it (read fresh,
+    /// outside any transaction), if any.
+    async fn moved_stream(
+        &self,
+        writes: &[StreamWrite],
+    ) -> Result<Option<(StreamId, ExpectedVersion)>, AppendError> {
+        let pinned: Vec<&StreamWrite> = writes
+            .iter()
+            .filter(|w| w.expected.pinned().is_some())
+            .collect();
+        if pinned.is_empty() {
+            return Ok(None);
+        }
+        let ids: Vec<&str> = pinned.iter().map(|w| w.stream.as_str()).collect();
+        let versions: Vec<Option<i64>> = sqlx::query_scalar(
+            "SELECT s.version FROM unnest($1::text[]) WITH ORDINALITY AS w(stream_id, ord) \
+             LEFT JOIN streams s USING (stream_id) ORDER BY w.ord",
+        )
+        .bind(&ids)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(pinned.iter().zip(versions).find_map(|(w, v)| {
+            (!w.expected.admits(v.map_or(0, |v| v as u64))).then(|| (w.stream.clone(), w.expected))
+        }))
+    }
+
+    /// After a conflict: the stream's actual version, unless this append turns out to be a
+    /// replay (then its outcome). One round trip in the common case of a plain conflict.
+    async fn conflict_or_replay(
+        &self,
+        writes: &[StreamWrite],
+        stream: StreamId,
+        expected: ExpectedVersion,
+        attempts: u32,
+    ) -> Result<AppendOutcome, AppendError> {
+        let ids: Vec<Uuid> = writes
+            .iter()
+            .flat_map(|w| w.events.iter().map(|e| e.event_id))
+            .collect();
+        let row = sqlx::query(
+            "SELECT (SELECT version FROM streams WHERE stream_id = $1) AS actual, \
+                    EXISTS (SELECT 1 FROM events WHERE event_id = ANY($2)) AS any_stored",
+        )
+        .bind(stream.as_str())
+        .bind(&ids)
+        .fetch_one(&self.pool)
+        .await?;
+        if row.try_get::<bool, _>("any_stored")? {
+            if let Some(outcome) = self.replayed(writes, attempts).await? {
+                return Ok(outcome);
+            }
+        }
+        let actual = row
+            .try_get::<Option<i64>, _>("actual")?
+            .map_or(0, |v| v as u64);
+        Err(AppendError::VersionConflict {
+            stream,
+            expected,
+            actual,
         })
     }
 
@@ -358,70 +381,111 @@ impl EventStore {
     }
 }
 
-/// Checks the write's expectation against the stream's head row and moves the head past the
-/// write's events, in a way two transactions cannot both pass. Returns the version before.
-async fn move_head(conn: &mut PgConnection, write: &StreamWrite) -> Result<u64, AttemptError> {
-    let stream = write.stream.as_str();
-    let count = write.events.len() as i64;
-    let conflict = || AttemptError::Conflict {
-        stream: write.stream.clone(),
-        expected: write.expected,
-    };
-    if count == 0 {
-        // A guard. FOR SHARE blocks a concurrent writer of this stream until we finish (and
-        // under SERIALIZABLE makes it fail), so the checked version holds until COMMIT. An
-        // absent row is covered by the serializable predicate lock of this read.
-        let version: Option<i64> =
-            sqlx::query_scalar("SELECT version FROM streams WHERE stream_id = $1 FOR SHARE")
-                .bind(stream)
-                .fetch_optional(&mut *conn)
-                .await?;
-        let actual = version.map_or(0, |v| v as u64);
-        return if write.expected.admits(actual) {
-            Ok(actual)
-        } else {
-            Err(conflict())
-        };
+/// One stored event, as `INSERT … RETURNING` reports it.
+#[derive(Debug, Clone)]
+struct Stored {
+    position: u64,
+    version: u64,
+    recorded_at: chrono::DateTime<chrono::Utc>,
+    tx_id: u64,
+}
+
+/// A guard: the stream must be at the expected version. `FOR SHARE` blocks a concurrent writer
+/// of this stream until we finish (under SERIALIZABLE it then fails), so the checked version
+/// holds until COMMIT. An absent row is covered by the serializable predicate lock of this read.
+/// Returns the version.
+async fn check_guard(conn: &mut PgConnection, write: &StreamWrite) -> Result<u64, AttemptError> {
+    let version: Option<i64> =
+        sqlx::query_scalar("SELECT version FROM streams WHERE stream_id = $1 FOR SHARE")
+            .bind(write.stream.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
+    let actual = version.map_or(0, |v| v as u64);
+    if write.expected.admits(actual) {
+        Ok(actual)
+    } else {
+        Err(AttemptError::Conflict {
+            stream: write.stream.clone(),
+            expected: write.expected,
+        })
     }
-    match write.expected.pinned() {
+}
+
+/// Moves the stream's head row past the write's events, with a compare-and-set two
+/// transactions cannot both pass, and inserts the events at the versions after the old head,
+/// in one statement. No row back means the expectation did not hold.
+async fn move_head_and_insert(
+    conn: &mut PgConnection,
+    write: &StreamWrite,
+) -> Result<Vec<Stored>, AttemptError> {
+    let head = match write.expected.pinned() {
+        // ON CONFLICT on the head row only: an existing stream is a conflict, reported.
         Some(0) => {
-            // ON CONFLICT on the head row only: an existing stream is a conflict, reported.
-            let created: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO streams (stream_id, version) VALUES ($1, $2) \
-                 ON CONFLICT (stream_id) DO NOTHING RETURNING version",
-            )
-            .bind(stream)
-            .bind(count)
-            .fetch_optional(&mut *conn)
-            .await?;
-            created.map(|_| 0).ok_or_else(conflict)
+            "INSERT INTO streams (stream_id, version) VALUES ($1, $3) \
+             ON CONFLICT (stream_id) DO NOTHING RETURNING 0::bigint AS base"
         }
-        Some(expected) => {
-            let moved: Option<i64> = sqlx::query_scalar(
-                "UPDATE streams SET version = version + $3, updated_at = now() \
-                 WHERE stream_id = $1 AND version = $2 RETURNING version",
-            )
-            .bind(stream)
-            .bind(to_i64(expected))
-            .bind(count)
-            .fetch_optional(&mut *conn)
-            .await?;
-            moved.map(|_| expected).ok_or_else(conflict)
+        Some(_) => {
+            "UPDATE streams SET version = version + $3, updated_at = now() \
+             WHERE stream_id = $1 AND version = $2 RETURNING version - $3 AS base"
         }
         None => {
-            let after: i64 = sqlx::query_scalar(
-                "INSERT INTO streams (stream_id, version) VALUES ($1, $2) \
-                 ON CONFLICT (stream_id) DO UPDATE \
-                   SET version = streams.version + EXCLUDED.version, updated_at = now() \
-                 RETURNING version",
-            )
-            .bind(stream)
-            .bind(count)
-            .fetch_one(&mut *conn)
-            .await?;
-            Ok((after - count) as u64)
+            "INSERT INTO streams (stream_id, version) VALUES ($1, $3) \
+             ON CONFLICT (stream_id) DO UPDATE \
+               SET version = streams.version + EXCLUDED.version, updated_at = now() \
+             RETURNING version - $3 AS base"
         }
+    };
+    let mut event_ids = Vec::with_capacity(write.events.len());
+    let mut types = Vec::with_capacity(write.events.len());
+    let mut datas = Vec::with_capacity(write.events.len());
+    let mut metadatas = Vec::with_capacity(write.events.len());
+    for event in &write.events {
+        event_ids.push(event.event_id);
+        types.push(event.event_type.as_str());
+        datas.push(&event.data);
+        metadatas.push(
+            serde_json::to_value(&event.metadata)
+                .expect("metadata is plain data and always serializes"),
+        );
     }
+    let rows = sqlx::query(&format!(
+        "WITH head AS ({head}) \
+         INSERT INTO events (stream_id, version, event_id, type, data, metadata) \
+         SELECT $1, head.base + e.ord, e.event_id, e.type, e.data, e.metadata \
+         FROM head, unnest($4::uuid[], $5::text[], $6::jsonb[], $7::jsonb[]) \
+           WITH ORDINALITY AS e(event_id, type, data, metadata, ord) \
+         ORDER BY e.ord \
+         RETURNING position, version, recorded_at, tx_id::text AS tx_id"
+    ))
+    .bind(write.stream.as_str())
+    .bind(write.expected.pinned().map(to_i64))
+    .bind(write.events.len() as i64)
+    .bind(&event_ids)
+    .bind(&types)
+    .bind(&datas)
+    .bind(&metadatas)
+    .fetch_all(&mut *conn)
+    .await?;
+    if rows.is_empty() {
+        return Err(AttemptError::Conflict {
+            stream: write.stream.clone(),
+            expected: write.expected,
+        });
+    }
+    let mut stored = rows
+        .iter()
+        .map(|r| {
+            let tx_id: String = r.try_get("tx_id")?;
+            Ok(Stored {
+                position: r.try_get::<i64, _>("position")? as u64,
+                version: r.try_get::<i64, _>("version")? as u64,
+                recorded_at: r.try_get("recorded_at")?,
+                tx_id: tx_id.parse().expect("xid8 renders as an unsigned integer"),
+            })
+        })
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    stored.sort_by_key(|s| s.version);
+    Ok(stored)
 }
 
 fn validate(writes: &[StreamWrite]) -> Result<(), AppendError> {
