@@ -92,11 +92,15 @@ where
         let target = std::any::type_name::<T>();
         let mut fields = match &event.data {
             serde_json::Value::Object(fields) => fields.clone(),
-            serde_json::Value::Null => serde_json::Map::new(),
-            other => {
-                let mut fields = serde_json::Map::new();
-                fields.insert("value".into(), other.clone());
-                fields
+            _ => {
+                return Err(DecodeError::Malformed {
+                    event_id: event.event_id,
+                    event_type: event.event_type.clone(),
+                    target,
+                    source: <serde_json::Error as serde::de::Error>::custom(
+                        "data is not a JSON object",
+                    ),
+                })
             }
         };
         fields.insert(

@@ -6,6 +6,7 @@
 //! applying the same events again. Each round is a short transaction, so the runner never holds
 //! back feed readers for long.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +40,8 @@ pub struct ProjectionRunner {
     store: EventStore,
     projection: Arc<dyn Projection>,
     batch_size: u32,
+    /// Set once the checkpoint row is known to exist, to skip that insert on later rounds.
+    checkpoint_exists: AtomicBool,
 }
 
 impl ProjectionRunner {
@@ -47,6 +50,7 @@ impl ProjectionRunner {
             store,
             projection,
             batch_size: 500,
+            checkpoint_exists: AtomicBool::new(false),
         }
     }
 
@@ -65,10 +69,14 @@ impl ProjectionRunner {
 
     /// Creates the checkpoint row at the start of the feed if it is missing.
     pub async fn ensure_checkpoint(&self) -> Result<(), ProjectionError> {
+        if self.checkpoint_exists.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         sqlx::query("INSERT INTO projection_checkpoints (name) VALUES ($1) ON CONFLICT DO NOTHING")
             .bind(self.name())
             .execute(self.pool())
             .await?;
+        self.checkpoint_exists.store(true, Ordering::Relaxed);
         Ok(())
     }
 
