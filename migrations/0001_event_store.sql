@@ -41,18 +41,6 @@ CREATE TABLE projection_checkpoints (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
--- Wake-up for feed subscribers: one notification per appending statement (Postgres folds
--- identical notifications of one transaction into one). The payload is empty on purpose:
--- subscribers re-read the feed from their checkpoint, which is the only safe cursor.
-CREATE FUNCTION strata_notify_events() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('strata_events', '');
-    RETURN NULL;
-END;
-$$;
-
-CREATE TRIGGER events_notify
-    AFTER INSERT ON events
-    FOR EACH STATEMENT
-    EXECUTE FUNCTION strata_notify_events();
+-- Feed subscribers LISTEN on `strata_events`; the event store sends one NOTIFY after its appends
+-- commit (src/events/notifier.rs). Not a trigger: NOTIFY inside the appending transaction takes a
+-- cluster-wide lock until its COMMIT is flushed, which halved append throughput (ADR 0002).

@@ -122,6 +122,9 @@ impl EventStore {
             match self.attempt(writes, inline).await {
                 Ok(mut outcome) => {
                     outcome.attempts = attempt;
+                    if !outcome.events.is_empty() {
+                        self.notifier.appended(&self.pool);
+                    }
                     return Ok(outcome);
                 }
                 Err(AttemptError::Conflict { stream, expected }) => {

@@ -17,7 +17,7 @@ use sqlx::{PgExecutor, PgPool};
 use super::store::{event_from_row, to_i64, EVENT_COLUMNS};
 use super::{EventStore, FeedPosition, ReadError, RecordedEvent};
 
-/// The LISTEN/NOTIFY channel appends notify (trigger `events_notify`).
+/// The LISTEN/NOTIFY channel the store notifies after appends commit (see `notifier.rs`).
 pub const EVENTS_CHANNEL: &str = "strata_events";
 
 impl EventStore {

@@ -21,6 +21,7 @@ mod feed;
 mod inline;
 mod metadata;
 mod new_event;
+mod notifier;
 mod recorded_event;
 mod retry;
 mod store;

@@ -1,9 +1,12 @@
 //! The Postgres event store: the handle and its reads. Appends are in `append.rs`, the global
 //! feed in `feed.rs`.
 
+use std::sync::Arc;
+
 use sqlx::postgres::PgRow;
 use sqlx::{PgExecutor, PgPool, Row};
 
+use super::notifier::Notifier;
 use super::{ReadError, RecordedEvent, RetryPolicy, StreamId};
 
 /// Columns of `events` in the order [`event_from_row`] reads them.
@@ -15,6 +18,8 @@ pub(crate) const EVENT_COLUMNS: &str =
 pub struct EventStore {
     pub(crate) pool: PgPool,
     pub(crate) retry: RetryPolicy,
+    /// Wakes feed subscribers after appends commit.
+    pub(crate) notifier: Arc<Notifier>,
 }
 
 impl EventStore {
@@ -22,6 +27,7 @@ impl EventStore {
         Self {
             pool,
             retry: RetryPolicy::default(),
+            notifier: Notifier::new(),
         }
     }
 
