@@ -193,3 +193,43 @@ async fn feed_pages_cover_many_concurrent_appends_exactly_once() {
     assert_eq!(unique.len(), 200, "no event twice");
     assert!(store.read_feed(cursor, 10).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn a_raw_transaction_that_wrote_first_and_commits_last_is_not_skipped() {
+    let db = common::test_db().await;
+    let store = EventStore::new(db.pool.clone());
+
+    // T1: any writer of `events` (here plain SQL on its own connection), inserting first and
+    // staying open.
+    let mut t1 = db.pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO streams (stream_id, version) VALUES ('raw-1', 1)")
+        .execute(&mut *t1)
+        .await
+        .unwrap();
+    let t1_position: i64 = sqlx::query_scalar(
+        "INSERT INTO events (stream_id, version, event_id, type, data, metadata) \
+         VALUES ('raw-1', 1, $1, 'Raw.v1', '{}', '{\"actor\": {\"role\": \"cli\", \"node\": \"psql\"}}') \
+         RETURNING position",
+    )
+    .bind(Uuid::now_v7())
+    .fetch_one(&mut *t1)
+    .await
+    .unwrap();
+
+    // T2 appends through the store and commits; its position is past T1's.
+    let t2 = store.append(vec![write("raw-2", "E2.v1")]).await.unwrap();
+    assert!(t2.events[0].position as i64 > t1_position);
+
+    // A reader that went by position alone would hand out T2's event now and never see T1's.
+    assert!(store
+        .read_feed(FeedPosition::START, 10)
+        .await
+        .unwrap()
+        .is_empty());
+
+    t1.commit().await.unwrap();
+    let all = store.read_feed(FeedPosition::START, 10).await.unwrap();
+    assert_eq!(types(&all), vec!["Raw.v1", "E2.v1"]);
+    assert_eq!(all[0].position as i64, t1_position);
+    assert_eq!(all[0].metadata.actor.node, "psql");
+}
