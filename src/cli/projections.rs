@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use strata::config::StorageArgs;
 use strata::events::EventStore;
-use strata::projections::{self, ProjectionRunner};
+use strata::projections;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
@@ -61,9 +61,7 @@ pub async fn run(args: ProjectionsArgs) -> anyhow::Result<()> {
             }
         }
         ProjectionsCommand::Rebuild { name } => {
-            let projection = projections::by_name(&name)?;
-            let replayed = ProjectionRunner::new(store, projection)
-                .rebuild()
+            let replayed = projections::rebuild(store, &name)
                 .await
                 .with_context(|| format!("rebuilding projection {name}"))?;
             println!("rebuilt {name}: replayed {replayed} events");

@@ -35,6 +35,12 @@ pub fn by_name(name: &str) -> Result<Arc<dyn Projection>, ProjectionError> {
         .ok_or_else(|| ProjectionError::Unknown(name.to_string()))
 }
 
+/// Empties the projection called `name` and replays the whole feed into it. Returns the number
+/// of events this call replayed.
+pub async fn rebuild(store: EventStore, name: &str) -> Result<usize, ProjectionError> {
+    ProjectionRunner::new(store, by_name(name)?).rebuild().await
+}
+
 /// Runs every registered projection until `shutdown`. Safe to run in several processes: each
 /// batch of each projection is applied by exactly one of them.
 pub async fn run_all(store: EventStore, poll_interval: Duration, shutdown: CancellationToken) {
