@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::AppState;
-use crate::events::{EventStore, FeedPosition, ReadError, RecordedEvent, StreamId};
+use crate::events::{FeedPosition, ReadError, RecordedEvent, StreamId};
 use crate::projections::stream_catalog::{self, CatalogEntry};
 
 const DEFAULT_LIMIT: u32 = 100;
@@ -153,7 +153,7 @@ async fn read_stream_events(
     Query(query): Query<StreamEventsQuery>,
 ) -> Result<Json<StreamEventsPage>, AdminError> {
     let stream = StreamId::parse(stream).map_err(|e| AdminError::BadRequest(e.to_string()))?;
-    let store = EventStore::new(state.pool.clone());
+    let store = &state.events;
     let limit = limit(query.limit);
     let events = store
         .read_stream(&stream, query.from_version.unwrap_or(1).max(1), limit)
@@ -195,9 +195,7 @@ async fn read_feed_events(
             .map_err(|e| AdminError::BadRequest(e.to_string()))?,
         None => FeedPosition::START,
     };
-    let events = EventStore::new(state.pool.clone())
-        .read_feed(after, limit(query.limit))
-        .await?;
+    let events = state.events.read_feed(after, limit(query.limit)).await?;
     let next = events.last().map_or(after, |e| e.feed_position());
     Ok(Json(FeedPage {
         events: events.into_iter().map(EventView::from).collect(),

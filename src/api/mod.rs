@@ -9,11 +9,14 @@ use axum::{Json, Router};
 use sqlx::PgPool;
 
 use crate::config::ServeArgs;
+use crate::events::EventStore;
 
 /// Shared by every handler; cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    /// The event store on `pool`, shared so that the process has one post-commit notifier.
+    pub events: EventStore,
     /// Bearer token for `/admin/*`; `None` closes the operator API.
     pub admin_token: Option<String>,
     /// Base URL handed out in links (upload URLs).
@@ -25,6 +28,7 @@ pub struct AppState {
 impl AppState {
     pub fn new(pool: PgPool, serve: &ServeArgs, node_id: String) -> Self {
         Self {
+            events: EventStore::new(pool.clone()),
             pool,
             admin_token: serve.admin_token.clone(),
             public_url: serve.public_url(),
