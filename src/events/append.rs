@@ -4,13 +4,15 @@
 //! Flow of one attempt:
 //! 1. `BEGIN ISOLATION LEVEL SERIALIZABLE`.
 //! 2. For each write, in stream-id order (so concurrent multi-stream appends lock head rows in
-//!    the same order): a guard reads the head row `FOR SHARE`; a write with events moves the
-//!    head row with a compare-and-set (`UPDATE … WHERE version = expected`, or an insert for a
-//!    new stream). Zero rows affected is a version conflict.
-//! 3. One `INSERT` of every event, versions consecutive after the expected version. No
-//!    `ON CONFLICT` here: a duplicate must fail loudly, never be dropped silently.
-//! 4. The inline projection, then `COMMIT`.
+//!    the same order), one statement: a guard reads the head row `FOR SHARE`; a write with
+//!    events moves the head row with a compare-and-set (`UPDATE … WHERE version = expected`, or
+//!    an insert for a new stream) and, in the same statement, inserts its events at the versions
+//!    after the old head. No row back is a version conflict. The event insert has no
+//!    `ON CONFLICT`: a duplicate must fail loudly, never be dropped silently.
+//! 3. The inline projection, then `COMMIT`; after it, a NOTIFY for feed subscribers.
 //!
+//! A serialization failure re-runs the attempt (bounded, with jittered backoff), unless a fresh
+//! read shows a stream has moved past the expectation, which no re-run can fix.
 //! A version conflict or a duplicate event id then asks: are all of this append's event ids
 //! already stored, as these same events? If so, an earlier try of this very append committed and
 //! its reply was lost: answer success, marked as a replay.
