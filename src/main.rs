@@ -42,8 +42,12 @@ enum Command {
     Migrate(cli::migrate::MigrateArgs),
     /// Manage the node's local image catalog (base images, imports).
     Image(cli::image::ImageArgs),
-    /// Sandbox benchmark (to be folded into `strata bench sandbox`).
-    BenchSandbox(cli::bench_sandbox::BenchSandboxArgs),
+    /// Print a stream's audit history (reads DATABASE_URL directly).
+    History(cli::history::HistoryArgs),
+    /// List, rebuild or run the async projections (read models).
+    Projections(cli::projections::ProjectionsArgs),
+    /// Measure throughput and latency against a baseline taken in the same run.
+    Bench(cli::bench::BenchArgs),
     #[command(hide = true)]
     SandboxInit(cli::sandbox::SandboxInitArgs),
     #[command(hide = true)]
@@ -77,7 +81,9 @@ fn main() -> std::process::ExitCode {
             Command::Reconcile(args) => cli::reconcile::run(args).await,
             Command::Migrate(args) => cli::migrate::run(args).await,
             Command::Image(args) => cli::image::run(args).await,
-            Command::BenchSandbox(args) => cli::bench_sandbox::run(args).await,
+            Command::History(args) => cli::history::run(args).await,
+            Command::Projections(args) => cli::projections::run(args).await,
+            Command::Bench(args) => cli::bench::run(args).await,
             Command::SandboxInit(_) | Command::SandboxAgent(_) => unreachable!("dispatched above"),
         }
     });

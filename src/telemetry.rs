@@ -34,8 +34,9 @@ pub enum LogFormat {
 
 /// Installs the global subscriber. `RUST_LOG` filters (default `info`).
 pub fn init(format: LogFormat) -> anyhow::Result<TelemetryGuard> {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new("info,sqlx=warn,sqlx::postgres::notice=error,tower_http=info")
+    });
 
     let provider = if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
         let exporter = opentelemetry_otlp::SpanExporter::builder()

@@ -1,5 +1,7 @@
 //! HTTP surface: the E2B-compatible API and the operator API.
 
+pub mod admin;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -7,11 +9,14 @@ use axum::{Json, Router};
 use sqlx::PgPool;
 
 use crate::config::ServeArgs;
+use crate::events::EventStore;
 
 /// Shared by every handler; cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
     pub pool: PgPool,
+    /// The event store on `pool`, shared so that the process has one post-commit notifier.
+    pub events: EventStore,
     /// Bearer token for `/admin/*`; `None` closes the operator API.
     pub admin_token: Option<String>,
     /// Base URL handed out in links (upload URLs).
@@ -23,6 +28,7 @@ pub struct AppState {
 impl AppState {
     pub fn new(pool: PgPool, serve: &ServeArgs, node_id: String) -> Self {
         Self {
+            events: EventStore::new(pool.clone()),
             pool,
             admin_token: serve.admin_token.clone(),
             public_url: serve.public_url(),
@@ -34,6 +40,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
+        .merge(admin::routes(state.clone()))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }

@@ -1,4 +1,4 @@
-//! `strata bench-sandbox` (to become `strata bench sandbox`): sandbox latency and checkpoint
+//! `strata bench sandbox`: sandbox latency and checkpoint
 //! cost, each next to a baseline measured in the same run.
 
 use std::path::PathBuf;

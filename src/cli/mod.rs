@@ -2,9 +2,12 @@
 //! shutdown. Errors here are `anyhow`, with context that reads like a sentence.
 
 pub mod api;
+pub mod bench;
 pub mod bench_sandbox;
+pub mod history;
 pub mod image;
 pub mod migrate;
+pub mod projections;
 pub mod reconcile;
 pub mod sandbox;
 pub mod up;

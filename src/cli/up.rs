@@ -74,6 +74,11 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
         None,
         shutdown.clone(),
     ));
+    let projections = tokio::spawn(strata::projections::run_all(
+        strata::events::EventStore::new(pool.clone()),
+        std::time::Duration::from_secs(5),
+        shutdown.clone(),
+    ));
     tracing::info!(url = %args.serve.public_url(), "strata is up; press Ctrl-C to stop");
 
     super::shutdown_signal().await;
@@ -81,6 +86,7 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
     api.await.context("API task")??;
     worker.await.context("worker task")??;
     reconcilers.await.context("reconciler task")??;
+    projections.await.context("projection task")?;
     pool.close().await;
     Ok(())
 }

@@ -1,1 +1,59 @@
-//! Read models, fed inline (same transaction as the append) or from the global feed.
+//! Read models, fed inline (same transaction as the append, see
+//! [`crate::events::InlineProjection`]) or asynchronously from the global feed.
+//!
+//! Layout:
+//! * [`Projection`]: the contract of an async read model.
+//! * [`ProjectionRunner`]: feed → batch → checkpoint, one transaction per batch, one runner at a
+//!   time per projection (`FOR UPDATE SKIP LOCKED` on its checkpoint row); `rebuild` replays.
+//! * [`stream_catalog`]: the operators' catalog of streams.
+//! * [`registry`] / [`run_all`]: the projections this version ships, and running them.
+
+mod projection;
+mod runner;
+pub mod stream_catalog;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+pub use projection::{Projection, ProjectionError};
+pub use runner::{status, ProjectionRunner, ProjectionStatus, RoundOutcome};
+
+use crate::events::EventStore;
+
+/// Every async projection of this version.
+pub fn registry() -> Vec<Arc<dyn Projection>> {
+    vec![Arc::new(stream_catalog::StreamCatalog)]
+}
+
+/// The projection called `name`.
+pub fn by_name(name: &str) -> Result<Arc<dyn Projection>, ProjectionError> {
+    registry()
+        .into_iter()
+        .find(|p| p.name() == name)
+        .ok_or_else(|| ProjectionError::Unknown(name.to_string()))
+}
+
+/// Empties the projection called `name` and replays the whole feed into it. Returns the number
+/// of events this call replayed.
+pub async fn rebuild(store: EventStore, name: &str) -> Result<usize, ProjectionError> {
+    ProjectionRunner::new(store, by_name(name)?).rebuild().await
+}
+
+/// Runs every registered projection until `shutdown`. Safe to run in several processes: each
+/// batch of each projection is applied by exactly one of them.
+pub async fn run_all(store: EventStore, poll_interval: Duration, shutdown: CancellationToken) {
+    let tasks: Vec<_> = registry()
+        .into_iter()
+        .map(|p| {
+            let runner = ProjectionRunner::new(store.clone(), p);
+            tokio::spawn(runner.run_until(poll_interval, shutdown.clone()))
+        })
+        .collect();
+    for task in tasks {
+        if let Err(err) = task.await {
+            tracing::error!(error = %err, "projection task panicked");
+        }
+    }
+}

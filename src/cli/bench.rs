@@ -1,0 +1,358 @@
+//! `strata bench …`: throughput and latency, always next to a baseline measured in the same run.
+//!
+//! `bench events` compares, with N concurrent writers and one event per append:
+//! * the ceiling: plain single-row INSERTs (autocommit) into an unindexed table;
+//! * appends to distinct streams (the common case: every build its own stream);
+//! * appends contended on one stream, each writer re-trying at the version a conflict reports.
+//!
+//! With DATABASE_URL set, it works in a schema of its own (`strata_bench_…`, dropped at the end)
+//! so it never writes into the service's event log; without, it starts a throwaway embedded
+//! Postgres in a temporary directory.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+use strata::config::StorageArgs;
+use strata::embedded_postgres::{EmbeddedPostgres, DATABASE_NAME};
+use strata::events::{
+    Actor, ActorRole, AppendError, EventStore, ExpectedVersion, Metadata, NewEvent, StreamId,
+    StreamWrite,
+};
+use uuid::Uuid;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Event-store appends against plain INSERTs: appends/s, p50/p99 latency, conflicts.
+    Events(EventsBenchArgs),
+    /// Sandboxes: boot+exec+destroy latency, checkpoint cost against `tar | openssl dgst`,
+    /// boot latency by stack depth.
+    Sandbox(super::bench_sandbox::BenchSandboxArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EventsBenchArgs {
+    /// Concurrent writers in every scenario.
+    #[arg(long, default_value_t = 8)]
+    writers: usize,
+    /// Length of each scenario.
+    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+    seconds: u64,
+    #[command(flatten)]
+    storage: StorageArgs,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.command {
+        BenchCommand::Events(args) => run_events(args).await,
+        BenchCommand::Sandbox(args) => super::bench_sandbox::run(args).await,
+    }
+}
+
+async fn run_events(args: EventsBenchArgs) -> anyhow::Result<()> {
+    let writers = args.writers.max(1);
+    let duration = Duration::from_secs(args.seconds.max(1));
+    match args.storage.database_url.clone() {
+        Some(url) => {
+            let schema = format!(
+                "strata_bench_{}",
+                &Uuid::new_v4().simple().to_string()[..12]
+            );
+            let admin = strata::db::connect(&url, 1)
+                .await
+                .context("connecting to DATABASE_URL")?;
+            sqlx::query(&format!("CREATE SCHEMA {schema}"))
+                .execute(&admin)
+                .await
+                .context("creating the bench schema (needs CREATE on the database)")?;
+            let result = async {
+                let options = url
+                    .parse::<PgConnectOptions>()?
+                    .options([("search_path", schema.as_str())]);
+                let pool = bench_pool(options, writers).await?;
+                let result = bench_events(&pool, writers, duration, "DATABASE_URL").await;
+                pool.close().await;
+                result
+            }
+            .await;
+            sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+                .execute(&admin)
+                .await
+                .context("dropping the bench schema")?;
+            result
+        }
+        None => {
+            let dir = tempfile::Builder::new().prefix("strata-bench-").tempdir()?;
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let pg = EmbeddedPostgres::new(dir.path().join("postgres"), port)?;
+            eprintln!(
+                "DATABASE_URL is unset: starting a throwaway Postgres in {}",
+                dir.path().display()
+            );
+            pg.start().await.context("starting the embedded Postgres")?;
+            let result = async {
+                let options = pg.url(DATABASE_NAME).parse::<PgConnectOptions>()?;
+                let pool = bench_pool(options, writers).await?;
+                let result = bench_events(&pool, writers, duration, "embedded").await;
+                pool.close().await;
+                result
+            }
+            .await;
+            tokio::task::spawn_blocking(move || pg.stop()).await??;
+            result
+        }
+    }
+}
+
+async fn bench_pool(options: PgConnectOptions, writers: usize) -> anyhow::Result<PgPool> {
+    let options = options.log_statements(log::LevelFilter::Trace);
+    let pool = PgPoolOptions::new()
+        .max_connections(writers as u32 + 2)
+        .min_connections(writers as u32 + 2)
+        .connect_with(options)
+        .await
+        .context("connecting the bench pool")?;
+    strata::db::migrate(&pool)
+        .await
+        .context("applying migrations for the bench")?;
+    Ok(pool)
+}
+
+/// What one writer measured.
+#[derive(Default)]
+struct WriterStats {
+    latencies: Vec<Duration>,
+    conflicts: u64,
+    retries: u64,
+}
+
+struct Scenario {
+    name: &'static str,
+    ops: usize,
+    elapsed: Duration,
+    p50: Duration,
+    p99: Duration,
+    conflicts: Option<u64>,
+    retries: Option<u64>,
+}
+
+impl Scenario {
+    fn per_second(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+async fn measure<F, Fut>(
+    name: &'static str,
+    writers: usize,
+    duration: Duration,
+    writer: F,
+) -> anyhow::Result<Scenario>
+where
+    F: Fn(usize, Instant) -> Fut,
+    Fut: Future<Output = anyhow::Result<WriterStats>> + Send + 'static,
+{
+    let start = Instant::now();
+    let deadline = start + duration;
+    let tasks: Vec<_> = (0..writers)
+        .map(|w| tokio::spawn(writer(w, deadline)))
+        .collect();
+    let mut all = WriterStats::default();
+    for task in tasks {
+        let stats = task.await??;
+        all.latencies.extend(stats.latencies);
+        all.conflicts += stats.conflicts;
+        all.retries += stats.retries;
+    }
+    let elapsed = start.elapsed();
+    all.latencies.sort();
+    let pct = |p: f64| {
+        all.latencies
+            .get(
+                ((all.latencies.len() as f64 * p) as usize)
+                    .min(all.latencies.len().saturating_sub(1)),
+            )
+            .copied()
+            .unwrap_or_default()
+    };
+    Ok(Scenario {
+        name,
+        ops: all.latencies.len(),
+        elapsed,
+        p50: pct(0.50),
+        p99: pct(0.99),
+        conflicts: Some(all.conflicts),
+        retries: Some(all.retries),
+    })
+}
+
+fn bench_event(i: u64) -> NewEvent {
+    NewEvent {
+        event_id: Uuid::now_v7(),
+        event_type: "BenchTicked.v1".into(),
+        data: serde_json::json!({"i": i, "note": "a small payload, like most events"}),
+        metadata: Metadata::new(Actor::new(ActorRole::Cli, "bench")),
+    }
+}
+
+async fn bench_events(
+    pool: &PgPool,
+    writers: usize,
+    duration: Duration,
+    where_: &str,
+) -> anyhow::Result<()> {
+    let version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(pool)
+        .await?;
+    println!(
+        "strata bench events: {writers} writers, {} s per scenario, one event per append, Postgres {version} ({where_})",
+        duration.as_secs()
+    );
+    sqlx::query("CREATE TABLE bench_ceiling (id bigint, payload jsonb)")
+        .execute(pool)
+        .await?;
+
+    let ceiling = {
+        let pool = pool.clone();
+        let mut s = measure(
+            "plain INSERT, unindexed (ceiling)",
+            writers,
+            duration,
+            move |w, deadline| {
+                let pool = pool.clone();
+                async move {
+                    let mut stats = WriterStats::default();
+                    let mut i = 0u64;
+                    while Instant::now() < deadline {
+                        let t = Instant::now();
+                        sqlx::query("INSERT INTO bench_ceiling (id, payload) VALUES ($1, $2)")
+                            .bind((w as i64) << 40 | i as i64)
+                            .bind(bench_event(i).data)
+                            .execute(&pool)
+                            .await?;
+                        stats.latencies.push(t.elapsed());
+                        i += 1;
+                    }
+                    Ok(stats)
+                }
+            },
+        )
+        .await?;
+        s.conflicts = None;
+        s.retries = None;
+        s
+    };
+
+    let store = EventStore::new(pool.clone());
+    let distinct = {
+        let store = store.clone();
+        let mut s = measure(
+            "append, distinct streams",
+            writers,
+            duration,
+            move |w, deadline| {
+                let store = store.clone();
+                async move {
+                    let mut stats = WriterStats::default();
+                    let mut i = 0u64;
+                    while Instant::now() < deadline {
+                        let stream = StreamId::parse(format!("bench-{w}-{i}"))?;
+                        let t = Instant::now();
+                        let outcome = store
+                            .append(vec![StreamWrite::new(
+                                stream,
+                                ExpectedVersion::NoStream,
+                                vec![bench_event(i)],
+                            )])
+                            .await?;
+                        stats.latencies.push(t.elapsed());
+                        stats.retries += u64::from(outcome.attempts - 1);
+                        i += 1;
+                    }
+                    Ok(stats)
+                }
+            },
+        )
+        .await?;
+        s.conflicts = None;
+        s
+    };
+
+    let contended = {
+        let store = store.clone();
+        measure(
+            "append, one contended stream",
+            writers,
+            duration,
+            move |_, deadline| {
+                let store = store.clone();
+                async move {
+                    let stream = StreamId::parse("bench-hot")?;
+                    let mut stats = WriterStats::default();
+                    let mut known = store.stream_version(&stream).await?;
+                    let mut i = 0u64;
+                    while Instant::now() < deadline {
+                        let t = Instant::now();
+                        let write = StreamWrite::new(
+                            stream.clone(),
+                            ExpectedVersion::Exact(known),
+                            vec![bench_event(i)],
+                        );
+                        match store.append(vec![write]).await {
+                            Ok(outcome) => {
+                                stats.latencies.push(t.elapsed());
+                                stats.retries += u64::from(outcome.attempts - 1);
+                                known = outcome.version(&stream).unwrap_or(known + 1);
+                                i += 1;
+                            }
+                            Err(AppendError::VersionConflict { actual, .. }) => {
+                                stats.conflicts += 1;
+                                known = actual;
+                            }
+                            Err(other) => return Err(other.into()),
+                        }
+                    }
+                    Ok(stats)
+                }
+            },
+        )
+        .await?
+    };
+
+    let base = ceiling.per_second();
+    println!();
+    println!(
+        "{:<36} {:>10} {:>9} {:>9} {:>10} {:>8} {:>10}",
+        "scenario", "ops/s", "p50 ms", "p99 ms", "conflicts", "retries", "vs ceiling"
+    );
+    for s in [&ceiling, &distinct, &contended] {
+        let opt = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |n| n.to_string());
+        println!(
+            "{:<36} {:>10.0} {:>9.2} {:>9.2} {:>10} {:>8} {:>10.2}",
+            s.name,
+            s.per_second(),
+            s.p50.as_secs_f64() * 1e3,
+            s.p99.as_secs_f64() * 1e3,
+            opt(s.conflicts),
+            opt(s.retries),
+            s.per_second() / base
+        );
+    }
+    println!();
+    println!(
+        "ops/s counts successful operations; `retries` are serialization-failure re-runs inside append; \
+         contended `conflicts` are appends that lost the version race and were re-tried by the writer at the reported version."
+    );
+    Ok(())
+}

@@ -1,0 +1,291 @@
+//! Running commands against streams: load, decide, append, and on a lost race do it again.
+//!
+//! Domain code stays pure ([`Aggregate::decide`] and [`Aggregate::evolve`]); this module is the
+//! loop around it. A [`VersionConflict`](AppendError::VersionConflict) means another writer
+//! moved the stream between our read and our append: the decision was made on stale state, so
+//! it is made again on fresh state, never replayed blindly.
+//!
+//! Event ids are derived from the command id, the stream and the event's index, so running the
+//! same command again (a client retry after a lost reply) produces the same ids and the store
+//! recognises it instead of storing the events twice.
+
+use std::future::Future;
+
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use uuid::Uuid;
+
+use super::{
+    AppendError, AppendOutcome, DecodeError, DomainEvent, EncodeError, EventStore, ExpectedVersion,
+    Metadata, ReadError, RecordedEvent, StreamId, StreamWrite,
+};
+
+/// A stream's state machine. Implemented by pure domain types.
+pub trait Aggregate {
+    type State: Default + Send;
+    type Event: DomainEvent + Send + Sync;
+    /// Carries everything the decision needs, including the current time.
+    type Command: Sync;
+    type Error;
+
+    fn evolve(state: Self::State, event: &Self::Event) -> Self::State;
+    fn decide(
+        state: &Self::State,
+        command: &Self::Command,
+    ) -> Result<Vec<Self::Event>, Self::Error>;
+}
+
+/// Who runs the command and under which id.
+#[derive(Debug, Clone)]
+pub struct CommandContext {
+    /// Identifies this command across client retries: the same id yields the same event ids.
+    pub command_id: Uuid,
+    /// Recorded on every event; its `causation_id` defaults to `command_id`.
+    pub metadata: Metadata,
+    /// Decide-and-append rounds before giving up on a contended stream.
+    pub max_attempts: u32,
+}
+
+impl CommandContext {
+    /// A new command with a fresh id.
+    pub fn new(metadata: Metadata) -> Self {
+        Self::with_id(Uuid::now_v7(), metadata)
+    }
+
+    pub fn with_id(command_id: Uuid, metadata: Metadata) -> Self {
+        Self {
+            command_id,
+            metadata,
+            max_attempts: 64,
+        }
+    }
+
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts.max(1);
+        self
+    }
+
+    /// The metadata recorded on this command's events.
+    pub fn event_metadata(&self) -> Metadata {
+        let mut metadata = self.metadata.clone();
+        metadata.causation_id.get_or_insert(self.command_id);
+        metadata
+    }
+
+    /// The id of the `index`-th event this command appends to `stream`: stable across retries.
+    pub fn event_id(&self, stream: &StreamId, index: usize) -> Uuid {
+        derive_event_id(self.command_id, stream, index)
+    }
+
+    /// Encodes `events` for `stream` with this command's ids and metadata.
+    pub fn encode<E: DomainEvent>(
+        &self,
+        stream: &StreamId,
+        events: &[E],
+    ) -> Result<Vec<super::NewEvent>, EncodeError> {
+        let metadata = self.event_metadata();
+        events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| e.encode(self.event_id(stream, i), metadata.clone()))
+            .collect()
+    }
+}
+
+/// A deterministic, RFC 9562 version-8 UUID from the command id, stream and index.
+pub fn derive_event_id(command_id: Uuid, stream: &StreamId, index: usize) -> Uuid {
+    let mut hasher = Sha256::new();
+    hasher.update(b"strata.event-id.v1\0");
+    hasher.update(command_id.as_bytes());
+    hasher.update((stream.as_str().len() as u64).to_be_bytes());
+    hasher.update(stream.as_str().as_bytes());
+    hasher.update((index as u64).to_be_bytes());
+    let digest = hasher.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+}
+
+#[derive(Debug, Error)]
+pub enum CommandError<E> {
+    /// The domain refused the command on current state.
+    #[error("command rejected: {0}")]
+    Rejected(E),
+    #[error("{stream} kept moving: all {attempts} attempts lost a version race; try again later")]
+    Contended { stream: String, attempts: u32 },
+    #[error(transparent)]
+    Append(AppendError),
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+}
+
+/// A stream's state as of `version`.
+#[derive(Debug, Clone)]
+pub struct Loaded<S> {
+    pub state: S,
+    pub version: u64,
+}
+
+impl<S> Loaded<S> {
+    /// The expectation that the stream is still where it was loaded.
+    pub fn expected(&self) -> ExpectedVersion {
+        if self.version == 0 {
+            ExpectedVersion::NoStream
+        } else {
+            ExpectedVersion::Exact(self.version)
+        }
+    }
+}
+
+/// Folds `stream` into `A::State` from the authoritative events.
+pub async fn load<A: Aggregate>(
+    store: &EventStore,
+    stream: &StreamId,
+) -> Result<Loaded<A::State>, CommandError<A::Error>> {
+    let events = store.read_stream_all(stream).await?;
+    let mut state = A::State::default();
+    let mut version = 0;
+    for recorded in &events {
+        state = A::evolve(state, &A::Event::decode(recorded)?);
+        version = recorded.version;
+    }
+    Ok(Loaded { state, version })
+}
+
+/// The result of a command.
+#[derive(Debug, Clone)]
+pub struct Executed<S> {
+    /// State after the command's events.
+    pub state: S,
+    pub version: u64,
+    /// The events appended (empty when the decision was "nothing to do").
+    pub events: Vec<RecordedEvent>,
+    /// Decide-and-append rounds used.
+    pub attempts: u32,
+    /// The events were stored by an earlier run of this same command.
+    pub replay: bool,
+}
+
+/// Runs `command` on `stream`: load and fold, decide, append at the loaded version; on a version
+/// conflict, reload and decide again, up to `context.max_attempts` times.
+pub async fn execute<A: Aggregate>(
+    store: &EventStore,
+    stream: &StreamId,
+    command: &A::Command,
+    context: &CommandContext,
+) -> Result<Executed<A::State>, CommandError<A::Error>> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let loaded = load::<A>(store, stream).await?;
+        let decided = A::decide(&loaded.state, command).map_err(CommandError::Rejected)?;
+        if decided.is_empty() {
+            return Ok(Executed {
+                state: loaded.state,
+                version: loaded.version,
+                events: Vec::new(),
+                attempts: attempt,
+                replay: false,
+            });
+        }
+        let write = StreamWrite::new(
+            stream.clone(),
+            loaded.expected(),
+            context.encode(stream, &decided)?,
+        );
+        match store.append(vec![write]).await {
+            Ok(outcome) if outcome.replay => {
+                // An earlier run of this command landed; its events may or may not be in what
+                // we loaded, so report the stream as it is now.
+                let now = load::<A>(store, stream).await?;
+                return Ok(Executed {
+                    state: now.state,
+                    version: now.version,
+                    events: outcome.events,
+                    attempts: attempt,
+                    replay: true,
+                });
+            }
+            Ok(outcome) => {
+                let state = decided.iter().fold(loaded.state, A::evolve);
+                return Ok(Executed {
+                    state,
+                    version: outcome.version(stream).unwrap_or(loaded.version),
+                    events: outcome.events,
+                    attempts: attempt,
+                    replay: false,
+                });
+            }
+            Err(err) if err.is_version_conflict() => {
+                if attempt >= context.max_attempts {
+                    return Err(CommandError::Contended {
+                        stream: stream.to_string(),
+                        attempts: attempt,
+                    });
+                }
+                tokio::task::yield_now().await;
+            }
+            Err(err) => return Err(CommandError::Append(err)),
+        }
+    }
+}
+
+/// The multi-stream form: `decide` loads whatever it needs (with [`load`]) and returns the
+/// writes, including a guard ([`StreamWrite::guard`]) for every stream it read but does not
+/// write. On a version conflict it is called again, up to `max_attempts` times.
+pub async fn execute_writes<E, F, Fut>(
+    store: &EventStore,
+    max_attempts: u32,
+    mut decide: F,
+) -> Result<AppendOutcome, CommandError<E>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Vec<StreamWrite>, CommandError<E>>>,
+{
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let writes = decide().await?;
+        match store.append(writes).await {
+            Ok(mut outcome) => {
+                outcome.attempts = attempt;
+                return Ok(outcome);
+            }
+            Err(AppendError::VersionConflict { stream, .. }) if attempt < max_attempts => {
+                tracing::debug!(%stream, attempt, "version conflict; deciding again");
+                tokio::task::yield_now().await;
+            }
+            Err(AppendError::VersionConflict { stream, .. }) => {
+                return Err(CommandError::Contended {
+                    stream: stream.to_string(),
+                    attempts: attempt,
+                })
+            }
+            Err(err) => return Err(CommandError::Append(err)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_ids_are_stable_per_command_stream_and_index() {
+        let cmd = Uuid::now_v7();
+        let a = StreamId::parse("build-a").unwrap();
+        let b = StreamId::parse("build-b").unwrap();
+        assert_eq!(derive_event_id(cmd, &a, 0), derive_event_id(cmd, &a, 0));
+        assert_ne!(derive_event_id(cmd, &a, 0), derive_event_id(cmd, &a, 1));
+        assert_ne!(derive_event_id(cmd, &a, 0), derive_event_id(cmd, &b, 0));
+        assert_ne!(
+            derive_event_id(cmd, &a, 0),
+            derive_event_id(Uuid::now_v7(), &a, 0)
+        );
+        assert_eq!(derive_event_id(cmd, &a, 0).get_version_num(), 8);
+    }
+}
