@@ -8,6 +8,7 @@
 //! * [`stream_catalog`]: the operators' catalog of streams.
 //! * [`registry`] / [`run_all`]: the projections this version ships, and running them.
 
+pub mod builds;
 mod projection;
 mod runner;
 pub mod stream_catalog;

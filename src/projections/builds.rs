@@ -1,0 +1,144 @@
+//! The `builds` read model: one row per build, maintained inline with every append to a
+//! `build-…` stream, so the worker's queue and the reconcilers' scans see exactly what was
+//! committed. It is an index for finding work, never the authority: whoever acts on a row
+//! re-reads the build stream and decides there.
+
+use async_trait::async_trait;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::domain::build::Event;
+use crate::events::{InlineProjection, RecordedEvent};
+
+/// Category of the streams this projection follows.
+const CATEGORY: &str = "build";
+
+/// Applies build events to the `builds` table. Pass it to
+/// [`EventStore::append_with`](crate::events::EventStore::append_with) on every append that
+/// touches a build stream.
+pub struct BuildsProjection;
+
+#[async_trait]
+impl InlineProjection for BuildsProjection {
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        events: &[RecordedEvent],
+    ) -> Result<(), sqlx::Error> {
+        for recorded in events.iter().filter(|e| e.stream_id.category() == CATEGORY) {
+            let build_id = build_id_of(recorded)?;
+            let event: Event = recorded
+                .decode()
+                .map_err(|err| sqlx::Error::Decode(Box::new(err)))?;
+            apply_one(conn, build_id, recorded, &event).await?;
+        }
+        Ok(())
+    }
+}
+
+fn build_id_of(recorded: &RecordedEvent) -> Result<Uuid, sqlx::Error> {
+    let rest = &recorded.stream_id.as_str()[CATEGORY.len() + 1..];
+    Uuid::parse_str(rest).map_err(|err| sqlx::Error::Decode(Box::new(err)))
+}
+
+async fn apply_one(
+    conn: &mut PgConnection,
+    build_id: Uuid,
+    recorded: &RecordedEvent,
+    event: &Event,
+) -> Result<(), sqlx::Error> {
+    let version = recorded.version as i64;
+    let at = recorded.recorded_at;
+    match event {
+        Event::BuildRegistered {
+            template,
+            team,
+            registered_at,
+            waiting_deadline,
+            ..
+        } => {
+            sqlx::query(
+                "INSERT INTO builds (build_id, template_id, team_id, phase, deadline, registered_at, updated_at, stream_version)
+                 VALUES ($1, $2, $3, 'waiting', $4, $5, $6, $7)",
+            )
+            .bind(build_id)
+            .bind(template.as_str())
+            .bind(team.as_str())
+            .bind(waiting_deadline)
+            .bind(registered_at)
+            .bind(at)
+            .bind(version)
+            .execute(&mut *conn)
+            .await?;
+            return Ok(());
+        }
+        Event::BuildFrozen { queue_deadline, .. } => {
+            sqlx::query("UPDATE builds SET phase = 'queued', deadline = $2 WHERE build_id = $1")
+                .bind(build_id)
+                .bind(queue_deadline)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Event::AttemptAcquired {
+            epoch,
+            node,
+            lease_expires_at,
+            ..
+        } => {
+            sqlx::query(
+                "UPDATE builds SET phase = 'active', epoch = $2, node = $3, lease_expires_at = $4, deadline = NULL
+                 WHERE build_id = $1",
+            )
+            .bind(build_id)
+            .bind(epoch.0 as i64)
+            .bind(node.as_str())
+            .bind(lease_expires_at)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Event::LeaseRenewed {
+            lease_expires_at, ..
+        } => {
+            sqlx::query("UPDATE builds SET lease_expires_at = $2 WHERE build_id = $1")
+                .bind(build_id)
+                .bind(lease_expires_at)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Event::PublishingStarted { .. } => {
+            sqlx::query("UPDATE builds SET phase = 'publishing' WHERE build_id = $1")
+                .bind(build_id)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Event::BuildReady { .. } => {
+            sqlx::query(
+                "UPDATE builds SET phase = 'ready', lease_expires_at = NULL, deadline = NULL WHERE build_id = $1",
+            )
+            .bind(build_id)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Event::AttemptExpired { .. } | Event::BuildFailed { .. } => {
+            sqlx::query(
+                "UPDATE builds SET phase = 'error', lease_expires_at = NULL, deadline = NULL WHERE build_id = $1",
+            )
+            .bind(build_id)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Event::UploadReserved { .. }
+        | Event::ContextBound { .. }
+        | Event::UploadCompleted { .. }
+        | Event::IntentExpired { .. }
+        | Event::StepCompleted { .. }
+        | Event::ContextReleased { .. } => {}
+    }
+    sqlx::query("UPDATE builds SET updated_at = $2, stream_version = $3 WHERE build_id = $1")
+        .bind(build_id)
+        .bind(at)
+        .bind(version)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
