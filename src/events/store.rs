@@ -7,27 +7,50 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgExecutor, PgPool, Row};
 
 use super::notifier::Notifier;
-use super::{ReadError, RecordedEvent, RetryPolicy, StreamId};
+use super::{InlineProjection, ReadError, RecordedEvent, RetryPolicy, StreamId};
 
 /// Columns of `events` in the order [`event_from_row`] reads them.
 pub(crate) const EVENT_COLUMNS: &str =
     "position, stream_id, version, event_id, type, data, metadata, recorded_at, tx_id::text AS tx_id";
 
 /// Handle on the event store; cheap to clone (it holds a pool).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct EventStore {
     pub(crate) pool: PgPool,
     pub(crate) retry: RetryPolicy,
     /// Wakes feed subscribers after appends commit.
     pub(crate) notifier: Arc<Notifier>,
+    /// Inline projections applied to every append, whoever makes it, so an exact read model
+    /// (such as `builds`) can never miss an append through a caller that forgot it.
+    pub(crate) standing: Arc<Vec<Arc<dyn InlineProjection>>>,
+}
+
+impl std::fmt::Debug for EventStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventStore")
+            .field("retry", &self.retry)
+            .field("standing_projections", &self.standing.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl EventStore {
+    /// The store with strata's standing inline projections
+    /// ([`crate::projections::standing_inline`]).
     pub fn new(pool: PgPool) -> Self {
+        Self::with_standing_projections(pool, crate::projections::standing_inline())
+    }
+
+    /// A store that applies exactly `standing` to every append (none, for a bare store).
+    pub fn with_standing_projections(
+        pool: PgPool,
+        standing: Vec<Arc<dyn InlineProjection>>,
+    ) -> Self {
         Self {
             pool,
             retry: RetryPolicy::default(),
             notifier: Notifier::new(),
+            standing: Arc::new(standing),
         }
     }
 

@@ -23,6 +23,12 @@ pub use runner::{status, ProjectionRunner, ProjectionStatus, RoundOutcome};
 
 use crate::events::EventStore;
 
+/// Inline projections every [`EventStore`] applies to every append (see
+/// [`EventStore::new`]): read models that must be exact.
+pub fn standing_inline() -> Vec<Arc<dyn crate::events::InlineProjection>> {
+    vec![Arc::new(builds::BuildsProjection)]
+}
+
 /// Every async projection of this version.
 pub fn registry() -> Vec<Arc<dyn Projection>> {
     vec![Arc::new(stream_catalog::StreamCatalog)]
