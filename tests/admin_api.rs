@@ -65,7 +65,7 @@ async fn the_operator_api_needs_the_token() {
     for path in [
         "/admin/events",
         "/admin/streams",
-        "/admin/streams/build-1/events",
+        "/admin/streams/job-1/events",
     ] {
         let url = format!("{base}{path}");
         let (status, body) = get_json(&client, &url, None).await;
@@ -110,9 +110,9 @@ async fn the_operator_api_needs_the_token() {
 async fn history_feed_and_catalog_paginate() {
     let db = common::test_db().await;
     let store = EventStore::new(db.pool.clone());
-    store.append(vec![write("build-a", 5)]).await.unwrap();
+    store.append(vec![write("job-a", 5)]).await.unwrap();
     store.append(vec![write("template-t", 2)]).await.unwrap();
-    store.append(vec![write("build-b", 3)]).await.unwrap();
+    store.append(vec![write("job-b", 3)]).await.unwrap();
     let base = serve(db.pool.clone(), Some(TOKEN)).await;
     let client = reqwest::Client::new();
 
@@ -122,14 +122,14 @@ async fn history_feed_and_catalog_paginate() {
     while let Some(f) = from {
         let (status, page) = get_json(
             &client,
-            &format!("{base}/admin/streams/build-a/events?from_version={f}&limit=2"),
+            &format!("{base}/admin/streams/job-a/events?from_version={f}&limit=2"),
             Some(TOKEN),
         )
         .await;
         assert_eq!(status, 200);
         assert_eq!(page["version"], 5);
         for e in page["events"].as_array().unwrap() {
-            assert_eq!(e["stream_id"], "build-a");
+            assert_eq!(e["stream_id"], "job-a");
             assert_eq!(e["type"], "Happened.v1");
             assert_eq!(e["metadata"]["actor"]["node"], "node-7");
             assert_eq!(e["metadata"]["epoch"], 3);
@@ -177,9 +177,9 @@ async fn history_feed_and_catalog_paginate() {
         after = page["next"].as_str().unwrap().to_string();
     }
     let expected: Vec<(String, u64)> = (1..=5)
-        .map(|v| ("build-a".to_string(), v))
+        .map(|v| ("job-a".to_string(), v))
         .chain((1..=2).map(|v| ("template-t".to_string(), v)))
-        .chain((1..=3).map(|v| ("build-b".to_string(), v)))
+        .chain((1..=3).map(|v| ("job-b".to_string(), v)))
         .collect();
     assert_eq!(seen, expected, "every event once, in commit order");
     let (status, _) = get_json(
@@ -197,24 +197,24 @@ async fn history_feed_and_catalog_paginate() {
         .unwrap();
     let (_, page) = get_json(
         &client,
-        &format!("{base}/admin/streams?category=build&limit=1"),
+        &format!("{base}/admin/streams?category=job&limit=1"),
         Some(TOKEN),
     )
     .await;
-    assert_eq!(page["streams"][0]["stream_id"], "build-a");
+    assert_eq!(page["streams"][0]["stream_id"], "job-a");
     assert_eq!(page["streams"][0]["event_count"], 5);
     let next = page["next"].as_str().unwrap().to_string();
     let (_, page) = get_json(
         &client,
-        &format!("{base}/admin/streams?category=build&limit=1&after={next}"),
+        &format!("{base}/admin/streams?category=job&limit=1&after={next}"),
         Some(TOKEN),
     )
     .await;
-    assert_eq!(page["streams"][0]["stream_id"], "build-b");
+    assert_eq!(page["streams"][0]["stream_id"], "job-b");
     assert_eq!(page["streams"][0]["version"], 3);
     let (_, page) = get_json(
         &client,
-        &format!("{base}/admin/streams?category=build&limit=1&after=build-b"),
+        &format!("{base}/admin/streams?category=job&limit=1&after=job-b"),
         Some(TOKEN),
     )
     .await;

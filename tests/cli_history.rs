@@ -36,7 +36,7 @@ async fn seed(store: &EventStore) {
         .collect();
     store
         .append(vec![StreamWrite::new(
-            StreamId::parse("build-cli").unwrap(),
+            StreamId::parse("job-cli").unwrap(),
             ExpectedVersion::NoStream,
             events,
         )])
@@ -49,7 +49,7 @@ async fn history_prints_a_stream_as_a_table_and_as_json() {
     let db = common::test_db().await;
     seed(&EventStore::new(db.pool.clone())).await;
 
-    let (ok, out, err) = strata(&db.url, &["history", "build-cli"]);
+    let (ok, out, err) = strata(&db.url, &["history", "job-cli"]);
     assert!(ok, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 4, "{out}");
@@ -64,7 +64,7 @@ async fn history_prints_a_stream_as_a_table_and_as_json() {
 
     let (ok, out, _) = strata(
         &db.url,
-        &["history", "build-cli", "--json", "--from-version", "2"],
+        &["history", "job-cli", "--json", "--from-version", "2"],
     );
     assert!(ok);
     let events: Vec<serde_json::Value> = out
@@ -76,7 +76,7 @@ async fn history_prints_a_stream_as_a_table_and_as_json() {
     assert_eq!(events[1]["type"], "BuildReady.v1");
     assert_eq!(events[1]["metadata"]["epoch"], 4);
 
-    let (ok, _, err) = strata(&db.url, &["history", "build-missing"]);
+    let (ok, _, err) = strata(&db.url, &["history", "job-missing"]);
     assert!(!ok);
     assert!(err.contains("has no events"), "{err}");
     let (ok, _, err) = strata(&db.url, &["history", "no_category"]);
@@ -102,7 +102,7 @@ async fn projections_list_and_rebuild() {
     assert!(ok, "{err}");
     assert!(out.contains("replayed 3 events"), "{out}");
     let (version, count): (i64, i64) = sqlx::query_as(
-        "SELECT version, event_count FROM stream_catalog WHERE stream_id = 'build-cli'",
+        "SELECT version, event_count FROM stream_catalog WHERE stream_id = 'job-cli'",
     )
     .fetch_one(&db.pool)
     .await

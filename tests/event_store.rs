@@ -199,7 +199,7 @@ async fn a_conflict_on_one_stream_writes_nothing_anywhere() {
 async fn a_guard_fails_the_append_when_its_stream_moved() {
     let db = common::test_db().await;
     let store = EventStore::new(db.pool.clone());
-    let (template, build) = (stream("template-g"), stream("build-g"));
+    let (template, build) = (stream("template-g"), stream("job-g"));
     store
         .append(vec![StreamWrite::new(
             template.clone(),
@@ -270,7 +270,7 @@ async fn a_guard_fails_the_append_when_its_stream_moved() {
 async fn a_retried_append_after_a_lost_reply_is_a_replay_not_a_duplicate() {
     let db = common::test_db().await;
     let store = EventStore::new(db.pool.clone());
-    let s = stream("build-idem");
+    let s = stream("job-idem");
     let write = StreamWrite::new(
         s.clone(),
         ExpectedVersion::NoStream,
@@ -326,7 +326,7 @@ async fn a_retried_append_after_a_lost_reply_is_a_replay_not_a_duplicate() {
     }
     // The same id on another stream.
     let mut elsewhere = write.clone();
-    elsewhere.stream = stream("build-other");
+    elsewhere.stream = stream("job-other");
     assert!(matches!(
         store.append(vec![elsewhere]).await,
         Err(AppendError::EventIdsReused { .. })

@@ -68,8 +68,8 @@ async fn a_rebuilt_catalog_equals_the_incremental_one() {
         .with_batch_size(7);
     for round in 0..5 {
         for (s, n) in [
-            ("build-a", 3),
-            ("build-b", 1),
+            ("job-a", 3),
+            ("job-b", 1),
             ("template-x", 2),
             ("files-s1-h", 1),
         ] {
@@ -79,7 +79,7 @@ async fn a_rebuilt_catalog_equals_the_incremental_one() {
                 .unwrap();
         }
         store
-            .append(vec![write(&format!("build-r{round}"), "Registered.v1", 1)])
+            .append(vec![write(&format!("job-r{round}"), "Registered.v1", 1)])
             .await
             .unwrap();
         runner.catch_up().await.unwrap();
@@ -87,11 +87,8 @@ async fn a_rebuilt_catalog_equals_the_incremental_one() {
     let incremental = catalog(&db.pool).await;
     assert_eq!(incremental, catalog_truth(&db.pool).await);
     assert_eq!(incremental.len(), 9);
-    let build_a = incremental.iter().find(|r| r.0 == "build-a").unwrap();
-    assert_eq!(
-        (build_a.1.as_str(), build_a.2, build_a.3),
-        ("build", 15, 15)
-    );
+    let build_a = incremental.iter().find(|r| r.0 == "job-a").unwrap();
+    assert_eq!((build_a.1.as_str(), build_a.2, build_a.3), ("job", 15, 15));
     assert_eq!(build_a.6, "Step4.v1");
 
     let replayed = runner.rebuild().await.unwrap();
@@ -103,7 +100,7 @@ async fn a_rebuilt_catalog_equals_the_incremental_one() {
         .unwrap();
     assert_eq!(status[0].lag, 0);
     store
-        .append(vec![write("build-late", "Late.v1", 2)])
+        .append(vec![write("job-late", "Late.v1", 2)])
         .await
         .unwrap();
     let status = strata::projections::status(&db.pool, &[stream_catalog::NAME])
@@ -201,7 +198,7 @@ async fn two_runners_of_one_projection_never_apply_an_event_twice() {
             while tokio::time::Instant::now() < deadline {
                 match runner.run_once().await.unwrap() {
                     RoundOutcome::Applied(n) => applied += n,
-                    RoundOutcome::Busy => {}
+                    RoundOutcome::Busy | RoundOutcome::HeldBack => {}
                 }
                 let done: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger")
                     .fetch_one(&pool)

@@ -74,6 +74,39 @@ pub(crate) async fn read_feed<'e>(
     rows.iter().map(event_from_row).collect()
 }
 
+/// Whether committed events exist after `after` that the feed still holds back, because a
+/// transaction older than theirs is in flight (anywhere in the cluster: transaction ids are
+/// cluster-wide). No notification announces the horizon moving, so a reader that sees this
+/// retries soon instead of sleeping until the next append or poll.
+pub(crate) async fn held_back<'e>(
+    executor: impl PgExecutor<'e>,
+    after: FeedPosition,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM events WHERE (tx_id, position) > ($1::text::xid8, $2))",
+    )
+    .bind(after.tx_id.to_string())
+    .bind(to_i64(after.position))
+    .fetch_one(executor)
+    .await
+}
+
+/// Backoff for a reader whose next events are held back by the feed horizon: short at first
+/// (transactions are short), growing to at most half a second.
+#[derive(Debug)]
+pub(crate) struct HeldBackBackoff(Duration);
+
+impl HeldBackBackoff {
+    pub(crate) fn new() -> Self {
+        Self(Duration::from_millis(10))
+    }
+
+    pub(crate) async fn sleep(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Duration::from_millis(500));
+    }
+}
+
 /// The oldest transaction id still running: the feed's visibility limit right now. Taken by a
 /// transaction before it acquires an id of its own, it does not hold the limit back on itself.
 pub(crate) async fn feed_horizon<'e>(executor: impl PgExecutor<'e>) -> Result<u64, sqlx::Error> {
@@ -159,13 +192,18 @@ impl FeedSubscription {
 
     /// The next events after [`Self::position`], waiting until there is at least one.
     pub async fn next_batch(&mut self) -> Result<Vec<RecordedEvent>, ReadError> {
+        let mut backoff = HeldBackBackoff::new();
         loop {
             let events = self.store.read_feed(self.after, self.batch_size).await?;
             if let Some(last) = events.last() {
                 self.after = last.feed_position();
                 return Ok(events);
             }
-            self.wakeups.wait().await;
+            if held_back(&self.store.pool, self.after).await? {
+                backoff.sleep().await;
+            } else {
+                self.wakeups.wait().await;
+            }
         }
     }
 }

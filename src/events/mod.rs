@@ -41,4 +41,4 @@ pub use retry::RetryPolicy;
 pub use store::EventStore;
 pub use stream_id::{StreamId, StreamIdError, MAX_STREAM_ID_LEN};
 
-pub(crate) use feed::{feed_horizon, read_feed};
+pub(crate) use feed::{feed_horizon, held_back, read_feed, HeldBackBackoff};

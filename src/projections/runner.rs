@@ -15,7 +15,9 @@ use sqlx::{PgConnection, PgPool, Row};
 use tokio_util::sync::CancellationToken;
 
 use super::{Projection, ProjectionError};
-use crate::events::{feed_horizon, read_feed, EventStore, FeedPosition, FeedWakeups};
+use crate::events::{
+    feed_horizon, held_back, read_feed, EventStore, FeedPosition, FeedWakeups, HeldBackBackoff,
+};
 
 /// What one round did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +26,9 @@ pub enum RoundOutcome {
     Applied(usize),
     /// Another runner holds the checkpoint; nothing was done.
     Busy,
+    /// Nothing applied, but committed events wait behind a transaction still in flight: try
+    /// again shortly.
+    HeldBack,
 }
 
 /// A projection's checkpoint and how far behind the feed it is.
@@ -93,8 +98,13 @@ impl ProjectionRunner {
         };
         let events = read_feed(&mut *tx, checkpoint, Some(horizon), self.batch_size).await?;
         let Some(last) = events.last() else {
+            let waiting = held_back(&mut *tx, checkpoint).await?;
             tx.rollback().await?;
-            return Ok(RoundOutcome::Applied(0));
+            return Ok(if waiting {
+                RoundOutcome::HeldBack
+            } else {
+                RoundOutcome::Applied(0)
+            });
         };
         let next = last.feed_position();
         self.projection.apply_batch(&mut tx, &events).await?;
@@ -112,14 +122,16 @@ impl ProjectionRunner {
         Ok(RoundOutcome::Applied(events.len()))
     }
 
-    /// Rounds until a round applies nothing (or another runner holds the checkpoint). Returns
-    /// the number of events applied.
+    /// Rounds until every event committed so far is applied (or another runner holds the
+    /// checkpoint). Returns the number of events applied.
     pub async fn catch_up(&self) -> Result<usize, ProjectionError> {
         let mut total = 0;
+        let mut backoff = HeldBackBackoff::new();
         loop {
             match self.run_once().await? {
                 RoundOutcome::Applied(0) | RoundOutcome::Busy => return Ok(total),
                 RoundOutcome::Applied(n) => total += n,
+                RoundOutcome::HeldBack => backoff.sleep().await,
             }
         }
     }
@@ -147,6 +159,7 @@ impl ProjectionRunner {
                 RoundOutcome::Applied(n) => total += n,
                 // Another runner took over the replay; it continues from our checkpoint.
                 RoundOutcome::Busy => tokio::time::sleep(Duration::from_millis(50)).await,
+                RoundOutcome::HeldBack => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
     }
@@ -161,15 +174,24 @@ impl ProjectionRunner {
                 FeedWakeups::polling(poll_interval)
             }
         };
+        let mut backoff = HeldBackBackoff::new();
         while !shutdown.is_cancelled() {
             let more = match self.run_once().await {
                 Ok(RoundOutcome::Applied(n)) => n == self.batch_size as usize,
+                Ok(RoundOutcome::HeldBack) => {
+                    tokio::select! {
+                        _ = backoff.sleep() => {}
+                        _ = shutdown.cancelled() => {}
+                    }
+                    continue;
+                }
                 Ok(RoundOutcome::Busy) => false,
                 Err(err) => {
                     tracing::error!(projection = %self.name(), error = %err, "projection round failed");
                     false
                 }
             };
+            backoff = HeldBackBackoff::new();
             if !more {
                 tokio::select! {
                     _ = wakeups.wait() => {}
