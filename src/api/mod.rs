@@ -1,6 +1,8 @@
 //! HTTP surface: the E2B-compatible API and the operator API.
 
 pub mod admin;
+pub mod error;
+pub mod upload_ingest;
 
 use axum::extract::State;
 use axum::http::StatusCode;

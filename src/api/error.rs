@@ -1,0 +1,77 @@
+//! Errors as the E2B SDK reads them.
+//!
+//! Policy: every handler returns `Result<_, ApiError>`. The body is always
+//! `{"code": <status>, "message": "<text>"}`: the SDK shows `"<status>: <message>"` to the user,
+//! so the message must say what was wrong and what to do. Unexpected failures (database down,
+//! I/O) are logged with their cause and answered 500 (503 when the database pool is closed or
+//! exhausted) without internals in the message.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, message)
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, message)
+    }
+
+    /// An unexpected failure: logged in full here, answered without internals.
+    pub fn internal(context: &str, err: &dyn std::fmt::Display) -> Self {
+        tracing::error!(error = %err, "{context}");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{context} failed; the server logged the cause, retry later"),
+        )
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(err: sqlx::Error) -> Self {
+        match err {
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
+                tracing::warn!(error = %err, "database unavailable");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the database is unavailable; retry shortly",
+                )
+            }
+            other => Self::internal("database query", &other),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
+        (self.status, Json(body)).into_response()
+    }
+}
