@@ -39,6 +39,27 @@ pub struct ServeArgs {
     /// Defaults to `http://<listen>`.
     #[arg(long, env = "STRATA_PUBLIC_URL")]
     pub public_url: Option<String>,
+
+    /// Key that signs upload URLs (at least 32 bytes). Every API replica needs the same one.
+    /// Unset: a random key is created once in `<data-dir>/upload-secret` and reused.
+    #[arg(long, env = "STRATA_UPLOAD_SECRET", hide_env_values = true)]
+    pub upload_secret: Option<String>,
+
+    /// Largest context archive one upload URL accepts, in bytes.
+    #[arg(long, env = "STRATA_UPLOAD_MAX_BYTES", default_value_t = 2 << 30)]
+    pub upload_max_bytes: u64,
+
+    /// How long an upload URL stays valid, in seconds.
+    #[arg(long, env = "STRATA_UPLOAD_URL_TTL", default_value_t = 900)]
+    pub upload_url_ttl_secs: u64,
+
+    /// How long a registered build waits for its uploads and start before it expires, in seconds.
+    #[arg(long, env = "STRATA_BUILD_WAITING_TIMEOUT", default_value_t = 3600)]
+    pub build_waiting_timeout_secs: u64,
+
+    /// How long a started build may wait for a worker before it fails, in seconds.
+    #[arg(long, env = "STRATA_BUILD_QUEUE_TIMEOUT", default_value_t = 3600)]
+    pub build_queue_timeout_secs: u64,
 }
 
 /// Identity of this process in event metadata and logs.

@@ -311,6 +311,17 @@ impl EmbeddedPostgres {
     }
 }
 
+/// The URL of the `strata` database on the embedded cluster in `dir`, when its server runs
+/// (read from the server's `postmaster.pid`, whose fourth line is the port).
+pub fn running_url(dir: &Path) -> Option<String> {
+    let pid_file = std::fs::read_to_string(dir.join("data").join("postmaster.pid")).ok()?;
+    let port: u16 = pid_file.lines().nth(3)?.trim().parse().ok()?;
+    std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    Some(format!(
+        "postgres://postgres@127.0.0.1:{port}/{DATABASE_NAME}"
+    ))
+}
+
 fn check(step: &'static str, out: Output) -> Result<()> {
     if out.status.success() {
         return Ok(());

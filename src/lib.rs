@@ -17,5 +17,6 @@ pub mod embedded_postgres;
 pub mod events;
 pub mod projections;
 pub mod reconcilers;
+pub mod streams;
 pub mod telemetry;
 pub mod vmm;

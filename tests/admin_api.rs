@@ -5,8 +5,6 @@ mod common;
 
 use std::sync::Arc;
 
-use strata::api::{router, AppState};
-use strata::config::ServeArgs;
 use strata::events::{
     Actor, ActorRole, EventStore, ExpectedVersion, Metadata, NewEvent, StreamId, StreamWrite,
 };
@@ -15,17 +13,11 @@ use uuid::Uuid;
 
 const TOKEN: &str = "operator-token-1";
 
-async fn serve(pool: sqlx::PgPool, admin_token: Option<&str>) -> String {
-    let serve = ServeArgs {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_token: admin_token.map(str::to_string),
-        public_url: None,
-    };
-    let state = AppState::new(pool, &serve, "test-node".into());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router(state)).await.unwrap() });
-    format!("http://{addr}")
+/// The server's base URL, and its data directory (keep it alive while the server runs).
+async fn serve(pool: sqlx::PgPool, admin_token: Option<&str>) -> (String, tempfile::TempDir) {
+    let data = common::data_dir();
+    let api = common::api::serve(pool, data.path(), admin_token, &[]).await;
+    (api.base, data)
 }
 
 fn write(stream: &str, n: usize) -> StreamWrite {
@@ -60,7 +52,7 @@ async fn get_json(
 #[tokio::test]
 async fn the_operator_api_needs_the_token() {
     let db = common::test_db().await;
-    let base = serve(db.pool.clone(), Some(TOKEN)).await;
+    let (base, _data) = serve(db.pool.clone(), Some(TOKEN)).await;
     let client = reqwest::Client::new();
     for path in [
         "/admin/events",
@@ -97,7 +89,7 @@ async fn the_operator_api_needs_the_token() {
     );
 
     // A server without a token keeps the operator API closed.
-    let closed = serve(db.pool.clone(), None).await;
+    let (closed, _closed_data) = serve(db.pool.clone(), None).await;
     let (status, body) = get_json(&client, &format!("{closed}/admin/events"), Some(TOKEN)).await;
     assert_eq!(status, 503);
     assert!(body["error"]
@@ -111,9 +103,9 @@ async fn history_feed_and_catalog_paginate() {
     let db = common::test_db().await;
     let store = EventStore::new(db.pool.clone());
     store.append(vec![write("job-a", 5)]).await.unwrap();
-    store.append(vec![write("template-t", 2)]).await.unwrap();
+    store.append(vec![write("order-t", 2)]).await.unwrap();
     store.append(vec![write("job-b", 3)]).await.unwrap();
-    let base = serve(db.pool.clone(), Some(TOKEN)).await;
+    let (base, _data) = serve(db.pool.clone(), Some(TOKEN)).await;
     let client = reqwest::Client::new();
 
     // One stream, in pages of 2.
@@ -178,7 +170,7 @@ async fn history_feed_and_catalog_paginate() {
     }
     let expected: Vec<(String, u64)> = (1..=5)
         .map(|v| ("job-a".to_string(), v))
-        .chain((1..=2).map(|v| ("template-t".to_string(), v)))
+        .chain((1..=2).map(|v| ("order-t".to_string(), v)))
         .chain((1..=3).map(|v| ("job-b".to_string(), v)))
         .collect();
     assert_eq!(seen, expected, "every event once, in commit order");

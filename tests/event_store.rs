@@ -199,7 +199,7 @@ async fn a_conflict_on_one_stream_writes_nothing_anywhere() {
 async fn a_guard_fails_the_append_when_its_stream_moved() {
     let db = common::test_db().await;
     let store = EventStore::new(db.pool.clone());
-    let (template, build) = (stream("template-g"), stream("job-g"));
+    let (template, build) = (stream("order-g"), stream("job-g"));
     store
         .append(vec![StreamWrite::new(
             template.clone(),

@@ -70,7 +70,7 @@ async fn a_rebuilt_catalog_equals_the_incremental_one() {
         for (s, n) in [
             ("job-a", 3),
             ("job-b", 1),
-            ("template-x", 2),
+            ("order-x", 2),
             ("files-s1-h", 1),
         ] {
             store

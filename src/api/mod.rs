@@ -1,49 +1,36 @@
 //! HTTP surface: the E2B-compatible API and the operator API.
 
 pub mod admin;
+pub mod e2b;
 pub mod error;
+mod state;
 pub mod upload_ingest;
+
+pub use state::{AppState, ProtocolSettings, StateError};
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
-use sqlx::PgPool;
-
-use crate::config::ServeArgs;
-use crate::events::EventStore;
-
-/// Shared by every handler; cheap to clone.
-#[derive(Clone)]
-pub struct AppState {
-    pub pool: PgPool,
-    /// The event store on `pool`, shared so that the process has one post-commit notifier.
-    pub events: EventStore,
-    /// Bearer token for `/admin/*`; `None` closes the operator API.
-    pub admin_token: Option<String>,
-    /// Base URL handed out in links (upload URLs).
-    pub public_url: String,
-    /// Actor id recorded on events this process appends.
-    pub node_id: String,
-}
-
-impl AppState {
-    pub fn new(pool: PgPool, serve: &ServeArgs, node_id: String) -> Self {
-        Self {
-            events: EventStore::new(pool.clone()),
-            pool,
-            admin_token: serve.admin_token.clone(),
-            public_url: serve.public_url(),
-            node_id,
-        }
-    }
-}
 
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
         .merge(admin::routes(state.clone()))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .merge(e2b::routes())
+        // Spans name the path only: upload URLs carry their signature in the query.
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http().make_span_with(
+                |request: &axum::http::Request<axum::body::Body>| {
+                    tracing::info_span!(
+                        "request",
+                        method = %request.method(),
+                        path = %request.uri().path(),
+                        team = tracing::field::Empty,
+                    )
+                },
+            ),
+        )
         .with_state(state)
 }
 

@@ -19,7 +19,13 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
     strata::db::migrate(&pool)
         .await
         .context("applying migrations")?;
-    let state = AppState::new(pool, &args.serve, args.node.node_id());
+    let state = AppState::new(
+        pool,
+        &args.serve,
+        args.node.node_id(),
+        &args.storage.data_dir,
+    )
+    .context("preparing the API")?;
     let shutdown = CancellationToken::new();
     let server = serve(args.serve.listen, state, shutdown.clone()).await?;
     super::shutdown_signal().await;

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod bench_sandbox;
 pub mod history;
 pub mod image;
+pub mod keys;
 pub mod migrate;
 pub mod projections;
 pub mod reconcile;
@@ -17,14 +18,23 @@ use anyhow::Context;
 use sqlx::PgPool;
 use strata::config::StorageArgs;
 
-/// Connects to `DATABASE_URL`; the roles other than `up` never start a database themselves.
+/// Connects to `DATABASE_URL`, or else to the embedded Postgres a running `strata up` keeps in
+/// the data directory. The roles other than `up` never start a database themselves.
 pub async fn connect_database(storage: &StorageArgs) -> anyhow::Result<PgPool> {
-    let url = storage.database_url.as_deref().context(
-        "DATABASE_URL is not set: point it at Postgres, or use `strata up`, which starts a local one",
-    )?;
-    strata::db::connect(url, storage.db_pool_size)
+    let url = match &storage.database_url {
+        Some(url) => url.clone(),
+        None => strata::embedded_postgres::running_url(&storage.data_dir.join("postgres"))
+            .with_context(|| {
+                format!(
+                    "DATABASE_URL is not set and no `strata up` is running with data directory {}: \
+                     point DATABASE_URL at Postgres, or start `strata up`",
+                    storage.data_dir.display()
+                )
+            })?,
+    };
+    strata::db::connect(&url, storage.db_pool_size)
         .await
-        .context("connecting to Postgres at DATABASE_URL")
+        .context("connecting to Postgres")
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -61,7 +61,13 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
 
     let node_id = args.node.node_id();
     let shutdown = CancellationToken::new();
-    let state = AppState::new(pool.clone(), &args.serve, node_id.clone());
+    let state = AppState::new(
+        pool.clone(),
+        &args.serve,
+        node_id.clone(),
+        &args.storage.data_dir,
+    )
+    .context("preparing the API")?;
     let api = super::api::serve(args.serve.listen, state, shutdown.clone()).await?;
     let worker = tokio::spawn(super::worker::run_until(
         pool.clone(),

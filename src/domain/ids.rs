@@ -345,6 +345,9 @@ impl fmt::Display for Scope {
 pub mod stream {
     use super::*;
 
+    pub fn team(id: &TeamId) -> String {
+        format!("team-{id}")
+    }
     pub fn template(id: &TemplateId) -> String {
         format!("template-{id}")
     }

@@ -7,6 +7,7 @@
 //! * [`canonical`]: the length-delimited encoding behind every digest we compute.
 //! * [`build_spec`]: the E2B request bodies as validated types, the request digest, and the
 //!   command-context fold.
+//! * [`team`]: tenants and their API keys.
 //! * [`template`]: the template aggregate and the team-scoped name claim.
 //! * [`build`]: the build aggregate (upload bindings and intents, freeze, attempts, fencing,
 //!   publishing, terminal states) and its E2B status view.
@@ -27,5 +28,6 @@ pub mod canonical;
 pub mod files;
 pub mod ids;
 pub mod promotion;
+pub mod team;
 pub mod template;
 pub mod upload_url;

@@ -8,10 +8,12 @@
 //! * [`stream_catalog`]: the operators' catalog of streams.
 //! * [`registry`] / [`run_all`]: the projections this version ships, and running them.
 
+pub mod api_keys;
 pub mod builds;
 mod projection;
 mod runner;
 pub mod stream_catalog;
+pub mod templates;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +28,11 @@ use crate::events::EventStore;
 /// Inline projections every [`EventStore`] applies to every append (see
 /// [`EventStore::new`]): read models that must be exact.
 pub fn standing_inline() -> Vec<Arc<dyn crate::events::InlineProjection>> {
-    vec![Arc::new(builds::BuildsProjection)]
+    vec![
+        Arc::new(builds::BuildsProjection),
+        Arc::new(api_keys::ApiKeysProjection),
+        Arc::new(templates::TemplatesProjection),
+    ]
 }
 
 /// Every async projection of this version.

@@ -113,6 +113,23 @@ impl LocalBlobStore {
     pub fn path_of(&self, digest: &Digest) -> PathBuf {
         self.root.join("sha256").join(digest.hex())
     }
+
+    /// Where callers stage files they will [`adopt`](Self::adopt): on the store's filesystem,
+    /// so adoption is a link, not a copy.
+    pub fn staging_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    /// Publishes a staged file under `digest`, which the caller computed over exactly the file's
+    /// bytes while writing it. Create-if-absent: when the digest is already stored, the existing
+    /// copy wins, so concurrent identical uploads keep one copy.
+    pub fn adopt(&self, staged: &Path, digest: &Digest) -> Result<()> {
+        match std::fs::hard_link(staged, self.path_of(digest)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(VmmError::io(format!("publishing blob {digest}"))(e)),
+        }
+    }
 }
 
 impl BlobStore for LocalBlobStore {

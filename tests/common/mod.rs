@@ -8,6 +8,7 @@
 //! * A temporary data directory per test.
 #![allow(dead_code)]
 
+pub mod api;
 pub mod sandbox;
 
 use std::os::fd::AsRawFd;

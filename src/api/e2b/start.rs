@@ -1,0 +1,77 @@
+//! `POST /v2/templates/{templateID}/builds/{buildID}`: start a build. One compare-and-set on
+//! the build stream freezes the bindings, records the request digest and queues the build for a
+//! worker; a COPY whose hash has no binding fails the start with 400 naming the hash.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::Utc;
+
+use super::auth::Team;
+use super::{api_metadata, command_error, load_team_template, parse_template_id};
+use crate::api::error::ApiError;
+use crate::api::AppState;
+use crate::domain::build::{self, Command};
+use crate::domain::build_spec::TemplateBuildStartV2;
+use crate::domain::ids::{BuildId, TeamId, TemplateId};
+use crate::events::command::{execute, load, CommandContext};
+use crate::streams::{build_stream, BuildAggregate};
+
+#[tracing::instrument(skip_all, fields(team = %team.0, template = %template_id, build = %build_id))]
+pub async fn start_build(
+    State(state): State<AppState>,
+    team: Team,
+    Path((template_id, build_id)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let template_id = parse_template_id(&template_id)?;
+    load_team_template(&state, &team.0, &template_id).await?;
+    let build_id = parse_build_id(&build_id)?;
+    let spec: TemplateBuildStartV2 = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid build start request: {e}")))?;
+    check_build_of(&state, &team.0, &template_id, &build_id).await?;
+
+    let now = Utc::now();
+    let command = Command::StartBuild {
+        spec,
+        now,
+        queue_deadline: now + state.protocol.queue_timeout,
+        attempt: None,
+    };
+    let ctx = CommandContext::new(api_metadata(&state));
+    execute::<BuildAggregate>(&state.events, &build_stream(&build_id), &command, &ctx)
+        .await
+        .map_err(|e| command_error(e, start_error))?;
+    tracing::info!("build started and queued");
+    Ok(StatusCode::ACCEPTED)
+}
+
+pub(crate) fn parse_build_id(raw: &str) -> Result<BuildId, ApiError> {
+    BuildId::parse(raw).map_err(|_| ApiError::not_found(format!("build {raw:?} not found")))
+}
+
+/// The build must belong to this template and team; anything else is reported as not found.
+pub(crate) async fn check_build_of(
+    state: &AppState,
+    team: &TeamId,
+    template: &TemplateId,
+    build_id: &BuildId,
+) -> Result<build::State, ApiError> {
+    let loaded = load::<BuildAggregate>(&state.events, &build_stream(build_id))
+        .await
+        .map_err(|e| command_error(e, |e: build::Error| ApiError::internal("build", &e)))?;
+    match &loaded.state.registration {
+        Some(r) if &r.team == team && &r.template == template => Ok(loaded.state),
+        _ => Err(ApiError::not_found(format!(
+            "build {build_id} of template {template} not found"
+        ))),
+    }
+}
+
+fn start_error(err: build::Error) -> ApiError {
+    match err {
+        build::Error::StartConflict { .. } => ApiError::conflict(err.to_string()),
+        build::Error::NotRegistered => ApiError::not_found(err.to_string()),
+        _ => ApiError::bad_request(err.to_string()),
+    }
+}

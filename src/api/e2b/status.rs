@@ -1,0 +1,92 @@
+//! `GET /templates/{templateID}/builds/{buildID}/status?logsOffset=&limit=&level=`: the build's
+//! status and one page of its logs. `logsOffset` indexes an append-only list, so the SDK's
+//! drain loop ends; past the end the page is empty.
+
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use super::auth::Team;
+use super::start::{check_build_of, parse_build_id};
+use super::{load_team_template, parse_template_id};
+use crate::api::error::ApiError;
+use crate::api::AppState;
+use crate::domain::build::status::{LogEntry, LogLevel, StatusResponse};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusQuery {
+    logs_offset: Option<i64>,
+    limit: Option<i64>,
+    /// Minimum level to include.
+    level: Option<LogLevel>,
+}
+
+pub async fn build_status(
+    State(state): State<AppState>,
+    team: Team,
+    Path((template_id, build_id)): Path<(String, String)>,
+    query: Result<Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<StatusResponse>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?;
+    let template_id = parse_template_id(&template_id)?;
+    load_team_template(&state, &team.0, &template_id).await?;
+    let build_id = parse_build_id(&build_id)?;
+    // State first, logs second: a terminal state read here has all its logs written already.
+    let build = check_build_of(&state, &team.0, &template_id, &build_id).await?;
+    let offset = query.logs_offset.unwrap_or(0).max(0);
+    let limit = query.limit.unwrap_or(100).clamp(0, 100);
+    let min_level = query.level.unwrap_or(LogLevel::Debug);
+    let levels: Vec<&str> = [
+        (LogLevel::Debug, "debug"),
+        (LogLevel::Info, "info"),
+        (LogLevel::Warn, "warn"),
+        (LogLevel::Error, "error"),
+    ]
+    .iter()
+    .filter(|(l, _)| rank(*l) >= rank(min_level))
+    .map(|(_, s)| *s)
+    .collect();
+    let rows: Vec<(DateTime<Utc>, String, String, Option<String>)> = sqlx::query_as(
+        "SELECT logged_at, level, message, step FROM build_logs
+         WHERE build_id = $1 AND level = ANY($2)
+         ORDER BY seq OFFSET $3 LIMIT $4",
+    )
+    .bind(build_id.as_uuid())
+    .bind(&levels)
+    .bind(offset)
+    .bind(limit)
+    .fetch_all(&state.pool)
+    .await?;
+    let page = rows
+        .into_iter()
+        .map(|(timestamp, level, message, step)| LogEntry {
+            timestamp,
+            level: parse_level(&level),
+            message,
+            step,
+        })
+        .collect();
+    StatusResponse::of(&build, &build_id, page)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("build {build_id} not found")))
+}
+
+fn rank(level: LogLevel) -> u8 {
+    match level {
+        LogLevel::Debug => 0,
+        LogLevel::Info => 1,
+        LogLevel::Warn => 2,
+        LogLevel::Error => 3,
+    }
+}
+
+fn parse_level(level: &str) -> LogLevel {
+    match level {
+        "debug" => LogLevel::Debug,
+        "warn" => LogLevel::Warn,
+        "error" => LogLevel::Error,
+        _ => LogLevel::Info,
+    }
+}

@@ -1,0 +1,172 @@
+//! `PUT /upload/{build}/{intent}/{hash}/{generation}?team=&max=&exp=&sig=`: receive one context
+//! archive. The URL is the only credential (the SDK sends no API key here).
+//!
+//! Order matters, and nothing is visible until the end: verify the signed URL; refuse a build
+//! that already froze; stream the body to a temporary object while hashing it, enforcing the
+//! exact `Content-Length` and the grant's ceiling; publish the bytes content-addressed
+//! (create-if-absent); then one compare-and-set completes the intent and binds the generation
+//! (intent Pending ∧ build Waiting ∧ binding as the link saw it). Only then 200.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, StatusCode, Uri};
+use chrono::Utc;
+
+use super::files_link::upload_error;
+use super::{api_metadata, command_error, lift};
+use crate::api::error::ApiError;
+use crate::api::upload_ingest::{stage_upload, IngestError};
+use crate::api::AppState;
+use crate::domain::build::upload::{complete_upload, CompleteUpload, UploadError};
+use crate::domain::build::Phase;
+use crate::domain::ids::Digest;
+use crate::domain::upload_url::{verify, UploadGrant, UrlError, METHOD_PUT};
+use crate::events::command::{execute_writes, load, CommandContext};
+use crate::events::{CommandError, StreamWrite};
+use crate::streams::{build_stream, files_stream, BuildAggregate, FilesAggregate};
+
+#[tracing::instrument(skip_all, fields(build = tracing::field::Empty, hash = tracing::field::Empty, size = tracing::field::Empty, digest = tracing::field::Empty))]
+pub async fn upload_context(
+    State(state): State<AppState>,
+    uri: Uri,
+    headers: axum::http::HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let grant = verify(
+        uri.path(),
+        uri.query().unwrap_or(""),
+        METHOD_PUT,
+        &state.upload_secret,
+        Utc::now(),
+    )
+    .map_err(url_error)?;
+    let span = tracing::Span::current();
+    span.record("build", grant.build.to_string());
+    span.record("hash", grant.hash.as_str());
+
+    let declared: u64 = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::LENGTH_REQUIRED,
+                "the upload needs an exact Content-Length header; chunked bodies are not accepted",
+            )
+        })?;
+    if declared > grant.max_size {
+        return Err(too_large(declared, grant.max_size));
+    }
+    refuse_if_frozen(&state, &grant).await?;
+
+    let staged = stage_upload(
+        body.into_data_stream(),
+        declared,
+        grant.max_size,
+        &state.blobs.staging_dir(),
+    )
+    .await
+    .map_err(ingest_error)?;
+    let digest = Digest::parse(&format!("sha256:{}", staged.digest))
+        .expect("the ingest produces lowercase hex sha256");
+    span.record("size", staged.size);
+    span.record("digest", digest.to_string());
+    let blob_digest = crate::vmm::Digest::parse(&staged.digest).expect("valid hex sha256");
+    let blobs = state.blobs.clone();
+    tokio::task::spawn_blocking(move || blobs.adopt(&staged.file, &blob_digest))
+        .await
+        .map_err(|e| ApiError::internal("publishing the upload", &e))?
+        .map_err(|e| ApiError::internal("publishing the upload", &e))?;
+
+    let command = CompleteUpload {
+        build: grant.build,
+        intent: grant.intent,
+        hash: grant.hash.clone(),
+        generation: grant.generation,
+        blob_digest: digest,
+        size: declared,
+        now: Utc::now(),
+    };
+    complete(&state, &command).await?;
+    tracing::info!("upload completed and bound");
+    Ok(StatusCode::OK)
+}
+
+/// Cheap early refusal, before reading a body that could not be used. The compare-and-set at
+/// the end is what guarantees it.
+async fn refuse_if_frozen(state: &AppState, grant: &UploadGrant) -> Result<(), ApiError> {
+    let build = load::<BuildAggregate>(&state.events, &build_stream(&grant.build))
+        .await
+        .map_err(|e| {
+            command_error(e, |e: crate::domain::build::Error| {
+                ApiError::internal("build", &e)
+            })
+        })?;
+    match &build.state.phase {
+        Phase::Waiting { .. } => Ok(()),
+        Phase::Unregistered => Err(ApiError::not_found(format!("build {} not found", grant.build))),
+        _ => Err(ApiError::conflict(format!(
+            "build {} has already started (or ended); uploads are accepted only before the build starts",
+            grant.build
+        ))),
+    }
+}
+
+async fn complete(state: &AppState, cmd: &CompleteUpload) -> Result<(), ApiError> {
+    let ctx = CommandContext::new(api_metadata(state));
+    let (st, ctx) = (state, &ctx);
+    execute_writes(&state.events, 16, move || async move {
+        let b_stream = build_stream(&cmd.build);
+        let build = load::<BuildAggregate>(&st.events, &b_stream)
+            .await
+            .map_err(lift)?;
+        let scope = build
+            .state
+            .scope()
+            .ok_or(CommandError::Rejected(UploadError::NotRegistered))?;
+        let f_stream = files_stream(&scope, &cmd.hash);
+        let files = load::<FilesAggregate>(&st.events, &f_stream)
+            .await
+            .map_err(lift)?;
+        let decision =
+            complete_upload(&build.state, &files.state, cmd).map_err(CommandError::Rejected)?;
+        Ok(vec![
+            StreamWrite::new(
+                b_stream.clone(),
+                build.expected(),
+                ctx.encode(&b_stream, &decision.build)?,
+            ),
+            StreamWrite::new(
+                f_stream.clone(),
+                files.expected(),
+                ctx.encode(&f_stream, &decision.files)?,
+            ),
+        ])
+    })
+    .await
+    .map_err(|e| command_error(e, upload_error))?;
+    Ok(())
+}
+
+/// Expired or altered URLs are 403: the URL is the credential.
+fn url_error(err: UrlError) -> ApiError {
+    tracing::info!(error = %err, "upload URL refused");
+    ApiError::forbidden(err.to_string())
+}
+
+fn too_large(declared: u64, ceiling: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("upload of {declared} bytes exceeds the {ceiling}-byte limit of this upload URL"),
+    )
+}
+
+fn ingest_error(err: IngestError) -> ApiError {
+    match err {
+        IngestError::TooLarge { declared, ceiling } => too_large(declared, ceiling),
+        IngestError::LengthMismatch { .. } | IngestError::Body(_) => {
+            ApiError::bad_request(err.to_string())
+        }
+        IngestError::Io { .. } => ApiError::internal("storing the upload", &err),
+    }
+}

@@ -1,0 +1,124 @@
+//! What every handler shares: the database, the event store, the blob store and the settings.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use chrono::Duration;
+use sqlx::PgPool;
+use thiserror::Error;
+
+use crate::config::ServeArgs;
+use crate::domain::upload_url::UploadSecret;
+use crate::events::EventStore;
+use crate::vmm::{LocalBlobStore, VmmError};
+
+#[derive(Debug, Error)]
+pub enum StateError {
+    #[error("STRATA_UPLOAD_SECRET is too short: {0}")]
+    WeakSecret(#[from] crate::domain::upload_url::UrlError),
+    #[error("reading or creating the upload secret {path}: {source}")]
+    SecretFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("opening the blob store: {0}")]
+    Blobs(#[from] VmmError),
+}
+
+/// Limits and lifetimes of the upload and build protocol.
+#[derive(Debug, Clone)]
+pub struct ProtocolSettings {
+    pub upload_max_bytes: u64,
+    pub upload_url_ttl: Duration,
+    pub waiting_timeout: Duration,
+    pub queue_timeout: Duration,
+}
+
+/// Shared by every handler; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    /// The event store on `pool`, shared so that the process has one post-commit notifier.
+    pub events: EventStore,
+    /// Bearer token for `/admin/*`; `None` closes the operator API.
+    pub admin_token: Option<String>,
+    /// Base URL handed out in links (upload URLs).
+    pub public_url: String,
+    /// Actor id recorded on events this process appends.
+    pub node_id: String,
+    /// Uploaded context archives, content-addressed; shared with the workers.
+    pub blobs: Arc<LocalBlobStore>,
+    /// Signs and verifies upload URLs; never logged.
+    pub upload_secret: Arc<UploadSecret>,
+    pub protocol: Arc<ProtocolSettings>,
+}
+
+impl AppState {
+    pub fn new(
+        pool: PgPool,
+        serve: &ServeArgs,
+        node_id: String,
+        data_dir: &Path,
+    ) -> Result<Self, StateError> {
+        let secret = match &serve.upload_secret {
+            Some(s) => UploadSecret::new(s.as_bytes().to_vec())?,
+            None => UploadSecret::new(secret_from_file(&data_dir.join("upload-secret"))?)?,
+        };
+        let secs = |s: u64| Duration::seconds(s as i64);
+        Ok(Self {
+            events: EventStore::new(pool.clone()),
+            pool,
+            admin_token: serve.admin_token.clone(),
+            public_url: serve.public_url(),
+            node_id,
+            blobs: Arc::new(LocalBlobStore::open(data_dir.join("blobs"))?),
+            upload_secret: Arc::new(secret),
+            protocol: Arc::new(ProtocolSettings {
+                upload_max_bytes: serve.upload_max_bytes,
+                upload_url_ttl: secs(serve.upload_url_ttl_secs),
+                waiting_timeout: secs(serve.build_waiting_timeout_secs),
+                queue_timeout: secs(serve.build_queue_timeout_secs),
+            }),
+        })
+    }
+}
+
+/// Reads the node's signing key, creating it (32 random bytes, mode 0600) on first use. Creation
+/// is exclusive, so two processes starting together agree on one key.
+fn secret_from_file(path: &Path) -> Result<Vec<u8>, StateError> {
+    let err = |source| StateError::SecretFile {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(mut file) => {
+            let key: [u8; 32] = rand::random();
+            file.write_all(hex::encode(key).as_bytes()).map_err(err)?;
+            file.sync_all().map_err(err)?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(err(e)),
+    }
+    // A concurrent creator may not have written yet; wait briefly for the full key.
+    for _ in 0..50 {
+        let bytes = std::fs::read(path).map_err(err)?;
+        if bytes.len() >= 64 {
+            return Ok(bytes);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Err(err(std::io::Error::other(
+        "the secret file stays incomplete",
+    )))
+}

@@ -1,0 +1,57 @@
+//! The `api_keys` read model: key hash -> team, maintained inline with every append to a
+//! `team-…` stream, so a key authenticates from the moment it is issued and never after it is
+//! revoked.
+
+use async_trait::async_trait;
+use sqlx::PgConnection;
+
+use crate::domain::team::Event;
+use crate::events::{InlineProjection, RecordedEvent};
+
+const CATEGORY: &str = "team";
+
+pub struct ApiKeysProjection;
+
+#[async_trait]
+impl InlineProjection for ApiKeysProjection {
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        events: &[RecordedEvent],
+    ) -> Result<(), sqlx::Error> {
+        for recorded in events.iter().filter(|e| e.stream_id.category() == CATEGORY) {
+            let team_id = &recorded.stream_id.as_str()[CATEGORY.len() + 1..];
+            let event: Event = recorded
+                .decode()
+                .map_err(|err| sqlx::Error::Decode(Box::new(err)))?;
+            match event {
+                Event::TeamCreated { .. } => {}
+                Event::ApiKeyIssued {
+                    key_id,
+                    key_sha256,
+                    prefix,
+                    issued_at,
+                } => {
+                    sqlx::query(
+                        "INSERT INTO api_keys (key_sha256, key_id, team_id, prefix, issued_at) VALUES ($1, $2, $3, $4, $5)",
+                    )
+                    .bind(key_sha256)
+                    .bind(key_id)
+                    .bind(team_id)
+                    .bind(prefix)
+                    .bind(issued_at)
+                    .execute(&mut *conn)
+                    .await?;
+                }
+                Event::ApiKeyRevoked { key_id, revoked_at } => {
+                    sqlx::query("UPDATE api_keys SET revoked_at = $2 WHERE key_id = $1")
+                        .bind(key_id)
+                        .bind(revoked_at)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

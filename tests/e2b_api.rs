@@ -1,0 +1,456 @@
+//! The E2B build protocol's API half over real HTTP and a real Postgres: registration, upload
+//! links, signed uploads, build start and status, tenancy, and every bad input the issue lists.
+//! Builds here are not executed (no worker runs); `tests/e2b_sdk.rs` drives whole builds.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use strata::domain::team::ApiKey;
+
+/// Issues a key for `team` through the same command `strata keys create` runs.
+async fn key_for(db: &common::TestDb, team: &str) -> String {
+    let out = tokio::process::Command::new(common::strata_bin())
+        .args(["keys", "create", "--team", team])
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(ApiKey::parse(&key).is_some(), "{key}");
+    key
+}
+
+fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+        Vec::new(),
+        flate2::Compression::default(),
+    ));
+    for (path, data) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append_data(&mut header, path, *data).unwrap();
+    }
+    builder.into_inner().unwrap().finish().unwrap()
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    key: String,
+}
+
+impl Client {
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .header("X-API-KEY", &self.key);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+    async fn register(&self, name: &str) -> (String, String) {
+        let (status, body) = self
+            .call(
+                reqwest::Method::POST,
+                "/v3/templates",
+                Some(json!({"name": name})),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        for key in [
+            "templateID",
+            "buildID",
+            "public",
+            "names",
+            "tags",
+            "aliases",
+        ] {
+            assert!(body.get(key).is_some(), "{key} missing from {body}");
+        }
+        (
+            body["templateID"].as_str().unwrap().to_string(),
+            body["buildID"].as_str().unwrap().to_string(),
+        )
+    }
+    async fn link(&self, template: &str, hash: &str) -> (bool, String) {
+        let (status, body) = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/templates/{template}/files/{hash}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        assert!(body["present"].is_boolean());
+        (
+            body["present"].as_bool().unwrap(),
+            body["url"].as_str().unwrap().to_string(),
+        )
+    }
+    async fn put(&self, url: &str, body: Vec<u8>) -> (u16, Value) {
+        let resp = self.http.put(url).body(body).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+    async fn start(&self, template: &str, build: &str, hash: &str) -> (u16, Value) {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v2/templates/{template}/builds/{build}"),
+            Some(json!({
+                "fromImage": "busybox",
+                "force": false,
+                "steps": [{"type": "COPY", "args": ["app", "/app", "", ""], "filesHash": hash, "force": false}],
+            })),
+        )
+        .await
+    }
+    async fn status(&self, template: &str, build: &str, offset: u32) -> Value {
+        let (status, body) = self
+            .call(
+                reqwest::Method::GET,
+                &format!(
+                    "/templates/{template}/builds/{build}/status?logsOffset={offset}&limit=100"
+                ),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+}
+
+const HASH_A: &str = "91fcd38c8d8bb7ffb7b2ae7d3c741880d0183bf2f36d1f60c727fedc44066c93";
+const HASH_B: &str = "0000000000000000000000000000000000000000000000000000000000000001";
+
+async fn setup(extra: &[&str]) -> (common::TestDb, tempfile::TempDir, common::api::TestApi) {
+    let db = common::test_db().await;
+    let data = common::data_dir();
+    let api = common::api::serve(db.pool.clone(), data.path(), None, extra).await;
+    (db, data, api)
+}
+
+fn client(api: &common::api::TestApi, key: String) -> Client {
+    Client {
+        http: reqwest::Client::new(),
+        base: api.base.clone(),
+        key,
+    }
+}
+
+#[tokio::test]
+async fn registration_upload_start_and_status_follow_the_protocol() {
+    let (db, _data, api) = setup(&[]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+
+    let (template, build) = c.register("web:v1").await;
+    let (same_template, second_build) = c.register("web").await;
+    assert_eq!(
+        template, same_template,
+        "the same name is the same template"
+    );
+    assert_ne!(build, second_build, "every registration is a new build");
+    uuid::Uuid::parse_str(&build).expect("build ids are UUIDs");
+
+    // The newest waiting build takes the link; nothing is present yet.
+    let (present, url) = c.link(&template, HASH_A).await;
+    assert!(!present);
+    let archive = tar_gz(&[("app/a.txt", b"hello")]);
+    let (status, body) = c.put(&url, archive.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    // A replay of the same bytes is idempotent.
+    assert_eq!(c.put(&url, archive.clone()).await.0, 200);
+    // Different bytes on the same URL conflict.
+    let (status, body) = c.put(&url, tar_gz(&[("app/a.txt", b"other")])).await;
+    assert_eq!(status, 409, "{body}");
+
+    let status = c.status(&template, &second_build, 0).await;
+    assert_eq!(status["status"], "waiting");
+    assert_eq!(status["logEntries"], json!([]));
+    assert_eq!(status["logs"], json!([]));
+
+    // Start freezes; a PUT after the freeze is 409 and changes nothing.
+    let (code, body) = c.start(&template, &second_build, HASH_A).await;
+    assert_eq!(code, 202, "{body}");
+    let (status, body) = c.put(&url, archive.clone()).await;
+    assert_eq!(status, 409, "{body}");
+    // Starting again with the same request is idempotent; with another, a conflict.
+    assert_eq!(c.start(&template, &second_build, HASH_A).await.0, 202);
+    let (code, body) = c.start(&template, &second_build, HASH_B).await;
+    assert_eq!(code, 409, "{body}");
+
+    // A new build of the same team sees the content as present and still gets a URL.
+    let (_, third) = c.register("web").await;
+    let (present, url) = c.link(&template, HASH_A).await;
+    assert!(present);
+    assert!(url.starts_with(&api.base));
+    let (code, body) = c.start(&template, &third, HASH_A).await;
+    assert_eq!(code, 202, "{body}");
+    let (phase,): (String,) = sqlx::query_as("SELECT phase FROM builds WHERE build_id = $1::uuid")
+        .bind(&third)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(phase, "queued");
+}
+
+#[tokio::test]
+async fn keys_are_required_and_teams_are_isolated() {
+    let (db, _data, api) = setup(&[]).await;
+    let a = client(&api, key_for(&db, "team-a").await);
+    let b = client(&api, key_for(&db, "team-b").await);
+
+    for key in [
+        "",
+        "e2b_0000000000000000000000000000000000000000",
+        "not-a-key",
+    ] {
+        let anon = client(&api, key.to_string());
+        let (status, body) = anon
+            .call(
+                reqwest::Method::POST,
+                "/v3/templates",
+                Some(json!({"name": "x"})),
+            )
+            .await;
+        assert_eq!(status, 401, "{key:?}: {body}");
+        assert_eq!(body["code"], 401);
+        assert!(body["message"].as_str().unwrap().contains("key"));
+    }
+
+    let (template, build) = a.register("shared-name").await;
+    let (present, url_a) = a.link(&template, HASH_A).await;
+    assert!(!present);
+    assert_eq!(
+        a.put(&url_a, tar_gz(&[("app/x", b"a's bytes")])).await.0,
+        200
+    );
+
+    // B cannot see, bind to, start or poll A's template.
+    for (method, path) in [
+        (
+            reqwest::Method::GET,
+            format!("/templates/{template}/files/{HASH_A}"),
+        ),
+        (
+            reqwest::Method::GET,
+            format!("/templates/{template}/builds/{build}/status"),
+        ),
+        (reqwest::Method::GET, format!("/templates/{template}")),
+        (
+            reqwest::Method::GET,
+            "/templates/aliases/shared-name".to_string(),
+        ),
+    ] {
+        let (status, body) = b.call(method, &path, None).await;
+        assert_eq!(status, 404, "{path}: {body}");
+    }
+    assert_eq!(b.start(&template, &build, HASH_A).await.0, 404);
+
+    // The same name in team B is a different template, and A's upload is not present for B.
+    let (b_template, _) = b.register("shared-name").await;
+    assert_ne!(b_template, template);
+    let (present, _) = b.link(&b_template, HASH_A).await;
+    assert!(!present, "uploads are scoped per team");
+    let (status, list) = b.call(reqwest::Method::GET, "/templates", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    assert_eq!(list[0]["templateID"], b_template.as_str());
+}
+
+#[tokio::test]
+async fn tampered_expired_and_oversize_uploads_are_refused_without_a_trace() {
+    let (db, data, api) = setup(&["--upload-max-bytes", "4096"]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let (template, build) = c.register("bad-input").await;
+    let (_, url) = c.link(&template, HASH_A).await;
+    let archive = tar_gz(&[("app/a.txt", b"hello")]);
+
+    // Altered: each signed field, and the signature itself.
+    for (from, to) in [
+        ("max=4096", "max=9999"),
+        ("team=acme", "team=evil"),
+        ("&sig=", "&sig=A"),
+    ] {
+        let altered = url.replacen(from, to, 1);
+        assert_ne!(altered, url);
+        let (status, body) = c.put(&altered, archive.clone()).await;
+        assert_eq!(status, 403, "{from}->{to}: {body}");
+    }
+    let swapped = url.replacen(HASH_A, HASH_B, 1);
+    assert_eq!(c.put(&swapped, archive.clone()).await.0, 403);
+
+    // Oversize: refused from the declared length, before reading.
+    let (status, body) = c.put(&url, vec![0u8; 5000]).await;
+    assert_eq!(status, 413, "{body}");
+
+    // A client that declares 100 bytes, sends 10 and hangs up. The server either answers 400
+    // or sees the connection go; either way nothing of the body may remain.
+    let short = raw_put(&url, 100, b"only ten b");
+    assert!(
+        short.is_empty() || short.starts_with("HTTP/1.1 400"),
+        "{short}"
+    );
+
+    // Nothing was bound, completed or left behind.
+    let staging = data.path().join("blobs/tmp");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::fs::read_dir(&staging).unwrap().count() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a temporary object remains"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        std::fs::read_dir(data.path().join("blobs/sha256"))
+            .unwrap()
+            .count(),
+        0
+    );
+    let completed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM events WHERE stream_id = $1 AND type IN ('UploadCompleted.v1', 'ContextBound.v1')",
+    )
+    .bind(format!("build-{build}"))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(completed, 0);
+
+    // The unbound hash fails the start with 400 naming it.
+    let (code, body) = c.start(&template, &build, HASH_B).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body["message"].as_str().unwrap().contains(HASH_B), "{body}");
+
+    // Expired: a server whose URLs live 0 seconds.
+    let expired_api = common::api::serve(
+        db.pool.clone(),
+        data.path(),
+        None,
+        &["--upload-url-ttl-secs", "0"],
+    )
+    .await;
+    let e = client(&expired_api, c.key.clone());
+    let (_, url) = e.link(&template, HASH_A).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, body) = e.put(&url, archive).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("expired"),
+        "{body}"
+    );
+}
+
+/// Sends a PUT whose body is shorter than its declared length, then half-closes.
+fn raw_put(url: &str, declared: usize, body: &[u8]) -> String {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut stream = std::net::TcpStream::connect(host).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    write!(
+        stream,
+        "PUT /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {declared}\r\n\r\n"
+    )
+    .unwrap();
+    stream.write_all(body).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response
+}
+
+#[tokio::test]
+async fn concurrent_identical_uploads_store_the_content_once() {
+    let (db, data, api) = setup(&[]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let archive = tar_gz(&[("app/big.bin", &vec![7u8; 200_000])]);
+    let mut urls = Vec::new();
+    for i in 0..8 {
+        let (template, _) = c.register(&format!("same-{i}")).await;
+        urls.push(c.link(&template, HASH_A).await.1);
+    }
+    let uploads = urls.iter().map(|url| c.put(url, archive.clone()));
+    for (status, body) in futures::future::join_all(uploads).await {
+        assert_eq!(status, 200, "{body}");
+    }
+    let stored: Vec<_> = std::fs::read_dir(data.path().join("blobs/sha256"))
+        .unwrap()
+        .collect();
+    assert_eq!(stored.len(), 1, "one blob for one content");
+}
+
+#[tokio::test]
+async fn status_pages_logs_by_offset_and_level() {
+    let (db, _data, api) = setup(&[]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let (template, build) = c.register("logs").await;
+    for (seq, level) in ["info", "debug", "error", "info", "warn"]
+        .iter()
+        .enumerate()
+    {
+        sqlx::query(
+            "INSERT INTO build_logs (build_id, seq, logged_at, level, message, step) VALUES ($1::uuid, $2, now(), $3, $4, '1')",
+        )
+        .bind(&build)
+        .bind(seq as i64)
+        .bind(level)
+        .bind(format!("line {seq}"))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let page = c.status(&template, &build, 3).await;
+    let messages: Vec<&str> = page["logEntries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(messages, ["line 3", "line 4"]);
+    assert_eq!(page["logEntries"][0]["step"], "1");
+    assert_eq!(
+        c.status(&template, &build, 5).await["logEntries"],
+        json!([])
+    );
+    assert_eq!(
+        c.status(&template, &build, 500).await["logEntries"],
+        json!([])
+    );
+    let (_, warn_up) = c
+        .call(
+            reqwest::Method::GET,
+            &format!("/templates/{template}/builds/{build}/status?logsOffset=0&level=warn"),
+            None,
+        )
+        .await;
+    let levels: Vec<&str> = warn_up["logEntries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["level"].as_str().unwrap())
+        .collect();
+    assert_eq!(levels, ["error", "warn"]);
+}
