@@ -21,6 +21,19 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 # The Debian package starts its own cluster on 5432; strata does not use it.
 
+# The stock E2B SDK for the conformance suite, pinned, in a virtualenv beside the checkout.
+(
+  cd "$(dirname "$0")/.."
+  if ! python3 -m venv --help >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  if ! cmp -s tests/e2e/requirements.txt .venv/requirements.installed; then
+    .venv/bin/pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
+    cp tests/e2e/requirements.txt .venv/requirements.installed
+  fi
+)
+
 # Base images for sandboxes (busybox, debian:bookworm, e2bdev/base), built once into the node
 # data directory, where `cargo test` also finds them. Needs root (sandboxes are namespaces).
 if [ "$(id -u)" = 0 ]; then

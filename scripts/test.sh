@@ -8,3 +8,5 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --no-fail-fast "$@"
 fi
+# The real E2B SDK against a real strata (uses the debug binary the run above built).
+.venv/bin/python -m pytest tests/e2e -q
