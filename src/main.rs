@@ -42,6 +42,8 @@ enum Command {
     Migrate(cli::migrate::MigrateArgs),
     /// Manage the node's local image catalog (base images, imports).
     Image(cli::image::ImageArgs),
+    /// Operate on built templates (export as an OCI image layout).
+    Template(cli::template::TemplateArgs),
     /// Print a stream's audit history (reads DATABASE_URL directly).
     History(cli::history::HistoryArgs),
     /// List, rebuild or run the async projections (read models).
@@ -81,6 +83,7 @@ fn main() -> std::process::ExitCode {
             Command::Reconcile(args) => cli::reconcile::run(args).await,
             Command::Migrate(args) => cli::migrate::run(args).await,
             Command::Image(args) => cli::image::run(args).await,
+            Command::Template(args) => cli::template::run(args).await,
             Command::History(args) => cli::history::run(args).await,
             Command::Projections(args) => cli::projections::run(args).await,
             Command::Bench(args) => cli::bench::run(args).await,
