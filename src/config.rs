@@ -91,3 +91,45 @@ impl ServeArgs {
             .to_string()
     }
 }
+
+/// Settings of a build node (`strata worker`, and the worker inside `strata up`).
+#[derive(Debug, Clone, Args)]
+pub struct BuildNodeArgs {
+    /// How long an attempt holds a build without renewing its lease; renewed every third of it.
+    #[arg(long, env = "STRATA_LEASE_SECS", default_value_t = 30)]
+    pub lease_secs: u64,
+
+    /// Builds this node runs at once.
+    #[arg(long, env = "STRATA_MAX_BUILDS", default_value_t = 2)]
+    pub max_builds: usize,
+
+    /// How long finalization waits for a template's ready command to succeed.
+    #[arg(long, env = "STRATA_READY_TIMEOUT_SECS", default_value_t = 120)]
+    pub ready_timeout_secs: u64,
+
+    /// How long one RUN step may take.
+    #[arg(long, env = "STRATA_STEP_TIMEOUT_SECS", default_value_t = 3600)]
+    pub step_timeout_secs: u64,
+
+    /// How often the build queue is polled when no notification arrives.
+    #[arg(long, env = "STRATA_QUEUE_POLL_MS", default_value_t = 2000)]
+    pub queue_poll_ms: u64,
+}
+
+impl BuildNodeArgs {
+    pub fn settings(
+        &self,
+        node_id: String,
+        data_dir: PathBuf,
+        agent_binary: PathBuf,
+    ) -> crate::worker::WorkerSettings {
+        use std::time::Duration;
+        let mut s = crate::worker::WorkerSettings::new(node_id, data_dir, agent_binary);
+        s.lease = Duration::from_secs(self.lease_secs.max(1));
+        s.max_builds = self.max_builds.max(1);
+        s.ready_timeout = Duration::from_secs(self.ready_timeout_secs);
+        s.step_timeout = Duration::from_secs(self.step_timeout_secs);
+        s.poll_interval = Duration::from_millis(self.queue_poll_ms.max(50));
+        s
+    }
+}

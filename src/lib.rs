@@ -6,7 +6,8 @@
 //! * [`projections`]: read models fed inline or from the global feed.
 //! * [`reconcilers`]: workers that drive every build to a terminal state.
 //! * [`api`]: the E2B-compatible HTTP API and the operator (audit) API.
-//! * [`vmm`]: sandbox backends, layers, images and the build executor.
+//! * [`vmm`]: sandbox backends, layers and images.
+//! * [`worker`]: the build node: claims builds, runs their steps in sandboxes, publishes results.
 //! * [`config`], [`telemetry`], [`embedded_postgres`]: process plumbing shared by the subcommands.
 
 pub mod api;
@@ -20,3 +21,4 @@ pub mod reconcilers;
 pub mod streams;
 pub mod telemetry;
 pub mod vmm;
+pub mod worker;

@@ -44,6 +44,8 @@ enum Command {
     Image(cli::image::ImageArgs),
     /// Create, list and revoke API keys; a key maps to a team.
     Keys(cli::keys::KeysArgs),
+    /// Operate on built templates (export as an OCI image layout).
+    Template(cli::template::TemplateArgs),
     /// Print a stream's audit history (reads DATABASE_URL directly).
     History(cli::history::HistoryArgs),
     /// List, rebuild or run the async projections (read models).
@@ -84,6 +86,7 @@ fn main() -> std::process::ExitCode {
             Command::Migrate(args) => cli::migrate::run(args).await,
             Command::Image(args) => cli::image::run(args).await,
             Command::Keys(args) => cli::keys::run(args).await,
+            Command::Template(args) => cli::template::run(args).await,
             Command::History(args) => cli::history::run(args).await,
             Command::Projections(args) => cli::projections::run(args).await,
             Command::Bench(args) => cli::bench::run(args).await,

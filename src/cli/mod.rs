@@ -11,6 +11,7 @@ pub mod migrate;
 pub mod projections;
 pub mod reconcile;
 pub mod sandbox;
+pub mod template;
 pub mod up;
 pub mod worker;
 

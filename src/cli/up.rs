@@ -1,7 +1,7 @@
 use anyhow::Context;
 use clap::Args;
 use strata::api::AppState;
-use strata::config::{NodeArgs, ServeArgs, StorageArgs};
+use strata::config::{BuildNodeArgs, NodeArgs, ServeArgs, StorageArgs};
 use strata::embedded_postgres::{EmbeddedPostgres, DATABASE_NAME};
 use tokio_util::sync::CancellationToken;
 
@@ -13,6 +13,8 @@ pub struct UpArgs {
     serve: ServeArgs,
     #[command(flatten)]
     node: NodeArgs,
+    #[command(flatten)]
+    build: BuildNodeArgs,
     /// Port of the embedded Postgres (only used when DATABASE_URL is unset).
     #[arg(long, env = "STRATA_EMBEDDED_PG_PORT", default_value_t = 54329)]
     embedded_pg_port: u16,
@@ -69,9 +71,10 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
     )
     .context("preparing the API")?;
     let api = super::api::serve(args.serve.listen, state, shutdown.clone()).await?;
+    let worker_settings = super::worker::settings(&args.build, &args.node, &args.storage)?;
     let worker = tokio::spawn(super::worker::run_until(
         pool.clone(),
-        node_id.clone(),
+        worker_settings,
         shutdown.clone(),
     ));
     let reconcilers = tokio::spawn(super::reconcile::run_until(

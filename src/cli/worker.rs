@@ -1,5 +1,8 @@
+use anyhow::Context;
 use clap::Args;
-use strata::config::{NodeArgs, StorageArgs};
+use strata::config::{BuildNodeArgs, NodeArgs, StorageArgs};
+use strata::events::EventStore;
+use strata::worker::{Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
@@ -8,27 +11,39 @@ pub struct WorkerArgs {
     storage: StorageArgs,
     #[command(flatten)]
     node: NodeArgs,
+    #[command(flatten)]
+    build: BuildNodeArgs,
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let pool = super::connect_database(&args.storage).await?;
+    let settings = settings(&args.build, &args.node, &args.storage)?;
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(run_until(pool, args.node.node_id(), shutdown.clone()));
+    let task = tokio::spawn(run_until(pool, settings, shutdown.clone()));
     super::shutdown_signal().await;
     shutdown.cancel();
     task.await??;
     Ok(())
 }
 
-/// The worker loop. Build execution arrives with the E2B protocol; until then the worker only
-/// proves it can reach the database and waits for shutdown.
+/// The node's settings from the command line; the sandbox agent is this very binary.
+pub fn settings(
+    build: &BuildNodeArgs,
+    node: &NodeArgs,
+    storage: &StorageArgs,
+) -> anyhow::Result<WorkerSettings> {
+    let agent = std::env::current_exe().context("locating the strata binary")?;
+    Ok(build.settings(node.node_id(), storage.data_dir.clone(), agent))
+}
+
+/// Runs a build node until `shutdown`.
 pub async fn run_until(
     pool: sqlx::PgPool,
-    node_id: String,
+    settings: WorkerSettings,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    sqlx::query("SELECT 1").execute(&pool).await?;
-    tracing::info!(node = %node_id, "worker connected; no build executor is available yet");
-    shutdown.cancelled().await;
+    let worker = Worker::new(EventStore::new(pool), settings)
+        .context("starting the build node (it needs root for sandboxes)")?;
+    worker.run_until(shutdown).await?;
     Ok(())
 }

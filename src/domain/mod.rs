@@ -13,6 +13,7 @@
 //!   publishing, terminal states) and its E2B status view.
 //! * [`files`]: published generations of one `(scope, filesHash)`.
 //! * [`promotion`]: the promotion outbox of one `(build, epoch)`.
+//! * [`snapshot`]: immutable snapshot records (layer list + command context).
 //! * [`upload_url`]: signed upload URLs.
 //! * [`cache_key`]: fingerprint, base, step and final keys.
 //!
@@ -28,6 +29,7 @@ pub mod canonical;
 pub mod files;
 pub mod ids;
 pub mod promotion;
+pub mod snapshot;
 pub mod team;
 pub mod template;
 pub mod upload_url;

@@ -1,0 +1,239 @@
+//! One attempt on one build, seen from the node that holds it: acquiring it, renewing its lease,
+//! and every write it makes to the build stream. Each write names the epoch (in the command and
+//! in the event metadata); a rejection means the attempt is closed or its lease passed, and is
+//! reported as [`WorkerError::Fenced`]: the caller stops and writes nothing more.
+//!
+//! Time is the database's (`SELECT now()`), so every node judges leases by one clock.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use super::aggregates::{Build, Snapshot};
+use super::error::WorkerError;
+use crate::domain::build::{self, AttemptGrant, FailedStep, StepOutcome};
+use crate::domain::ids::{self, BuildId, Epoch, NodeId, SnapshotId};
+use crate::domain::snapshot::{self, SnapshotRecord};
+use crate::events::command::load;
+use crate::events::{
+    execute, execute_writes, Actor, ActorRole, CommandContext, CommandError, EventStore, Metadata,
+    StreamId, StreamWrite,
+};
+
+/// Decide-and-append rounds before a contended write gives up.
+const MAX_ROUNDS: u32 = 32;
+
+/// The database's clock.
+pub async fn db_now(pool: &PgPool) -> Result<DateTime<Utc>, sqlx::Error> {
+    sqlx::query_scalar("SELECT now()").fetch_one(pool).await
+}
+
+pub fn build_stream(build: &BuildId) -> StreamId {
+    StreamId::parse(ids::stream::build(build)).expect("build stream names are valid")
+}
+
+pub fn snapshot_stream(id: &SnapshotId) -> StreamId {
+    StreamId::parse(ids::stream::snapshot(id)).expect("snapshot stream names are valid")
+}
+
+fn worker_metadata(node: &str, build: BuildId) -> Metadata {
+    Metadata::new(Actor::new(ActorRole::Worker, node)).with_correlation(build.as_uuid())
+}
+
+/// Tries to claim a queued build for `node`. `Ok(None)` when it is not claimable any more
+/// (another node took it, it expired, it was never queued).
+pub async fn acquire(
+    store: &EventStore,
+    build: BuildId,
+    node: &str,
+    lease: Duration,
+) -> Result<Option<Attempt>, WorkerError> {
+    let node_id = NodeId::parse(node).map_err(|e| WorkerError::Store(format!("node id: {e}")))?;
+    let now = db_now(store.pool()).await?;
+    let command = build::Command::AcquireAttempt {
+        grant: AttemptGrant {
+            node: node_id,
+            lease_expires_at: now + lease,
+        },
+        now,
+    };
+    let ctx = CommandContext::new(worker_metadata(node, build));
+    match execute::<Build>(store, &build_stream(&build), &command, &ctx).await {
+        Ok(done) => match done.state.phase {
+            build::Phase::Active {
+                epoch, node: ref n, ..
+            } if n.as_str() == node => Ok(Some(Attempt {
+                store: store.clone(),
+                build,
+                epoch,
+                node: node.to_owned(),
+            })),
+            _ => Ok(None),
+        },
+        Err(CommandError::Rejected(reason)) => {
+            tracing::debug!(%build, %reason, "build not acquired");
+            Ok(None)
+        }
+        Err(err) => Err(WorkerError::store(err)),
+    }
+}
+
+/// An acquired attempt.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    pub store: EventStore,
+    pub build: BuildId,
+    pub epoch: Epoch,
+    pub node: String,
+}
+
+impl Attempt {
+    /// Metadata of every event this attempt appends: worker, node, epoch, build.
+    pub fn metadata(&self) -> Metadata {
+        worker_metadata(&self.node, self.build).with_epoch(self.epoch.0)
+    }
+
+    pub fn context(&self) -> CommandContext {
+        CommandContext::new(self.metadata()).with_max_attempts(MAX_ROUNDS)
+    }
+
+    pub fn stream(&self) -> StreamId {
+        build_stream(&self.build)
+    }
+
+    pub async fn now(&self) -> Result<DateTime<Utc>, WorkerError> {
+        Ok(db_now(self.store.pool()).await?)
+    }
+
+    fn fenced(&self, reason: impl std::fmt::Display) -> WorkerError {
+        WorkerError::Fenced {
+            build: self.build,
+            epoch: self.epoch,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Runs a build command of this attempt; a rejection is [`WorkerError::Fenced`].
+    pub async fn command(&self, command: build::Command) -> Result<build::State, WorkerError> {
+        match execute::<Build>(&self.store, &self.stream(), &command, &self.context()).await {
+            Ok(done) => Ok(done.state),
+            Err(CommandError::Rejected(reason)) => Err(self.fenced(reason)),
+            Err(err) => Err(WorkerError::store(err)),
+        }
+    }
+
+    /// Extends the lease to `lease` from now.
+    pub async fn renew(&self, lease: Duration) -> Result<(), WorkerError> {
+        let now = self.now().await?;
+        self.command(build::Command::RenewLease {
+            epoch: self.epoch,
+            now,
+            lease_expires_at: now + lease,
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Records that `step` ran without a checkpoint.
+    pub async fn record_step(&self, step: u32) -> Result<(), WorkerError> {
+        let now = self.now().await?;
+        self.command(build::Command::RecordStepProgress {
+            epoch: self.epoch,
+            step,
+            outcome: StepOutcome::Executed,
+            now,
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Records a snapshot and, in the same transaction, the step it checkpoints (when `step` is
+    /// given): the snapshot becomes reachable only if the attempt still holds the build.
+    pub async fn record_snapshot(
+        &self,
+        id: SnapshotId,
+        record: &SnapshotRecord,
+        step: Option<u32>,
+    ) -> Result<(), WorkerError> {
+        let ctx = self.context();
+        let result = execute_writes(&self.store, MAX_ROUNDS, || {
+            let (store, ctx, record) = (self.store.clone(), ctx.clone(), record.clone());
+            let (build_stream, snap_stream, epoch) =
+                (self.stream(), snapshot_stream(&id), self.epoch);
+            async move {
+                let now = crate::worker::attempt::db_now(store.pool())
+                    .await
+                    .map_err(|e| CommandError::Rejected(format!("reading the clock: {e}")))?;
+                let build = load::<Build>(&store, &build_stream)
+                    .await
+                    .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                let build_events = match step {
+                    Some(step) => build::decide(
+                        &build.state,
+                        &build::Command::RecordStepProgress {
+                            epoch,
+                            step,
+                            outcome: StepOutcome::Checkpointed { snapshot: id },
+                            now,
+                        },
+                    )
+                    .map_err(|e| CommandError::Rejected(e.to_string()))?,
+                    None => {
+                        // No step to record: still refuse unless the attempt is open.
+                        build::decide(
+                            &build.state,
+                            &build::Command::RenewLease {
+                                epoch,
+                                now,
+                                lease_expires_at: now,
+                            },
+                        )
+                        .map(|_| Vec::new())
+                        .or_else(|e| match e {
+                            build::Error::LeaseNotExtended { .. } => Ok(Vec::new()),
+                            e => Err(CommandError::Rejected(e.to_string())),
+                        })?
+                    }
+                };
+                let snap = load::<Snapshot>(&store, &snap_stream)
+                    .await
+                    .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                let snap_events =
+                    snapshot::decide(&snap.state, &snapshot::Command::Record { record, now })
+                        .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                Ok(vec![
+                    StreamWrite::new(
+                        build_stream.clone(),
+                        build.expected(),
+                        ctx.encode(&build_stream, &build_events)?,
+                    ),
+                    StreamWrite::new(
+                        snap_stream.clone(),
+                        snap.expected(),
+                        ctx.encode(&snap_stream, &snap_events)?,
+                    ),
+                ])
+            }
+        })
+        .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(CommandError::Rejected(reason)) => Err(self.fenced(reason)),
+            Err(err) => Err(WorkerError::store(err)),
+        }
+    }
+
+    /// Ends the build in `error` with the reason the user sees.
+    pub async fn fail(&self, step: FailedStep, message: &str) -> Result<(), WorkerError> {
+        let now = self.now().await?;
+        self.command(build::Command::FailBuild {
+            epoch: self.epoch,
+            message: message.to_owned(),
+            step: Some(step),
+            now,
+        })
+        .await
+        .map(drop)
+    }
+}

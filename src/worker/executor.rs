@@ -1,0 +1,605 @@
+//! The build executor: runs one frozen build in a sandbox, step by step, as PROTOCOL §3.7 says.
+//!
+//! Order: base (resolve, boot, and for images the implicit `USER user` with sudo), then each
+//! user step (ENV, WORKDIR, USER, RUN, COPY), a checkpoint after every mutating step (RUN, COPY,
+//! WORKDIR) recorded as a build-cache snapshot together with the step's progress, then
+//! finalization (start and ready commands) when `startCmd` is set. The result is the layer stack
+//! and the final command context; publishing it is [`super::publish`]'s job.
+//!
+//! Every sandbox operation races the attempt's cancellation token: when the lease is lost the
+//! operation is dropped, the sandbox destroyed, and the build abandoned without another write.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::attempt::Attempt;
+use super::base::{self, BaseError, ResolvedBase};
+use super::build_log::{BuildLog, LogLine};
+use super::error::WorkerError;
+use super::settings::WorkerSettings;
+use super::shell;
+use crate::domain::build::status::LogLevel;
+use crate::domain::build::{Binding, FailedStep};
+use crate::domain::build_spec::{
+    home_of, resolve_path, BaseSource, CommandContext, Resources, Step, TemplateBuildStartV2,
+    DEFAULT_USER,
+};
+use crate::domain::ids::{self, FilesHash, SnapshotId, TeamId};
+use crate::domain::snapshot::{Purpose, SnapshotRecord};
+use crate::vmm::image::ImageCatalog;
+use crate::vmm::{
+    BlobStore, BootSpec, CommandLine, CopyRequest, ExecOutcome, ExecRequest, Limits, OutputLine,
+    OutputStream, Sandbox, SandboxBackend, VmmError,
+};
+
+/// What the executor needs to know about a frozen build.
+#[derive(Debug, Clone)]
+pub struct BuildJob {
+    pub team: TeamId,
+    pub spec: TemplateBuildStartV2,
+    pub bindings: BTreeMap<FilesHash, Binding>,
+    pub resources: Resources,
+}
+
+/// A build that failed: where, and the message the SDK raises.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepFailure {
+    pub step: FailedStep,
+    pub message: String,
+}
+
+/// A finished build's result.
+#[derive(Debug, Clone)]
+pub struct BuildOutput {
+    /// Bottom first: base layers, then checkpoints.
+    pub layers: Vec<ids::Digest>,
+    pub context: CommandContext,
+    pub base_image_digest: Option<ids::Digest>,
+    pub start_cmd: Option<String>,
+    pub ready_cmd: Option<String>,
+    /// The stack before finalization, when finalization added a layer.
+    pub build_base_layers: Option<Vec<ids::Digest>>,
+}
+
+#[derive(Debug)]
+pub enum Outcome {
+    Built(BuildOutput),
+    Failed(StepFailure),
+}
+
+/// Why the step loop stopped early.
+enum Stop {
+    Failed(StepFailure),
+    Abandon(WorkerError),
+}
+
+impl From<WorkerError> for Stop {
+    fn from(e: WorkerError) -> Self {
+        Stop::Abandon(e)
+    }
+}
+
+fn fail(step: FailedStep, message: impl Into<String>) -> Stop {
+    Stop::Failed(StepFailure {
+        step,
+        message: message.into(),
+    })
+}
+
+pub struct Executor<'a> {
+    pub backend: &'a dyn SandboxBackend,
+    pub blobs: Arc<dyn BlobStore>,
+    pub catalog: &'a ImageCatalog,
+    pub settings: &'a WorkerSettings,
+    pub attempt: &'a Attempt,
+    pub log: BuildLog,
+    pub cancel: CancellationToken,
+}
+
+/// The running state of the step loop.
+struct Run {
+    sandbox: Box<dyn Sandbox>,
+    context: CommandContext,
+    has_bash: bool,
+    /// Changes since the last checkpoint that no step checkpoints (user creation).
+    dirty: bool,
+}
+
+impl Executor<'_> {
+    /// Runs the build. `Err` means the attempt was abandoned (fenced out, lease lost, or the
+    /// node could not reach its database): nothing more may be written for it.
+    pub async fn run(&self, job: &BuildJob) -> Result<Outcome, WorkerError> {
+        let base_line = match &job.spec.base {
+            BaseSource::Image { reference, .. } => format!("FROM {reference}"),
+            BaseSource::Template { reference } => format!("FROM TEMPLATE {reference}"),
+        };
+        self.log.info(Some("base"), format!("[base] {base_line}"));
+        let resolved =
+            match base::resolve(&self.attempt.store, self.catalog, &job.team, &job.spec.base).await
+            {
+                Ok(r) => r,
+                Err(BaseError::Unavailable(m)) => {
+                    return Ok(Outcome::Failed(StepFailure {
+                        step: FailedStep::Base,
+                        message: m,
+                    }))
+                }
+                Err(BaseError::Worker(e)) => return Err(e),
+            };
+        let boot = self.boot(job, &resolved);
+        let sandbox = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Err(self.abandoned()),
+            s = boot => s,
+        };
+        let sandbox = match sandbox {
+            Ok(s) => s,
+            Err(e) => {
+                return Ok(Outcome::Failed(StepFailure {
+                    step: FailedStep::Base,
+                    message: format!("booting a sandbox on the base failed: {e}"),
+                }))
+            }
+        };
+        let mut run = Run {
+            sandbox,
+            context: resolved.context.clone(),
+            has_bash: false,
+            dirty: false,
+        };
+        let result = self.steps(job, &resolved, &mut run).await;
+        if let Err(e) = run.sandbox.destroy().await {
+            tracing::warn!(build = %self.attempt.build, error = %e, "destroying the build sandbox failed");
+        }
+        match result {
+            Ok(output) => Ok(Outcome::Built(output)),
+            Err(Stop::Failed(f)) => Ok(Outcome::Failed(f)),
+            Err(Stop::Abandon(e)) => Err(e),
+        }
+    }
+
+    fn abandoned(&self) -> WorkerError {
+        WorkerError::Fenced {
+            build: self.attempt.build,
+            epoch: self.attempt.epoch,
+            reason: "the lease could not be renewed".into(),
+        }
+    }
+
+    async fn boot(
+        &self,
+        job: &BuildJob,
+        base: &ResolvedBase,
+    ) -> Result<Box<dyn Sandbox>, VmmError> {
+        let mut spec = BootSpec::new(base.layers.clone());
+        spec.limits = Limits {
+            cpus: job.resources.cpu_count.map(f64::from),
+            memory_bytes: job.resources.memory_mb.map(|m| u64::from(m) << 20),
+            timeout: self.settings.step_timeout,
+            ..Limits::default()
+        };
+        spec.context = vmm_context(&base.context);
+        self.backend.boot(spec).await
+    }
+
+    /// Awaits `op` unless the attempt is cancelled first.
+    async fn guarded<T>(&self, op: impl std::future::Future<Output = T>) -> Result<T, Stop> {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Err(Stop::Abandon(self.abandoned())),
+            r = op => Ok(r),
+        }
+    }
+
+    async fn steps(
+        &self,
+        job: &BuildJob,
+        base: &ResolvedBase,
+        run: &mut Run,
+    ) -> Result<BuildOutput, Stop> {
+        let probe = ExecRequest::shell("[ -x /bin/bash ]").user("root");
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let outcome = self.guarded(run.sandbox.exec(probe, tx)).await?;
+        run.has_bash = outcome
+            .map_err(|e| {
+                fail(
+                    FailedStep::Base,
+                    format!("the base cannot run commands: {e}"),
+                )
+            })?
+            .success();
+        if !base.from_template {
+            self.log
+                .info(Some("base"), format!("[base] USER {DEFAULT_USER}"));
+            self.guarded(run.sandbox.ensure_user(DEFAULT_USER, true))
+                .await?
+                .map_err(|e| {
+                    fail(
+                        FailedStep::Base,
+                        format!("creating the default user {DEFAULT_USER:?} failed: {e}"),
+                    )
+                })?;
+            run.context.user = DEFAULT_USER.to_owned();
+            run.context.workdir = home_of(DEFAULT_USER);
+            run.dirty = true;
+        }
+        let total = job.spec.steps.len();
+        for (i, step) in job.spec.steps.iter().enumerate() {
+            let number = i as u32 + 1;
+            let tag = number.to_string();
+            self.log.info(
+                Some(&tag),
+                format!(
+                    "[{number}/{total}] {} {}",
+                    step.kind(),
+                    step.args().join(" ")
+                ),
+            );
+            run.sandbox
+                .context_mut()
+                .clone_from(&vmm_context(&run.context));
+            self.step(job, number, &tag, step, run).await?;
+            if step.is_mutating() {
+                self.checkpoint(number, job, base, run, Purpose::BuildCache)
+                    .await?;
+            } else {
+                self.attempt.record_step(number).await?;
+            }
+        }
+        if run.dirty {
+            self.seal(run, FailedStep::Step(total.max(1) as u32))
+                .await?;
+        }
+        let before_finalize = layers_of(run.sandbox.as_ref());
+        let mut build_base_layers = None;
+        if let Some(start) = &job.spec.start_cmd {
+            self.finalize(start, job.spec.ready_cmd.as_deref(), run)
+                .await?;
+            self.seal(run, FailedStep::Finalize).await?;
+            build_base_layers = Some(before_finalize);
+        }
+        Ok(BuildOutput {
+            layers: layers_of(run.sandbox.as_ref()),
+            context: run.context.clone(),
+            base_image_digest: base.image_digest,
+            start_cmd: job.spec.start_cmd.clone(),
+            ready_cmd: job.spec.ready_cmd.clone(),
+            build_base_layers,
+        })
+    }
+
+    async fn step(
+        &self,
+        job: &BuildJob,
+        number: u32,
+        tag: &str,
+        step: &Step,
+        run: &mut Run,
+    ) -> Result<(), Stop> {
+        let at = FailedStep::Step(number);
+        match step {
+            Step::Env { vars, .. } => {
+                for (key, value) in vars {
+                    let evaluated = match self.eval_env(value, run).await {
+                        Ok(v) => v,
+                        Err(EnvError::Stop(stop)) => return Err(stop),
+                        Err(EnvError::Message(m)) => {
+                            return Err(fail(
+                                at,
+                                format!("ENV {key}: evaluating {value:?} failed: {m}"),
+                            ))
+                        }
+                    };
+                    run.context.env.insert(key.clone(), evaluated);
+                    run.sandbox
+                        .context_mut()
+                        .clone_from(&vmm_context(&run.context));
+                }
+            }
+            Step::Workdir { path, .. } => {
+                let target = resolve_path(&run.context.workdir, path);
+                let request = ExecRequest::shell(shell::WORKDIR_SCRIPT)
+                    .user("root")
+                    .cwd("/")
+                    .env("STRATA_WORKDIR", target.clone())
+                    .env("STRATA_OWNER", run.context.user.clone());
+                let (outcome, last_err) = self.exec_logged(run, request, tag).await?;
+                match outcome {
+                    Ok(o) if o.success() => run.context.workdir = target,
+                    other => {
+                        return Err(fail(
+                            at,
+                            format!(
+                                "WORKDIR {target} could not be created: {}",
+                                describe(other, last_err)
+                            ),
+                        ))
+                    }
+                }
+            }
+            Step::User { name, sudo, .. } => {
+                self.guarded(run.sandbox.ensure_user(name, sudo.unwrap_or(false)))
+                    .await?
+                    .map_err(|e| fail(at, format!("USER {name}: {e}")))?;
+                run.context.user = name.clone();
+                run.dirty = true;
+            }
+            Step::Run { command, user, .. } => {
+                let argv = if run.has_bash {
+                    vec![
+                        "/bin/bash".into(),
+                        "-l".into(),
+                        "-c".into(),
+                        command.clone(),
+                    ]
+                } else {
+                    vec!["/bin/sh".into(), "-c".into(), command.clone()]
+                };
+                let request = ExecRequest {
+                    command: CommandLine::Argv(argv),
+                    user: Some(user.clone().unwrap_or_else(|| run.context.user.clone())),
+                    env: Vec::new(),
+                    cwd: Some(run.context.workdir.clone()),
+                    timeout: Some(self.settings.step_timeout),
+                };
+                let (outcome, last_err) = self.exec_logged(run, request, tag).await?;
+                match outcome {
+                    Ok(o) if o.success() => {}
+                    Ok(ExecOutcome::TimedOut) => {
+                        return Err(fail(
+                            at,
+                            format!(
+                                "RUN timed out after {}",
+                                humanize(self.settings.step_timeout)
+                            ),
+                        ))
+                    }
+                    other => {
+                        return Err(fail(
+                            at,
+                            format!("RUN failed {}", describe(other, last_err)),
+                        ))
+                    }
+                }
+            }
+            Step::Copy {
+                src,
+                dest,
+                owner,
+                mode,
+                files_hash,
+                ..
+            } => {
+                let binding = job.bindings.get(files_hash).ok_or_else(|| {
+                    fail(
+                        at,
+                        format!("COPY {src}: no upload is bound for filesHash {files_hash}"),
+                    )
+                })?;
+                let archive = self
+                    .fetch_archive(binding)
+                    .await
+                    .map_err(|m| fail(at, format!("COPY {src}: {m}")))?;
+                let mut request = CopyRequest::new(src.clone(), dest.clone());
+                request.owner = owner.clone();
+                request.mode = mode.clone();
+                self.guarded(run.sandbox.copy_in(archive.path(), request))
+                    .await?
+                    .map_err(|e| fail(at, format!("COPY {src} {dest}: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Evaluates one ENV value in the sandbox with the environment so far.
+    async fn eval_env(&self, value: &str, run: &mut Run) -> Result<String, EnvError> {
+        let request = ExecRequest::shell(shell::env_eval_command(value))
+            .user("root")
+            .cwd("/");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let outcome = self
+            .guarded(run.sandbox.exec(request, tx))
+            .await
+            .map_err(EnvError::Stop)?;
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        while let Some(l) = rx.recv().await {
+            match l.stream {
+                OutputStream::Stdout => out.push(l.line),
+                OutputStream::Stderr => err.push(l.line),
+            }
+        }
+        match outcome {
+            Ok(o) if o.success() => Ok(out.join("\n")),
+            Ok(o) => Err(EnvError::Message(format!("{o:?}: {}", err.join(" ")))),
+            Err(e) => Err(EnvError::Message(e.to_string())),
+        }
+    }
+
+    /// Runs a command, forwarding every output line to the build log under `step`. Returns the
+    /// outcome and the last stderr line.
+    async fn exec_logged(
+        &self,
+        run: &mut Run,
+        request: ExecRequest,
+        step: &str,
+    ) -> Result<(Result<ExecOutcome, VmmError>, Option<String>), Stop> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<OutputLine>();
+        let log = self.log.clone();
+        let step = step.to_owned();
+        let forward = tokio::spawn(async move {
+            let mut last_err = None;
+            while let Some(l) = rx.recv().await {
+                let level = match l.stream {
+                    OutputStream::Stdout => LogLevel::Info,
+                    OutputStream::Stderr => {
+                        if !l.line.trim().is_empty() {
+                            last_err = Some(l.line.clone());
+                        }
+                        LogLevel::Error
+                    }
+                };
+                log.line(LogLine {
+                    at: l.at,
+                    level,
+                    message: l.line,
+                    step: Some(step.clone()),
+                });
+            }
+            last_err
+        });
+        let outcome = self.guarded(run.sandbox.exec(request, tx)).await;
+        let last_err = match tokio::time::timeout(Duration::from_secs(10), forward).await {
+            Ok(Ok(l)) => l,
+            _ => None,
+        };
+        Ok((outcome?, last_err))
+    }
+
+    /// Streams a frozen context archive out of the blob store into a temporary file, verifying
+    /// its digest on the way.
+    async fn fetch_archive(&self, binding: &Binding) -> Result<tempfile::NamedTempFile, String> {
+        let digest = base::to_vmm(&binding.blob_digest);
+        let blobs = self.blobs.clone();
+        let tmp_dir = self.settings.data_dir.join("tmp");
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&tmp_dir)
+                .map_err(|e| format!("creating {}: {e}", tmp_dir.display()))?;
+            let mut file = tempfile::NamedTempFile::new_in(&tmp_dir)
+                .map_err(|e| format!("creating a temporary file: {e}"))?;
+            let mut reader = blobs.open_verified(&digest).map_err(|e| {
+                format!("the uploaded archive {digest} cannot be read: {e}; upload it again")
+            })?;
+            std::io::copy(&mut reader, file.as_file_mut())
+                .map_err(|e| format!("reading the uploaded archive {digest}: {e}"))?;
+            reader
+                .finish()
+                .map_err(|e| format!("the uploaded archive {digest} is corrupt: {e}"))?;
+            file.as_file_mut()
+                .flush()
+                .map_err(|e| format!("writing a temporary file: {e}"))?;
+            Ok(file)
+        })
+        .await
+        .map_err(|e| format!("archive task: {e}"))?
+    }
+
+    /// Seals the sandbox's changes as a layer (no step record).
+    async fn seal(&self, run: &mut Run, at: FailedStep) -> Result<(), Stop> {
+        self.guarded(run.sandbox.checkpoint())
+            .await?
+            .map_err(|e| fail(at, format!("checkpoint failed: {e}")))?;
+        run.dirty = false;
+        Ok(())
+    }
+
+    /// Seals a mutating step and records it as a snapshot plus the step's progress, in one
+    /// append fenced by the epoch.
+    async fn checkpoint(
+        &self,
+        number: u32,
+        job: &BuildJob,
+        base: &ResolvedBase,
+        run: &mut Run,
+        purpose: Purpose,
+    ) -> Result<(), Stop> {
+        self.seal(run, FailedStep::Step(number)).await?;
+        let record = SnapshotRecord {
+            purpose,
+            layers: layers_of(run.sandbox.as_ref()),
+            base_image_digest: base.image_digest,
+            context: run.context.clone(),
+            start_cmd: job.spec.start_cmd.clone(),
+            ready_cmd: job.spec.ready_cmd.clone(),
+            build: self.attempt.build,
+            epoch: self.attempt.epoch,
+        };
+        let id = SnapshotId::from_uuid(uuid::Uuid::now_v7());
+        self.attempt
+            .record_snapshot(id, &record, Some(number))
+            .await?;
+        Ok(())
+    }
+
+    /// Starts the start command and waits for the ready command, within the ready timeout.
+    async fn finalize(&self, start: &str, ready: Option<&str>, run: &mut Run) -> Result<(), Stop> {
+        let ready = ready.unwrap_or(shell::DEFAULT_READY_CMD);
+        self.log
+            .info(Some("finalize"), format!("[finalize] START {start}"));
+        self.log
+            .info(Some("finalize"), format!("[finalize] READY {ready}"));
+        let request = ExecRequest::shell(shell::FINALIZE_SCRIPT)
+            .env("STRATA_START_CMD", start)
+            .env("STRATA_READY_CMD", ready)
+            .cwd(run.context.workdir.clone())
+            .user(run.context.user.clone())
+            .timeout(self.settings.ready_timeout);
+        let (outcome, last_err) = self.exec_logged(run, request, "finalize").await?;
+        match outcome {
+            Ok(o) if o.success() => Ok(()),
+            Ok(ExecOutcome::TimedOut) => Err(fail(
+                FailedStep::Finalize,
+                format!(
+                    "the ready command `{ready}` did not succeed within {}",
+                    humanize(self.settings.ready_timeout)
+                ),
+            )),
+            other => Err(fail(
+                FailedStep::Finalize,
+                format!(
+                    "the start/ready script failed {}",
+                    describe(other, last_err)
+                ),
+            )),
+        }
+    }
+}
+
+/// ENV evaluation's failure: a message for the user, or a stop of the whole loop.
+enum EnvError {
+    Message(String),
+    Stop(Stop),
+}
+
+fn layers_of(sandbox: &dyn Sandbox) -> Vec<ids::Digest> {
+    sandbox.layers().iter().map(base::to_domain).collect()
+}
+
+fn vmm_context(ctx: &CommandContext) -> crate::vmm::CommandContext {
+    crate::vmm::CommandContext {
+        env: ctx
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        user: ctx.user.clone(),
+        workdir: Some(ctx.workdir.clone()),
+    }
+}
+
+/// "with exit code 2: <last stderr line>", "(killed by signal 9)", ...
+fn describe(outcome: Result<ExecOutcome, VmmError>, last_err: Option<String>) -> String {
+    let what = match outcome {
+        Ok(ExecOutcome::Exited(c)) => format!("with exit code {c}"),
+        Ok(ExecOutcome::Signaled(s)) => format!("(killed by signal {s})"),
+        Ok(ExecOutcome::TimedOut) => "(timed out)".to_owned(),
+        Err(e) => format!("to start: {e}"),
+    };
+    match last_err {
+        Some(line) => format!("{what}: {line}"),
+        None => what,
+    }
+}
+
+fn humanize(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 1.0 {
+        format!("{s:.0} s")
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}

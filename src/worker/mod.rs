@@ -1,0 +1,31 @@
+//! The build node: claims queued builds and executes them in sandboxes.
+//!
+//! * [`node`]: the loop ([`Worker`]): find queued builds, acquire, renew leases, run, shut down.
+//! * [`attempt`]: one attempt's writes to the build stream, each fenced by its epoch.
+//! * [`executor`]: the steps of one build in a sandbox (PROTOCOL §3.7), checkpoints included.
+//! * [`base`], [`template_lookup`]: what a build starts from (`fromImage`, `fromTemplate`).
+//! * [`shell`]: the shell text run inside sandboxes (ENV evaluation, WORKDIR, start/ready).
+//! * [`publish`]: result snapshot, Publishing, promotion outbox, Ready.
+//! * [`build_log`]: log lines to `build_logs`, batched and fenced.
+//! * [`export`]: a template's result as an OCI image layout.
+//! * [`aggregates`]: the domain aggregates as event-store aggregates.
+//! * [`settings`], [`error`].
+//!
+//! Design: docs/adr/0005-build-executor.md.
+
+pub mod aggregates;
+pub mod attempt;
+pub mod base;
+pub mod build_log;
+pub mod error;
+pub mod executor;
+pub mod export;
+pub mod node;
+pub mod publish;
+pub mod settings;
+pub mod shell;
+pub mod template_lookup;
+
+pub use error::WorkerError;
+pub use node::Worker;
+pub use settings::WorkerSettings;

@@ -1,0 +1,276 @@
+//! The build node's loop: find queued builds, claim them, run them under a renewed lease.
+//!
+//! * Finding work: the `builds` read model (`phase = 'queued'`, oldest first), woken by the
+//!   event store's NOTIFY or the poll interval. The row is only a hint; the claim is
+//!   `AcquireAttempt` decided on the build stream with the database clock.
+//! * Concurrency: at most `max_builds` attempts at once (a semaphore permit per attempt; no
+//!   claim is tried without a free permit).
+//! * Lease: renewed every third of its duration. A refused renewal (the attempt was closed) or a
+//!   lease that passed without a successful renewal cancels the attempt: the sandbox is
+//!   destroyed and nothing more is written for it.
+//! * Shutdown: stop claiming, cancel running attempts (they are abandoned: the attempt-expiry
+//!   reconciler closes them when their lease passes), wait for their sandboxes to be destroyed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::aggregates::Build;
+use super::attempt::{self, Attempt};
+use super::build_log::{write_logs, BuildLog};
+use super::error::WorkerError;
+use super::executor::{BuildJob, Executor, Outcome};
+use super::publish;
+use super::settings::WorkerSettings;
+use crate::domain::build::Phase;
+use crate::domain::ids::BuildId;
+use crate::events::command::load;
+use crate::events::{EventStore, FeedWakeups};
+use crate::vmm::image::ImageCatalog;
+use crate::vmm::{BlobStore, NamespaceBackend, NamespaceConfig, SandboxBackend};
+
+/// A build node.
+#[derive(Clone)]
+pub struct Worker {
+    store: EventStore,
+    backend: Arc<dyn SandboxBackend>,
+    blobs: Arc<dyn BlobStore>,
+    catalog: Arc<ImageCatalog>,
+    settings: Arc<WorkerSettings>,
+}
+
+impl Worker {
+    /// A node on the namespace backend in `settings.data_dir`.
+    pub fn new(store: EventStore, settings: WorkerSettings) -> Result<Worker, WorkerError> {
+        let backend = NamespaceBackend::new(NamespaceConfig {
+            data_dir: settings.data_dir.clone(),
+            agent_binary: settings.agent_binary.clone(),
+            depth: Default::default(),
+        })?;
+        let catalog = ImageCatalog::open(&settings.data_dir)?;
+        Ok(Worker {
+            store,
+            blobs: backend.blobs(),
+            backend: Arc::new(backend),
+            catalog: Arc::new(catalog),
+            settings: Arc::new(settings),
+        })
+    }
+
+    /// Runs until `shutdown` is cancelled, then abandons running builds and returns once their
+    /// sandboxes are gone.
+    pub async fn run_until(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        let pool = self.store.pool().clone();
+        let mut wakeups = match FeedWakeups::listen(&pool, self.settings.poll_interval).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot LISTEN for new events; polling only");
+                FeedWakeups::polling(self.settings.poll_interval)
+            }
+        };
+        let slots = Arc::new(Semaphore::new(self.settings.max_builds.max(1)));
+        let running = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        tracing::info!(node = %self.settings.node_id, max_builds = self.settings.max_builds, "build node started");
+        loop {
+            while tasks.try_join_next().is_some() {}
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            };
+            match self.claim_next().await {
+                Ok(Some(attempt)) => {
+                    let worker = self.clone();
+                    let cancel = running.child_token();
+                    tasks.spawn(async move {
+                        worker.run_attempt(attempt, cancel).await;
+                        drop(permit);
+                    });
+                    continue;
+                }
+                Ok(None) => drop(permit),
+                Err(e) => {
+                    drop(permit);
+                    tracing::warn!(error = %e, "looking for queued builds failed; retrying");
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = wakeups.wait() => {}
+            }
+        }
+        tracing::info!(
+            builds = tasks.len(),
+            "build node stopping; abandoning running builds"
+        );
+        running.cancel();
+        while tasks.join_next().await.is_some() {}
+        Ok(())
+    }
+
+    /// Claims the oldest queued build this node can acquire.
+    async fn claim_next(&self) -> Result<Option<Attempt>, WorkerError> {
+        let queued: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT build_id FROM builds WHERE phase = 'queued' ORDER BY registered_at, build_id LIMIT 16",
+        )
+        .fetch_all(self.store.pool())
+        .await?;
+        for id in queued {
+            let build = BuildId::from_uuid(id);
+            if let Some(a) = attempt::acquire(
+                &self.store,
+                build,
+                &self.settings.node_id,
+                self.settings.lease,
+            )
+            .await?
+            {
+                tracing::info!(%build, epoch = %a.epoch, "build acquired");
+                return Ok(Some(a));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Runs one acquired attempt to a terminal state, or abandons it.
+    pub async fn run_attempt(&self, attempt: Attempt, cancel: CancellationToken) {
+        let (log, rx) = BuildLog::channel();
+        let writer = tokio::spawn(write_logs(
+            self.store.pool().clone(),
+            attempt.build,
+            attempt.epoch,
+            rx,
+        ));
+        let renewer = tokio::spawn(renew(
+            attempt.clone(),
+            self.settings.lease,
+            self.settings.renew_every(),
+            cancel.clone(),
+        ));
+        match self.execute(&attempt, &log, &cancel).await {
+            Ok(()) => {}
+            Err(e @ WorkerError::Fenced { .. }) => tracing::info!(build = %attempt.build, "{e}"),
+            Err(e) => {
+                tracing::error!(build = %attempt.build, epoch = %attempt.epoch, error = %e, "build abandoned")
+            }
+        }
+        renewer.abort();
+        drop(log);
+        let _ = writer.await;
+    }
+
+    async fn execute(
+        &self,
+        attempt: &Attempt,
+        log: &BuildLog,
+        cancel: &CancellationToken,
+    ) -> Result<(), WorkerError> {
+        let state = load::<Build>(&self.store, &attempt.stream())
+            .await
+            .map_err(WorkerError::store)?
+            .state;
+        match &state.phase {
+            Phase::Active { epoch, .. } if *epoch == attempt.epoch => {}
+            other => {
+                return Err(WorkerError::Fenced {
+                    build: attempt.build,
+                    epoch: attempt.epoch,
+                    reason: format!("the build is no longer active in this epoch ({other:?})"),
+                })
+            }
+        }
+        let (registration, freeze) = match (&state.registration, &state.freeze) {
+            (Some(r), Some(f)) => (r, f),
+            _ => {
+                return Err(WorkerError::Corrupt {
+                    build: attempt.build,
+                    message: "an active build without registration or freeze".into(),
+                })
+            }
+        };
+        let job = BuildJob {
+            team: registration.team.clone(),
+            spec: freeze.spec.clone(),
+            bindings: freeze.bindings.clone(),
+            resources: registration.resources,
+        };
+        log.info(
+            None,
+            format!(
+                "Building template {}/{}",
+                registration.template, attempt.build
+            ),
+        );
+        let executor = Executor {
+            backend: self.backend.as_ref(),
+            blobs: self.blobs.clone(),
+            catalog: &self.catalog,
+            settings: &self.settings,
+            attempt,
+            log: log.clone(),
+            cancel: cancel.clone(),
+        };
+        let outcome = executor.run(&job).await?;
+        if cancel.is_cancelled() {
+            return Err(WorkerError::Fenced {
+                build: attempt.build,
+                epoch: attempt.epoch,
+                reason: "the attempt was stopped".into(),
+            });
+        }
+        match outcome {
+            Outcome::Built(output) => {
+                let snapshot = publish::publish(
+                    attempt,
+                    self.blobs.clone(),
+                    &registration.template,
+                    &registration.tags,
+                    &output,
+                    log,
+                )
+                .await?;
+                tracing::info!(build = %attempt.build, %snapshot, layers = output.layers.len(), "build ready");
+            }
+            Outcome::Failed(failure) => {
+                let step: String = failure.step.into();
+                log.error(Some(&step), format!("Build failed: {}", failure.message));
+                log.flush().await;
+                attempt.fail(failure.step, &failure.message).await?;
+                tracing::info!(build = %attempt.build, step, reason = %failure.message, "build failed");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Renews the lease every `every`; cancels the attempt when a renewal is refused or the lease
+/// passed without one.
+async fn renew(attempt: Attempt, lease: Duration, every: Duration, cancel: CancellationToken) {
+    let mut last_ok = Instant::now();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        match attempt.renew(lease).await {
+            Ok(()) => last_ok = Instant::now(),
+            Err(e @ WorkerError::Fenced { .. }) => {
+                tracing::warn!(build = %attempt.build, "lease renewal refused: {e}");
+                cancel.cancel();
+                return;
+            }
+            Err(e) if last_ok.elapsed() >= lease => {
+                tracing::warn!(build = %attempt.build, error = %e, "the lease passed without a renewal; abandoning the build");
+                cancel.cancel();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(build = %attempt.build, error = %e, "lease renewal failed; retrying")
+            }
+        }
+    }
+}

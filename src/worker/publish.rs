@@ -1,0 +1,239 @@
+//! Publishing a finished build: the result snapshot, the irreversible commit (`Publishing`), the
+//! promotion outbox, and Ready.
+//!
+//! 1. The result (and, after finalization, the pre-finalization stack for `fromTemplate`) is
+//!    recorded on fresh `snapshot-{id}` streams, each append guarded by the open attempt.
+//! 2. One append: the build enters Publishing with that result and the promotion intent is
+//!    staged on `promotion-{build}-{epoch}` (the plan: layers, template, tags).
+//! 3. The promotion commits its layers (each must be a blob this node holds), then makes the
+//!    result visible: in one append, the outbox records `visible` and the template's tags move to
+//!    this build, which is what `fromTemplate` and export resolve.
+//! 4. The build becomes Ready, and the outbox records `done`.
+//!
+//! Until step 2 commits, a lost lease fences every write. From step 2 on, the build converges
+//! forward: each step is idempotent, so the promotion reconciler can finish what a dead node
+//! started.
+
+use std::sync::Arc;
+
+use super::aggregates::{Build, Promotion, Template};
+use super::attempt::{build_stream, Attempt};
+use super::base;
+use super::build_log::BuildLog;
+use super::error::WorkerError;
+use super::executor::BuildOutput;
+use crate::domain::build::{self, BuildResult};
+use crate::domain::build_spec::Tag;
+use crate::domain::ids::{self, SnapshotId, TemplateId};
+use crate::domain::promotion::{self, PromotionPlan};
+use crate::domain::snapshot::{Purpose, SnapshotRecord};
+use crate::domain::template;
+use crate::events::command::load;
+use crate::events::{execute, execute_writes, CommandError, StreamId, StreamWrite};
+use crate::vmm::BlobStore;
+
+const MAX_ROUNDS: u32 = 32;
+
+fn promotion_stream(attempt: &Attempt) -> StreamId {
+    StreamId::parse(ids::stream::promotion(&attempt.build, attempt.epoch))
+        .expect("promotion stream names are valid")
+}
+
+fn rejected<E: std::fmt::Display>(e: E) -> CommandError<String> {
+    CommandError::Rejected(e.to_string())
+}
+
+/// Takes a built result to Ready. Returns the result snapshot's id.
+pub async fn publish(
+    attempt: &Attempt,
+    blobs: Arc<dyn BlobStore>,
+    template: &TemplateId,
+    tags: &[Tag],
+    output: &BuildOutput,
+    log: &BuildLog,
+) -> Result<SnapshotId, WorkerError> {
+    let record = |purpose, layers: &[ids::Digest]| SnapshotRecord {
+        purpose,
+        layers: layers.to_vec(),
+        base_image_digest: output.base_image_digest,
+        context: output.context.clone(),
+        start_cmd: output.start_cmd.clone(),
+        ready_cmd: output.ready_cmd.clone(),
+        build: attempt.build,
+        epoch: attempt.epoch,
+    };
+    let candidate = SnapshotId::from_uuid(uuid::Uuid::now_v7());
+    attempt
+        .record_snapshot(candidate, &record(Purpose::Template, &output.layers), None)
+        .await?;
+    let build_base = match &output.build_base_layers {
+        Some(layers) => {
+            let id = SnapshotId::from_uuid(uuid::Uuid::now_v7());
+            attempt
+                .record_snapshot(id, &record(Purpose::BuildCache, layers), None)
+                .await?;
+            Some(id)
+        }
+        None => None,
+    };
+    let plan = PromotionPlan {
+        build: attempt.build,
+        epoch: attempt.epoch,
+        template: template.clone(),
+        source: candidate,
+        target: candidate,
+        build_base_checkpoint: build_base,
+        layers: output.layers.clone(),
+        tags: tags.to_vec(),
+    };
+    begin_publishing(attempt, &plan).await?;
+    promote(attempt, blobs, &plan).await?;
+    log.info(None, "Template created");
+    log.flush().await;
+    let now = attempt.now().await?;
+    attempt
+        .command(build::Command::MarkReady {
+            epoch: attempt.epoch,
+            now,
+        })
+        .await?;
+    let ctx = attempt.context();
+    execute::<Promotion>(
+        &attempt.store,
+        &promotion_stream(attempt),
+        &promotion::Command::Finish { now },
+        &ctx,
+    )
+    .await
+    .map_err(WorkerError::store)?;
+    Ok(candidate)
+}
+
+/// The irreversible commit: Publishing on the build and the staged plan, in one append.
+async fn begin_publishing(attempt: &Attempt, plan: &PromotionPlan) -> Result<(), WorkerError> {
+    let ctx = attempt.context();
+    let result = BuildResult {
+        candidate: plan.source,
+        build_base_checkpoint: plan.build_base_checkpoint,
+    };
+    let outcome = execute_writes(&attempt.store, MAX_ROUNDS, || {
+        let (store, ctx, plan, result) = (
+            attempt.store.clone(),
+            ctx.clone(),
+            plan.clone(),
+            result.clone(),
+        );
+        let (bstream, pstream, epoch) = (
+            build_stream(&attempt.build),
+            promotion_stream(attempt),
+            attempt.epoch,
+        );
+        async move {
+            let now = super::attempt::db_now(store.pool())
+                .await
+                .map_err(rejected)?;
+            let b = load::<Build>(&store, &bstream).await.map_err(rejected)?;
+            let b_events = build::decide(
+                &b.state,
+                &build::Command::BeginPublishing { epoch, result, now },
+            )
+            .map_err(rejected)?;
+            let p = load::<Promotion>(&store, &pstream)
+                .await
+                .map_err(rejected)?;
+            let p_events = promotion::decide(&p.state, &promotion::Command::Stage { plan, now })
+                .map_err(rejected)?;
+            Ok(vec![
+                StreamWrite::new(
+                    bstream.clone(),
+                    b.expected(),
+                    ctx.encode(&bstream, &b_events)?,
+                ),
+                StreamWrite::new(
+                    pstream.clone(),
+                    p.expected(),
+                    ctx.encode(&pstream, &p_events)?,
+                ),
+            ])
+        }
+    })
+    .await;
+    match outcome {
+        Ok(_) => Ok(()),
+        Err(CommandError::Rejected(reason)) => Err(WorkerError::Fenced {
+            build: attempt.build,
+            epoch: attempt.epoch,
+            reason,
+        }),
+        Err(e) => Err(WorkerError::store(e)),
+    }
+}
+
+/// Commits the layers and makes the result visible on the template.
+async fn promote(
+    attempt: &Attempt,
+    blobs: Arc<dyn BlobStore>,
+    plan: &PromotionPlan,
+) -> Result<(), WorkerError> {
+    let layers = plan.layers.clone();
+    let committed = tokio::task::spawn_blocking(move || {
+        layers
+            .iter()
+            .filter(|d| matches!(blobs.size(&base::to_vmm(d)), Ok(Some(_))))
+            .copied()
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| WorkerError::Store(format!("layer check task: {e}")))?;
+    let ctx = attempt.context();
+    let now = attempt.now().await?;
+    execute::<Promotion>(
+        &attempt.store,
+        &promotion_stream(attempt),
+        &promotion::Command::CommitLayers { committed, now },
+        &ctx,
+    )
+    .await
+    .map_err(WorkerError::store)?;
+    let tstream = StreamId::parse(ids::stream::template(&plan.template))
+        .expect("template stream names are valid");
+    execute_writes(&attempt.store, MAX_ROUNDS, || {
+        let (store, ctx, plan) = (attempt.store.clone(), ctx.clone(), plan.clone());
+        let (pstream, tstream) = (promotion_stream(attempt), tstream.clone());
+        async move {
+            let now = super::attempt::db_now(store.pool())
+                .await
+                .map_err(rejected)?;
+            let p = load::<Promotion>(&store, &pstream)
+                .await
+                .map_err(rejected)?;
+            let p_events = promotion::decide(&p.state, &promotion::Command::MakeVisible { now })
+                .map_err(rejected)?;
+            let t = load::<Template>(&store, &tstream).await.map_err(rejected)?;
+            let t_events = template::decide(
+                &t.state,
+                &template::Command::AssignTags {
+                    build: plan.build,
+                    tags: plan.tags.clone(),
+                    now,
+                },
+            )
+            .map_err(rejected)?;
+            Ok(vec![
+                StreamWrite::new(
+                    pstream.clone(),
+                    p.expected(),
+                    ctx.encode(&pstream, &p_events)?,
+                ),
+                StreamWrite::new(
+                    tstream.clone(),
+                    t.expected(),
+                    ctx.encode(&tstream, &t_events)?,
+                ),
+            ])
+        }
+    })
+    .await
+    .map_err(WorkerError::store)?;
+    Ok(())
+}

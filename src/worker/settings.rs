@@ -1,0 +1,51 @@
+//! How a build node behaves: its identity, its lease, its concurrency and its timeouts.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Settings of one build node. The command line fills them from
+/// [`crate::config::BuildNodeArgs`]; tests set them directly.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// Recorded as the attempt's node and as the actor of every event.
+    pub node_id: String,
+    /// Node data directory: blobs, layers, images, sandboxes.
+    pub data_dir: PathBuf,
+    /// The strata binary, started inside sandboxes as their init and agent.
+    pub agent_binary: PathBuf,
+    /// How long an attempt holds a build without renewal; renewed every third of it.
+    pub lease: Duration,
+    /// Builds this node runs at once.
+    pub max_builds: usize,
+    /// How long finalization waits for the ready command to succeed.
+    pub ready_timeout: Duration,
+    /// How long one RUN may take.
+    pub step_timeout: Duration,
+    /// How often the queue is polled when no NOTIFY arrives.
+    pub poll_interval: Duration,
+}
+
+impl WorkerSettings {
+    pub fn new(
+        node_id: impl Into<String>,
+        data_dir: impl Into<PathBuf>,
+        agent_binary: impl Into<PathBuf>,
+    ) -> Self {
+        WorkerSettings {
+            node_id: node_id.into(),
+            data_dir: data_dir.into(),
+            agent_binary: agent_binary.into(),
+            lease: Duration::from_secs(30),
+            max_builds: 2,
+            ready_timeout: Duration::from_secs(120),
+            step_timeout: Duration::from_secs(3600),
+            poll_interval: Duration::from_secs(2),
+        }
+    }
+
+    /// Time between lease renewals: a third of the lease, so two renewals may fail in a row
+    /// before the lease passes.
+    pub fn renew_every(&self) -> Duration {
+        self.lease / 3
+    }
+}
