@@ -7,7 +7,12 @@ use clap::{Args, Subcommand};
 use strata::config::StorageArgs;
 use strata::domain::ids::TeamId;
 use strata::events::EventStore;
-use strata::vmm::LocalBlobStore;
+use strata::domain::snapshot::SnapshotRecord;
+use strata::vmm::{
+    BootSpec, CommandContext as VmmContext, CommandLine, Digest as VmmDigest, ExecOutcome,
+    ExecRequest, LocalBlobStore, NamespaceBackend, NamespaceConfig, OutputLine, OutputStream,
+    SandboxBackend,
+};
 use strata::worker::{export, template_lookup};
 
 #[derive(Debug, Args)]
@@ -30,12 +35,44 @@ enum TemplateCommand {
         #[arg(long, env = "STRATA_TEAM")]
         team: String,
     },
+    /// Boot a sandbox on a template's latest ready build (or `NAME:TAG`) with its user, workdir
+    /// and environment, run COMMAND, print its output and exit with its exit code.
+    Exec {
+        /// Template name or id, optionally with `:tag`.
+        name: String,
+        /// The team that owns the template.
+        #[arg(long, env = "STRATA_TEAM")]
+        team: String,
+        /// Run as this user instead of the template's.
+        #[arg(long)]
+        user: Option<String>,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout_secs: u64,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 pub async fn run(args: TemplateArgs) -> anyhow::Result<()> {
     let pool = super::connect_database(&args.storage).await?;
     let store = EventStore::new(pool);
     match args.command {
+        TemplateCommand::Exec {
+            name,
+            team,
+            user,
+            timeout_secs,
+            command,
+        } => {
+            let team = TeamId::parse(&team).context("parsing --team")?;
+            let found = template_lookup::resolve(&store, &team, &name)
+                .await
+                .with_context(|| format!("looking up template {name:?} in team {team}"))?;
+            let code = exec_in_template(&args.storage, &found.record, user, timeout_secs, command).await?;
+            std::process::exit(code);
+        }
         TemplateCommand::Export { name, dir, team } => {
             let team = TeamId::parse(&team).context("parsing --team")?;
             let found = template_lookup::resolve(&store, &team, &name)
@@ -59,4 +96,61 @@ pub async fn run(args: TemplateArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Boots a sandbox on `record`, runs `command` in it with the record's context, copies its
+/// output to ours, destroys the sandbox, and returns the exit code (128 + signal when killed).
+async fn exec_in_template(
+    storage: &StorageArgs,
+    record: &SnapshotRecord,
+    user: Option<String>,
+    timeout_secs: u64,
+    command: Vec<String>,
+) -> anyhow::Result<i32> {
+    let backend = NamespaceBackend::new(NamespaceConfig {
+        data_dir: storage.data_dir.clone(),
+        agent_binary: std::env::current_exe().context("locating the strata binary")?,
+        depth: Default::default(),
+    })
+    .context("opening the node's sandbox backend")?;
+    let layers = record
+        .layers
+        .iter()
+        .map(|d| VmmDigest::parse(&d.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut spec = BootSpec::new(layers);
+    spec.context = VmmContext {
+        env: record.context.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        user: record.context.user.clone(),
+        workdir: Some(record.context.workdir.clone()),
+    };
+    let mut sandbox = backend.boot(spec).await.context("booting a sandbox on the template")?;
+    let request = ExecRequest {
+        command: CommandLine::Argv(command),
+        user,
+        env: Vec::new(),
+        cwd: None,
+        timeout: Some(std::time::Duration::from_secs(timeout_secs)),
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let printer = tokio::spawn(async move {
+        while let Some(line) = rx.recv().await {
+            let line: OutputLine = line;
+            match line.stream {
+                OutputStream::Stdout => println!("{}", line.line),
+                OutputStream::Stderr => eprintln!("{}", line.line),
+            }
+        }
+    });
+    let outcome = sandbox.exec(request, tx).await;
+    printer.await.ok();
+    sandbox.destroy().await.context("destroying the sandbox")?;
+    Ok(match outcome.context("running the command")? {
+        ExecOutcome::Exited(code) => code,
+        ExecOutcome::Signaled(signal) => 128 + signal,
+        ExecOutcome::TimedOut => {
+            eprintln!("strata: the command timed out after {timeout_secs} s");
+            124
+        }
+    })
 }
