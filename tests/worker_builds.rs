@@ -556,18 +556,20 @@ async fn a_failing_run_ends_the_build_in_error_at_its_step_with_the_exit_code() 
     assert_eq!(reason.message, "RUN failed with exit code 3: oops");
     let logs = fx.logs(build).await;
     let messages: Vec<&str> = logs.iter().map(|l| l.2.as_str()).collect();
-    let before = messages.iter().position(|m| *m == "before").unwrap();
-    let oops = messages.iter().position(|m| *m == "oops").unwrap();
-    assert!(
+    let pos = |m: &str| {
         messages
             .iter()
-            .position(
-                |m| *m == "[2/3] RUN echo before; echo first-problem >&2; echo oops >&2; exit 3"
-            )
-            .unwrap()
-            < before
-    );
-    assert!(before < oops, "logs are in order: {messages:?}");
+            .position(|x| *x == m)
+            .unwrap_or_else(|| panic!("no {m:?} in {messages:?}"))
+    };
+    let header = pos("[2/3] RUN echo before; echo first-problem >&2; echo oops >&2; exit 3");
+    let (before, first, oops) = (pos("before"), pos("first-problem"), pos("oops"));
+    // Order holds within each stream; stdout and stderr are separate pipes, so their
+    // interleaving is as read.
+    assert!(pos("[1/3] ENV X 1") < header, "{messages:?}");
+    assert!(header < before.min(first), "{messages:?}");
+    assert!(first < oops, "stderr lines keep their order: {messages:?}");
+    assert!(before.max(oops) < messages.len() - 1, "{messages:?}");
     assert_eq!(logs[before].3.as_deref(), Some("2"));
     assert!(!messages.contains(&"never"));
     assert!(!messages.iter().any(|m| m.starts_with("[3/3]")));
