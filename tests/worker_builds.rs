@@ -964,3 +964,97 @@ async fn the_e2b_base_gives_the_default_user_sudo_and_a_login_bash() {
     sb.destroy().await.unwrap();
     fx.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_runs_at_most_max_builds_at_once_and_renews_their_leases() {
+    let mut s = settings();
+    s.max_builds = 1;
+    s.lease = Duration::from_secs(3);
+    let mut fx = Fixture::new(s).await;
+    let mut builds = Vec::new();
+    for name in ["one-at-a-time-a", "one-at-a-time-b"] {
+        let (_, build) = fx.api.register(name).await;
+        fx.api
+            .start(
+                build,
+                json!({"fromImage": "busybox", "force": false, "steps": [step("RUN", &["sleep 2"])]}),
+            )
+            .await;
+        builds.push(build);
+    }
+    let ids: Vec<Uuid> = builds.iter().map(|b| b.as_uuid()).collect();
+    let mut most_at_once = 0;
+    for _ in 0..1200 {
+        let phases: Vec<String> =
+            sqlx::query_scalar("SELECT phase FROM builds WHERE build_id = ANY($1)")
+                .bind(&ids)
+                .fetch_all(&fx.db.pool)
+                .await
+                .unwrap();
+        let running = phases
+            .iter()
+            .filter(|p| *p == "active" || *p == "publishing")
+            .count();
+        most_at_once = most_at_once.max(running);
+        if phases.iter().all(|p| p == "ready" || p == "error") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(most_at_once, 1, "max_builds = 1 runs one build at a time");
+    for build in &builds {
+        let state = fx.wait_terminal(*build).await;
+        assert_ready(&state);
+        let events = fx
+            .store
+            .read_stream_all(&stream(ids::stream::build(build)))
+            .await
+            .unwrap();
+        let renewals: Vec<_> = events
+            .iter()
+            .filter(|e| e.event_type == "LeaseRenewed.v1")
+            .collect();
+        assert!(
+            !renewals.is_empty(),
+            "a 2 s RUN under a 3 s lease is renewed at least once"
+        );
+        for e in events
+            .iter()
+            .filter(|e| e.metadata.actor.role == ActorRole::Worker)
+        {
+            if e.event_type != "AttemptAcquired.v1" {
+                assert_eq!(
+                    e.metadata.epoch,
+                    Some(1),
+                    "{} names its epoch",
+                    e.event_type
+                );
+            }
+        }
+    }
+    fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_past_the_step_timeout_fails_its_step() {
+    let mut s = settings();
+    s.step_timeout = Duration::from_secs(1);
+    let mut fx = Fixture::new(s).await;
+    let (_, build) = fx.api.register("slow-step").await;
+    fx.api
+        .start(
+            build,
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                step("RUN", &["true"]),
+                step("RUN", &["echo waiting; sleep 30"]),
+            ]}),
+        )
+        .await;
+    let state = fx.wait_terminal(build).await;
+    let Phase::Error { reason, .. } = &state.phase else {
+        panic!("expected error, got {:?}", state.phase)
+    };
+    assert_eq!(reason.step, Some(FailedStep::Step(2)));
+    assert_eq!(reason.message, "RUN timed out after 1 s");
+    fx.stop().await;
+}
