@@ -237,6 +237,11 @@ fn settings() -> WorkerSettings {
 
 impl Fixture {
     async fn new(settings: WorkerSettings) -> Fixture {
+        Self::with_worker(Some(settings)).await
+    }
+
+    /// With an in-process worker when `settings` is given, else only the database and store.
+    async fn with_worker(settings: Option<WorkerSettings>) -> Fixture {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter("strata=info")
@@ -250,9 +255,11 @@ impl Fixture {
         .unwrap();
         let blobs = backend().blobs();
         let shutdown = CancellationToken::new();
-        let worker = Worker::new(store.clone(), settings).unwrap();
-        let token = shutdown.clone();
-        let handle = tokio::spawn(async move { worker.run_until(token).await.unwrap() });
+        let handle = settings.map(|settings| {
+            let worker = Worker::new(store.clone(), settings).unwrap();
+            let token = shutdown.clone();
+            tokio::spawn(async move { worker.run_until(token).await.unwrap() })
+        });
         Fixture {
             api: Api {
                 store: store.clone(),
@@ -262,7 +269,7 @@ impl Fixture {
             store,
             blobs,
             shutdown,
-            worker: Some(handle),
+            worker: handle,
         }
     }
 
@@ -1057,4 +1064,48 @@ async fn a_run_past_the_step_timeout_fails_its_step() {
     assert_eq!(reason.step, Some(FailedStep::Step(2)));
     assert_eq!(reason.message, "RUN timed out after 1 s");
     fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_strata_worker_binary_builds_queued_builds_and_stops_on_sigterm() {
+    let fx = Fixture::with_worker(None).await;
+    let (_, build) = fx.api.register("via-binary").await;
+    fx.api
+        .start(
+            build,
+            json!({"fromImage": "busybox", "force": false, "steps": [step("RUN", &["echo from-the-binary"])]}),
+        )
+        .await;
+    let mut child = std::process::Command::new(common::strata_bin())
+        .arg("worker")
+        .env("DATABASE_URL", &fx.db.url)
+        .env("STRATA_DATA_DIR", node_dir())
+        .env("STRATA_NODE_ID", "binary-node")
+        .env("STRATA_MAX_BUILDS", "1")
+        .env("STRATA_QUEUE_POLL_MS", "200")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let state = fx.wait_terminal(build).await;
+    assert_ready(&state);
+    let logs = fx.logs(build).await;
+    assert!(logs
+        .iter()
+        .any(|l| l.2 == "from-the-binary" && l.3.as_deref() == Some("1")));
+    let acquired = fx
+        .store
+        .read_stream_all(&stream(ids::stream::build(&build)))
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.event_type == "AttemptAcquired.v1")
+        .unwrap();
+    assert_eq!(acquired.metadata.actor.node, "binary-node");
+    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{status}: {stderr}");
 }
