@@ -166,7 +166,8 @@ impl Executor<'_> {
         WorkerError::Fenced {
             build: self.attempt.build,
             epoch: self.attempt.epoch,
-            reason: "the lease could not be renewed".into(),
+            reason: "the attempt was stopped: its lease was lost or the node is shutting down"
+                .into(),
         }
     }
 
