@@ -43,7 +43,8 @@ pub async fn run_until(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let worker = Worker::new(EventStore::new(pool), settings)
-        .context("starting the build node (it needs root for sandboxes)")?;
+        .context("starting the build node (it needs root for sandboxes)")
+        .inspect_err(|e| tracing::error!("{e:#}"))?;
     worker.run_until(shutdown).await?;
     Ok(())
 }

@@ -180,20 +180,11 @@ impl Attempt {
                     )
                     .map_err(|e| CommandError::Rejected(e.to_string()))?,
                     None => {
-                        // No step to record: still refuse unless the attempt is open.
-                        build::decide(
-                            &build.state,
-                            &build::Command::RenewLease {
-                                epoch,
-                                now,
-                                lease_expires_at: now,
-                            },
-                        )
-                        .map(|_| Vec::new())
-                        .or_else(|e| match e {
-                            build::Error::LeaseNotExtended { .. } => Ok(Vec::new()),
-                            e => Err(CommandError::Rejected(e.to_string())),
-                        })?
+                        // No step to record: the build stream is only guarded, after the same
+                        // fencing check.
+                        build::check_open_attempt(&build.state, epoch, now)
+                            .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                        Vec::new()
                     }
                 };
                 let snap = load::<Snapshot>(&store, &snap_stream)

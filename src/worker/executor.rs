@@ -166,7 +166,8 @@ impl Executor<'_> {
         WorkerError::Fenced {
             build: self.attempt.build,
             epoch: self.attempt.epoch,
-            reason: "the lease could not be renewed".into(),
+            reason: "the attempt was stopped: its lease was lost or the node is shutting down"
+                .into(),
         }
     }
 
@@ -395,11 +396,12 @@ impl Executor<'_> {
         Ok(())
     }
 
-    /// Evaluates one ENV value in the sandbox with the environment so far.
+    /// Evaluates one ENV value in the sandbox as the current user, in the current workdir, with
+    /// the environment so far (so `$HOME` is that user's home).
     async fn eval_env(&self, value: &str, run: &mut Run) -> Result<String, EnvError> {
         let request = ExecRequest::shell(shell::env_eval_command(value))
-            .user("root")
-            .cwd("/");
+            .user(run.context.user.clone())
+            .cwd(run.context.workdir.clone());
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let outcome = self
             .guarded(run.sandbox.exec(request, tx))

@@ -185,18 +185,19 @@ async fn promote(
     })
     .await
     .map_err(|e| WorkerError::Store(format!("layer check task: {e}")))?;
-    let ctx = attempt.context();
     let now = attempt.now().await?;
     execute::<Promotion>(
         &attempt.store,
         &promotion_stream(attempt),
         &promotion::Command::CommitLayers { committed, now },
-        &ctx,
+        &attempt.context(),
     )
     .await
     .map_err(WorkerError::store)?;
     let tstream = StreamId::parse(ids::stream::template(&plan.template))
         .expect("template stream names are valid");
+    // A command of its own: its event ids must differ from the layer commit's.
+    let ctx = attempt.context();
     execute_writes(&attempt.store, MAX_ROUNDS, || {
         let (store, ctx, plan) = (attempt.store.clone(), ctx.clone(), plan.clone());
         let (pstream, tstream) = (promotion_stream(attempt), tstream.clone());

@@ -395,6 +395,14 @@ fn open_attempt(
     }
 }
 
+/// The fencing check alone: `epoch` is the open Active attempt and its lease holds at `now`. For
+/// worker writes to *other* streams (a checkpoint's snapshot record) that must land only while the
+/// attempt holds the build: the caller appends them together with a guard on the build stream at
+/// the version it checked.
+pub fn check_open_attempt(state: &State, epoch: Epoch, now: DateTime<Utc>) -> Result<(), Error> {
+    open_attempt(state, epoch, now, true, false)
+}
+
 fn stale_or_unknown(state: &State, epoch: Epoch, current: Option<Epoch>) -> Error {
     match (current, state.last_epoch) {
         (Some(current), _) if epoch < current => Error::StaleEpoch {

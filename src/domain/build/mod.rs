@@ -38,7 +38,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-pub use decide::{decide, AttemptGrant, Command, Error};
+pub use decide::{check_open_attempt, decide, AttemptGrant, Command, Error};
 
 use super::build_spec::{Resources, Tag, TemplateBuildStartV2};
 use super::ids::{

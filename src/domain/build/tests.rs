@@ -449,7 +449,20 @@ fn lease_expiry_fails_the_build_with_node_lost_and_fences_the_epoch() {
         }),
         Err(Error::LeaseExpired { .. })
     ));
+    assert_eq!(check_open_attempt(&w.build, Epoch(1), t(20)), Ok(()));
+    assert!(matches!(
+        check_open_attempt(&w.build, Epoch(1), t(31)),
+        Err(Error::LeaseExpired { .. })
+    ));
+    assert!(matches!(
+        check_open_attempt(&w.build, Epoch(2), t(20)),
+        Err(Error::UnknownAttempt { .. })
+    ));
     w.run(Command::ExpireAttempt { now: t(31) }).unwrap();
+    assert!(matches!(
+        check_open_attempt(&w.build, Epoch(1), t(20)),
+        Err(Error::Terminal { .. })
+    ));
     assert_eq!(status_of(&w.build), Some(BuildStatus::Error));
     let reason = reason_of(&w.build).unwrap();
     assert!(reason.message.contains("n1"));

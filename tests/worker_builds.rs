@@ -1,0 +1,1111 @@
+//! The build node end to end: builds registered, uploaded and started through the domain's own
+//! decisions (as the API appends them), real tar archives in the blob store, a worker running
+//! in-process on real sandboxes, and the results booted and inspected.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use common::sandbox::{backend, boot, exec, node_dir, sh};
+use common::TestDb;
+use serde_json::json;
+use strata::domain::build::{self, FailedStep, FailureKind, Phase};
+use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
+use strata::domain::files;
+use strata::domain::ids::{self, BuildId, FilesHash, IntentId, TeamId, TemplateId};
+use strata::domain::template;
+use strata::events::command::load;
+use strata::events::{
+    Actor, ActorRole, CommandContext, EventStore, Metadata, StreamId, StreamWrite,
+};
+use strata::vmm::{BlobStore, BootSpec, ExecRequest, Network, SandboxBackend};
+use strata::worker::aggregates::{Build, Template, TemplateName as NameAgg};
+use strata::worker::{template_lookup, Worker, WorkerSettings};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+// ---------------------------------------------------------------------------------------------
+// What the API would append
+// ---------------------------------------------------------------------------------------------
+
+fn stream(name: String) -> StreamId {
+    StreamId::parse(name).unwrap()
+}
+
+fn api_context() -> CommandContext {
+    CommandContext::new(Metadata::new(Actor::new(ActorRole::Api, "test-api")))
+}
+
+struct Api {
+    store: EventStore,
+    team: TeamId,
+}
+
+impl Api {
+    /// `POST /v3/templates`: claims the name (or joins its template) and registers a build.
+    async fn register(&self, name: &str) -> (TemplateId, BuildId) {
+        let now = Utc::now();
+        let name = TemplateName::parse(name).unwrap();
+        let name_stream = stream(ids::stream::template_name(&self.team, &name.name));
+        let claim = load::<NameAgg>(&self.store, &name_stream).await.unwrap();
+        let candidate = TemplateId::parse(&format!(
+            "tpl{}",
+            &Uuid::new_v4().simple().to_string()[..16]
+        ))
+        .unwrap();
+        let template_id = claim.state.holder.clone().unwrap_or(candidate.clone());
+        let tpl_stream = stream(ids::stream::template(&template_id));
+        let tpl = load::<Template>(&self.store, &tpl_stream).await.unwrap();
+        let build = BuildId::from_uuid(Uuid::new_v4());
+        let tags = vec![Tag::default_tag()];
+        let reg = template::register_build(
+            &claim.state,
+            &tpl.state,
+            &self.team,
+            &name,
+            &candidate,
+            build,
+            &tags,
+            now,
+        )
+        .unwrap();
+        let build_events = build::decide(
+            &build::State::default(),
+            &build::Command::RegisterBuild {
+                template: reg.template.clone(),
+                team: self.team.clone(),
+                tags,
+                resources: Resources::default(),
+                now,
+                waiting_deadline: now + chrono::Duration::hours(1),
+            },
+        )
+        .unwrap();
+        let ctx = api_context();
+        let bstream = stream(ids::stream::build(&build));
+        self.store
+            .append(vec![
+                StreamWrite::new(
+                    name_stream.clone(),
+                    claim.expected(),
+                    ctx.encode(&name_stream, &reg.name_events).unwrap(),
+                ),
+                StreamWrite::new(
+                    tpl_stream.clone(),
+                    tpl.expected(),
+                    ctx.encode(&tpl_stream, &reg.template_events).unwrap(),
+                ),
+                StreamWrite::new(
+                    bstream.clone(),
+                    strata::events::ExpectedVersion::NoStream,
+                    ctx.encode(&bstream, &build_events).unwrap(),
+                ),
+            ])
+            .await
+            .unwrap();
+        (reg.template, build)
+    }
+
+    /// The link request and the upload PUT for one COPY archive.
+    async fn upload(&self, blobs: &dyn BlobStore, build: BuildId, hash: &FilesHash, bytes: &[u8]) {
+        let (digest, size) = blobs.put_bytes(bytes).unwrap();
+        let blob_digest = ids::Digest::parse(&digest.to_string()).unwrap();
+        let scope = ids::Scope::team(&self.team);
+        let fstream = stream(ids::stream::files(&scope, hash));
+        let bstream = stream(ids::stream::build(&build));
+        let now = Utc::now();
+        let intent = IntentId::from_uuid(Uuid::new_v4());
+        let b = load::<Build>(&self.store, &bstream).await.unwrap();
+        let f = load::<Files>(&self.store, &fstream).await.unwrap();
+        let (decision, link) = build::upload::reserve_upload(
+            &b.state,
+            &f.state,
+            &build::upload::ReserveUpload {
+                build,
+                intent,
+                hash: hash.clone(),
+                now,
+                expires_at: now + chrono::Duration::hours(1),
+            },
+        )
+        .unwrap();
+        self.append_decision(&bstream, b.expected(), &fstream, f.expected(), &decision)
+            .await;
+        let b = load::<Build>(&self.store, &bstream).await.unwrap();
+        let f = load::<Files>(&self.store, &fstream).await.unwrap();
+        let decision = build::upload::complete_upload(
+            &b.state,
+            &f.state,
+            &build::upload::CompleteUpload {
+                build,
+                intent,
+                hash: hash.clone(),
+                generation: link.generation,
+                blob_digest,
+                size,
+                now,
+            },
+        )
+        .unwrap();
+        self.append_decision(&bstream, b.expected(), &fstream, f.expected(), &decision)
+            .await;
+    }
+
+    async fn append_decision(
+        &self,
+        bstream: &StreamId,
+        bexp: strata::events::ExpectedVersion,
+        fstream: &StreamId,
+        fexp: strata::events::ExpectedVersion,
+        decision: &build::upload::Decision,
+    ) {
+        let ctx = api_context();
+        self.store
+            .append(vec![
+                StreamWrite::new(
+                    bstream.clone(),
+                    bexp,
+                    ctx.encode(bstream, &decision.build).unwrap(),
+                ),
+                StreamWrite::new(
+                    fstream.clone(),
+                    fexp,
+                    ctx.encode(fstream, &decision.files).unwrap(),
+                ),
+            ])
+            .await
+            .unwrap();
+    }
+
+    /// `POST /v2/templates/{id}/builds/{bid}`: freezes the build; it is queued for a node.
+    async fn start(&self, build: BuildId, spec: serde_json::Value) {
+        let spec: TemplateBuildStartV2 = serde_json::from_value(spec).unwrap();
+        let now = Utc::now();
+        strata::events::execute::<Build>(
+            &self.store,
+            &stream(ids::stream::build(&build)),
+            &build::Command::StartBuild {
+                spec,
+                now,
+                queue_deadline: now + chrono::Duration::hours(1),
+                attempt: None,
+            },
+            &api_context(),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// `files-{scope}-{hash}` as an aggregate (the worker never needs it).
+struct Files;
+impl strata::events::Aggregate for Files {
+    type State = files::State;
+    type Event = files::Event;
+    type Command = files::Command;
+    type Error = files::Error;
+    fn evolve(state: files::State, event: &files::Event) -> files::State {
+        files::evolve(state, event)
+    }
+    fn decide(s: &files::State, c: &files::Command) -> Result<Vec<files::Event>, files::Error> {
+        files::decide(s, c)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixture: database, store, worker
+// ---------------------------------------------------------------------------------------------
+
+struct Fixture {
+    db: TestDb,
+    store: EventStore,
+    api: Api,
+    blobs: Arc<strata::vmm::LocalBlobStore>,
+    shutdown: CancellationToken,
+    worker: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn settings() -> WorkerSettings {
+    let mut s = WorkerSettings::new("test-node", node_dir(), common::strata_bin());
+    s.lease = Duration::from_secs(6);
+    s.poll_interval = Duration::from_millis(200);
+    s.ready_timeout = Duration::from_secs(20);
+    s
+}
+
+impl Fixture {
+    async fn new(settings: WorkerSettings) -> Fixture {
+        Self::with_worker(Some(settings)).await
+    }
+
+    /// With an in-process worker when `settings` is given, else only the database and store.
+    async fn with_worker(settings: Option<WorkerSettings>) -> Fixture {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter("strata=info")
+            .try_init();
+        let db = common::test_db().await;
+        let store = EventStore::new(db.pool.clone());
+        let team = TeamId::parse(&format!(
+            "team{}",
+            &Uuid::new_v4().simple().to_string()[..8]
+        ))
+        .unwrap();
+        let blobs = backend().blobs();
+        let shutdown = CancellationToken::new();
+        let handle = settings.map(|settings| {
+            let worker = Worker::new(store.clone(), settings).unwrap();
+            let token = shutdown.clone();
+            tokio::spawn(async move { worker.run_until(token).await.unwrap() })
+        });
+        Fixture {
+            api: Api {
+                store: store.clone(),
+                team,
+            },
+            db,
+            store,
+            blobs,
+            shutdown,
+            worker: handle,
+        }
+    }
+
+    async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(w) = self.worker.take() {
+            w.await.unwrap();
+        }
+    }
+
+    /// Waits (bounded) for the build to reach ready or error; returns its state.
+    async fn wait_terminal(&self, build: BuildId) -> build::State {
+        for _ in 0..1800 {
+            let phase: Option<String> =
+                sqlx::query_scalar("SELECT phase FROM builds WHERE build_id = $1")
+                    .bind(build.as_uuid())
+                    .fetch_optional(&self.db.pool)
+                    .await
+                    .unwrap();
+            if matches!(phase.as_deref(), Some("ready" | "error")) {
+                return self.state(build).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "build {build} did not finish: {:?}",
+            self.state(build).await.phase
+        );
+    }
+
+    async fn state(&self, build: BuildId) -> build::State {
+        load::<Build>(&self.store, &stream(ids::stream::build(&build)))
+            .await
+            .unwrap()
+            .state
+    }
+
+    async fn logs(&self, build: BuildId) -> Vec<(i64, String, String, Option<String>)> {
+        sqlx::query_as(
+            "SELECT seq, level, message, step FROM build_logs WHERE build_id = $1 ORDER BY seq",
+        )
+        .bind(build.as_uuid())
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    /// The template's result, as `fromTemplate` and export see it.
+    async fn result(&self, name: &str) -> template_lookup::TemplateSnapshot {
+        template_lookup::resolve(&self.store, &self.api.team, name)
+            .await
+            .unwrap()
+    }
+}
+
+fn files_hash(seed: &str) -> FilesHash {
+    FilesHash::parse(&hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+        seed.as_bytes(),
+    )))
+    .unwrap()
+}
+
+fn assert_ready(state: &build::State) {
+    assert!(
+        matches!(state.phase, Phase::Ready { .. }),
+        "expected ready, got {:?}",
+        state.phase
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Archives, as the SDK uploads them
+// ---------------------------------------------------------------------------------------------
+
+fn append_file(b: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32, data: &[u8]) {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(data.len() as u64);
+    h.set_mode(mode);
+    h.set_mtime(1_700_000_000);
+    b.append_data(&mut h, path, data).unwrap();
+}
+
+fn append_dir(b: &mut tar::Builder<Vec<u8>>, path: &str) {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(tar::EntryType::Directory);
+    h.set_size(0);
+    h.set_mode(0o755);
+    b.append_data(&mut h, path, &[][..]).unwrap();
+}
+
+/// The captured first build's `app` tree: nested dirs, an executable, a relative symlink.
+fn app_tar() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    append_dir(&mut b, "app");
+    append_dir(&mut b, "app/bin");
+    append_file(
+        &mut b,
+        "app/bin/run.sh",
+        0o755,
+        b"#!/bin/sh\necho running\n",
+    );
+    append_file(&mut b, "app/config.txt", 0o644, b"config-line\n");
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    h.set_mode(0o777);
+    b.append_link(&mut h, "app/link.txt", "config.txt").unwrap();
+    append_dir(&mut b, "app/nested");
+    append_dir(&mut b, "app/nested/deep");
+    append_file(&mut b, "app/nested/deep/data.txt", 0o644, b"deep-data\n");
+    b.into_inner().unwrap()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+fn single_file_tar(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    append_file(&mut b, name, 0o644, data);
+    b.into_inner().unwrap()
+}
+
+fn step(kind: &str, args: &[&str]) -> serde_json::Value {
+    json!({"type": kind, "args": args, "force": false})
+}
+
+fn copy(src: &str, dest: &str, owner: &str, mode: &str, hash: &FilesHash) -> serde_json::Value {
+    json!({"type": "COPY", "args": [src, dest, owner, mode], "filesHash": hash.as_str(), "force": false})
+}
+
+async fn boot_on(layers: &[ids::Digest]) -> Box<dyn strata::vmm::Sandbox> {
+    let be = backend();
+    let mut spec = BootSpec::new(
+        layers
+            .iter()
+            .map(|d| strata::vmm::Digest::parse(&d.to_string()).unwrap())
+            .collect(),
+    );
+    spec.limits.network = Network::None;
+    boot(&be, spec).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recipe_of_every_step_type_builds_and_boots_with_its_files_and_context() {
+    let mut fx = Fixture::new(settings()).await;
+    let (_, build) = fx.api.register("recipe").await;
+    let app = files_hash("app");
+    let single = files_hash("single");
+    fx.api
+        .upload(fx.blobs.as_ref(), build, &app, &gzip(&app_tar()))
+        .await;
+    fx.api
+        .upload(
+            fx.blobs.as_ref(),
+            build,
+            &single,
+            &single_file_tar("single.txt", b"single\n"),
+        )
+        .await;
+    fx.api
+        .start(
+            build,
+            json!({
+                "fromImage": "busybox",
+                "force": false,
+                "steps": [
+                    step("ENV", &["A", "/opt/app", "B", "$A/bin", "C", "$(echo no)"]),
+                    step("WORKDIR", &["/opt/app"]),
+                    copy("app", "./app", "", "", &app),
+                    copy("single.txt", "/etc/single.txt", "root", "0600", &single),
+                    step("USER", &["builder"]),
+                    step("RUN", &["echo run-as-$(id -un) > out.txt; echo $B >> out.txt; cat app/config.txt >> out.txt; echo to-stdout; echo to-stderr >&2", "root"]),
+                    step("RUN", &["id -un > /tmp/who.txt; pwd >> /tmp/who.txt"]),
+                    step("WORKDIR", &["sub"]),
+                ],
+            }),
+        )
+        .await;
+    let state = fx.wait_terminal(build).await;
+    assert_ready(&state);
+    // One step record per step, checkpoints for RUN, COPY and WORKDIR.
+    assert_eq!(state.progress.len(), 8);
+    let checkpointed = state
+        .progress
+        .values()
+        .filter(|o| matches!(o, build::StepOutcome::Checkpointed { .. }))
+        .count();
+    assert_eq!(checkpointed, 6, "{:?}", state.progress);
+
+    let result = fx.result("recipe").await;
+    assert_eq!(result.build, build);
+    let ctx = &result.record.context;
+    assert_eq!(ctx.user, "builder");
+    assert_eq!(ctx.workdir, "/opt/app/sub");
+    assert_eq!(ctx.env["A"], "/opt/app");
+    assert_eq!(
+        ctx.env["B"], "/opt/app/bin",
+        "ENV values expand earlier variables"
+    );
+    assert_eq!(
+        ctx.env["C"], "$(echo no)",
+        "command substitution stays literal"
+    );
+    assert!(ctx.env.contains_key("PATH"), "the image's env is kept");
+    assert!(result.record.base_image_digest.is_some());
+
+    let mut sb = boot_on(&result.record.layers).await;
+    let stat = sh(&mut sb, "stat -c '%n %a %U %G' /opt /opt/app/app/bin/run.sh /opt/app/app/config.txt /opt/app/app/nested/deep/data.txt /etc/single.txt /opt/app/sub").await;
+    assert_eq!(
+        stat,
+        "/opt 755 user user\n/opt/app/app/bin/run.sh 755 user user\n/opt/app/app/config.txt 644 user user\n/opt/app/app/nested/deep/data.txt 644 user user\n/etc/single.txt 600 root root\n/opt/app/sub 755 builder builder\n"
+    );
+    assert_eq!(
+        sh(&mut sb, "readlink /opt/app/app/link.txt").await,
+        "config.txt\n"
+    );
+    assert_eq!(
+        sh(&mut sb, "cat /opt/app/app/link.txt").await,
+        "config-line\n"
+    );
+    assert_eq!(sh(&mut sb, "/opt/app/app/bin/run.sh").await, "running\n");
+    assert_eq!(
+        sh(&mut sb, "cat /opt/app/out.txt").await,
+        "run-as-root\n/opt/app/bin\nconfig-line\n",
+        "RUN with a user override runs as that user, in the workdir, with the env"
+    );
+    assert_eq!(
+        sh(&mut sb, "cat /tmp/who.txt").await,
+        "builder\n/opt/app\n",
+        "the override does not persist: the next RUN is the current USER"
+    );
+    assert!(sh(&mut sb, "grep -c '^user:' /etc/passwd")
+        .await
+        .starts_with('1'));
+    sb.destroy().await.unwrap();
+
+    let logs = fx.logs(build).await;
+    let seqs: Vec<i64> = logs.iter().map(|l| l.0).collect();
+    assert_eq!(
+        seqs,
+        (0..logs.len() as i64).collect::<Vec<_>>(),
+        "seq is the log index"
+    );
+    let find = |m: &str| {
+        logs.iter()
+            .find(|l| l.2 == m)
+            .unwrap_or_else(|| panic!("no log {m:?} in {logs:#?}"))
+    };
+    assert_eq!(find("to-stdout").1, "info");
+    assert_eq!(find("to-stdout").3.as_deref(), Some("6"));
+    assert_eq!(find("to-stderr").1, "error");
+    assert_eq!(find("[base] FROM busybox").3.as_deref(), Some("base"));
+    assert_eq!(find("[5/8] USER builder").3.as_deref(), Some("5"));
+    assert_eq!(logs.last().unwrap().2, "Template created");
+    fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_run_ends_the_build_in_error_at_its_step_with_the_exit_code() {
+    let mut fx = Fixture::new(settings()).await;
+    let (_, build) = fx.api.register("failing").await;
+    fx.api
+        .start(
+            build,
+            json!({
+                "fromImage": "busybox",
+                "force": false,
+                "steps": [
+                    step("ENV", &["X", "1"]),
+                    step("RUN", &["echo before; echo first-problem >&2; echo oops >&2; exit 3"]),
+                    step("RUN", &["echo never"]),
+                ],
+            }),
+        )
+        .await;
+    let state = fx.wait_terminal(build).await;
+    let Phase::Error { reason, .. } = &state.phase else {
+        panic!("expected error, got {:?}", state.phase)
+    };
+    assert_eq!(reason.kind, FailureKind::StepFailed);
+    assert_eq!(reason.step, Some(FailedStep::Step(2)));
+    assert_eq!(reason.message, "RUN failed with exit code 3: oops");
+    let logs = fx.logs(build).await;
+    let messages: Vec<&str> = logs.iter().map(|l| l.2.as_str()).collect();
+    let pos = |m: &str| {
+        messages
+            .iter()
+            .position(|x| *x == m)
+            .unwrap_or_else(|| panic!("no {m:?} in {messages:?}"))
+    };
+    let header = pos("[2/3] RUN echo before; echo first-problem >&2; echo oops >&2; exit 3");
+    let (before, first, oops) = (pos("before"), pos("first-problem"), pos("oops"));
+    // Order holds within each stream; stdout and stderr are separate pipes, so their
+    // interleaving is as read.
+    assert!(pos("[1/3] ENV X 1") < header, "{messages:?}");
+    assert!(header < before.min(first), "{messages:?}");
+    assert!(first < oops, "stderr lines keep their order: {messages:?}");
+    assert!(before.max(oops) < messages.len() - 1, "{messages:?}");
+    assert_eq!(logs[before].3.as_deref(), Some("2"));
+    assert!(!messages.contains(&"never"));
+    assert!(!messages.iter().any(|m| m.starts_with("[3/3]")));
+    let last = logs.last().unwrap();
+    assert_eq!(
+        (last.1.as_str(), last.2.as_str(), last.3.as_deref()),
+        (
+            "error",
+            "Build failed: RUN failed with exit code 3: oops",
+            Some("2")
+        )
+    );
+    assert!(
+        template_lookup::resolve(&fx.store, &fx.api.team, "failing")
+            .await
+            .is_err(),
+        "a failed build is never the template's result"
+    );
+
+    // An unknown base image fails at `base`, naming the image and what is available.
+    let (_, build) = fx.api.register("unknown-base").await;
+    fx.api
+        .start(build, json!({"fromImage": "no-such-image:1", "force": false, "steps": [step("RUN", &["true"])]}))
+        .await;
+    let state = fx.wait_terminal(build).await;
+    let Phase::Error { reason, .. } = &state.phase else {
+        panic!("expected error, got {:?}", state.phase)
+    };
+    assert_eq!(reason.step, Some(FailedStep::Base));
+    assert!(
+        reason.message.contains("\"no-such-image:1\""),
+        "{}",
+        reason.message
+    );
+    assert!(reason.message.contains("busybox"), "{}", reason.message);
+    fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn from_template_builds_on_the_previous_templates_result() {
+    let mut fx = Fixture::new(settings()).await;
+    let (_, first) = fx.api.register("parent").await;
+    fx.api
+        .start(
+            first,
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                step("ENV", &["LEVEL", "parent"]),
+                step("RUN", &["echo from-parent > ~/parent.txt"]),
+            ]}),
+        )
+        .await;
+    assert_ready(&fx.wait_terminal(first).await);
+    let parent = fx.result("parent").await;
+
+    let (_, second) = fx.api.register("child").await;
+    fx.api
+        .start(
+            second,
+            json!({"fromTemplate": "parent", "force": false, "steps": [
+                step("ENV", &["LEVEL", "$LEVEL-child"]),
+                step("RUN", &["cat ~/parent.txt > ~/child.txt; echo $LEVEL >> ~/child.txt; id -un >> ~/child.txt"]),
+            ]}),
+        )
+        .await;
+    assert_ready(&fx.wait_terminal(second).await);
+    let child = fx.result("child").await;
+    assert_eq!(
+        &child.record.layers[..parent.record.layers.len()],
+        &parent.record.layers[..],
+        "the child's stack extends the parent's"
+    );
+    assert!(child.record.layers.len() > parent.record.layers.len());
+    assert_eq!(child.record.context.env["LEVEL"], "parent-child");
+    assert_eq!(
+        child.record.base_image_digest,
+        parent.record.base_image_digest
+    );
+    let mut sb = boot_on(&child.record.layers).await;
+    assert_eq!(
+        sh(&mut sb, "cat /home/user/child.txt").await,
+        "from-parent\nparent-child\nuser\n"
+    );
+    sb.destroy().await.unwrap();
+
+    // A template that does not exist fails the build at `base`.
+    let (_, third) = fx.api.register("orphan").await;
+    fx.api
+        .start(
+            third,
+            json!({"fromTemplate": "missing", "force": false, "steps": []}),
+        )
+        .await;
+    let state = fx.wait_terminal(third).await;
+    let Phase::Error { reason, .. } = &state.phase else {
+        panic!("expected error, got {:?}", state.phase)
+    };
+    assert_eq!(reason.step, Some(FailedStep::Base));
+    assert!(reason.message.contains("\"missing\""), "{}", reason.message);
+    fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_start_command_whose_ready_command_succeeds_is_ready() {
+    let mut fx = Fixture::new(settings()).await;
+    let (_, build) = fx.api.register("server").await;
+    fx.api
+        .start(
+            build,
+            json!({"fromImage": "busybox", "force": false, "steps": [],
+                   "startCmd": "sleep 1; echo up > /tmp/started; echo server-started; sleep 1000",
+                   "readyCmd": "[ -f /tmp/started ]"}),
+        )
+        .await;
+    let state = fx.wait_terminal(build).await;
+    assert_ready(&state);
+    assert!(state
+        .result
+        .as_ref()
+        .unwrap()
+        .build_base_checkpoint
+        .is_some());
+    let result = fx.result("server").await;
+    assert_eq!(
+        result.record.start_cmd.as_deref(),
+        Some("sleep 1; echo up > /tmp/started; echo server-started; sleep 1000")
+    );
+    assert_eq!(
+        result.record.ready_cmd.as_deref(),
+        Some("[ -f /tmp/started ]")
+    );
+    let mut sb = boot_on(&result.record.layers).await;
+    assert_eq!(
+        sh(&mut sb, "cat /tmp/started; stat -c %U /tmp/started").await,
+        "up\nuser\n",
+        "the start command ran as the final user and its files are in the result"
+    );
+    sb.destroy().await.unwrap();
+    let logs = fx.logs(build).await;
+    assert!(
+        logs.iter()
+            .any(|l| l.2 == "server-started" && l.3.as_deref() == Some("finalize")),
+        "{logs:#?}"
+    );
+    fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ready_command_that_never_succeeds_fails_at_finalize_after_the_timeout() {
+    let mut s = settings();
+    s.ready_timeout = Duration::from_secs(3);
+    let mut fx = Fixture::new(s).await;
+    let (_, build) = fx.api.register("never-ready").await;
+    fx.api
+        .start(
+            build,
+            json!({"fromImage": "busybox", "force": false, "steps": [step("RUN", &["true"])],
+                   "startCmd": "sleep 1000", "readyCmd": "echo not-yet; false"}),
+        )
+        .await;
+    let state = fx.wait_terminal(build).await;
+    let Phase::Error { reason, .. } = &state.phase else {
+        panic!("expected error, got {:?}", state.phase)
+    };
+    assert_eq!(reason.step, Some(FailedStep::Finalize));
+    assert_eq!(
+        reason.message,
+        "the ready command `echo not-yet; false` did not succeed within 3 s"
+    );
+    let logs = fx.logs(build).await;
+    let polls = logs
+        .iter()
+        .filter(|l| l.2 == "not-yet" && l.3.as_deref() == Some("finalize"))
+        .count();
+    assert!(
+        polls >= 2,
+        "the ready command is polled until the timeout: {logs:#?}"
+    );
+    fx.stop().await;
+}
+
+/// Processes on this host whose command line is exactly `argv`.
+fn processes_running(argv: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " ").trim() == argv)
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_closed_attempt_stops_its_worker_without_another_write() {
+    let mut s = settings();
+    s.lease = Duration::from_secs(3);
+    let mut fx = Fixture::new(s).await;
+    let (_, build) = fx.api.register("fenced").await;
+    let marker = format!("sleep {}.5", 600 + (Uuid::new_v4().as_u128() % 1000));
+    fx.api
+        .start(
+            build,
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                step("RUN", &[&format!("echo started; {marker}; echo never")]),
+                step("RUN", &["echo never-either"]),
+            ]}),
+        )
+        .await;
+    // Wait (bounded) until the long RUN is running.
+    let mut started = false;
+    for _ in 0..600 {
+        if fx.logs(build).await.iter().any(|l| l.2 == "started") && processes_running(&marker) == 1
+        {
+            started = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        started,
+        "the long RUN never started: {:#?}",
+        fx.logs(build).await
+    );
+
+    // The attempt-expiry reconciler's decision, as if the lease had passed.
+    let bstream = stream(ids::stream::build(&build));
+    let expired = strata::events::execute::<Build>(
+        &fx.store,
+        &bstream,
+        &build::Command::ExpireAttempt {
+            now: Utc::now() + chrono::Duration::hours(1),
+        },
+        &CommandContext::new(Metadata::new(Actor::new(
+            ActorRole::Reconciler,
+            "test-reconciler",
+        ))),
+    )
+    .await
+    .unwrap();
+    let version_after_expiry = expired.version;
+    let logs_after_expiry = fx.logs(build).await.len();
+
+    // The next renewal is refused; the worker kills the RUN and destroys the sandbox.
+    let mut stopped = false;
+    for _ in 0..300 {
+        if processes_running(&marker) == 0 {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(stopped, "the worker kept running the fenced build's RUN");
+    fx.stop().await;
+
+    assert_eq!(
+        fx.store.stream_version(&bstream).await.unwrap(),
+        version_after_expiry,
+        "no build event after the attempt was closed"
+    );
+    let logs = fx.logs(build).await;
+    assert_eq!(
+        logs.len(),
+        logs_after_expiry,
+        "no log line after the attempt was closed: {logs:#?}"
+    );
+    assert!(!logs
+        .iter()
+        .any(|l| l.2 == "never" || l.2 == "never-either" || l.2.starts_with("[2/2]")));
+    let state = fx.state(build).await;
+    let Phase::Error { reason, .. } = &state.phase else {
+        panic!("expected error, got {:?}", state.phase)
+    };
+    assert_eq!(reason.kind, FailureKind::NodeLost);
+    let phase: String = sqlx::query_scalar("SELECT phase FROM builds WHERE build_id = $1")
+        .bind(build.as_uuid())
+        .fetch_one(&fx.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(phase, "error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn template_export_round_trips_through_image_import() {
+    let mut fx = Fixture::new(settings()).await;
+    let (_, build) = fx.api.register("exported").await;
+    let app = files_hash("export-app");
+    fx.api
+        .upload(fx.blobs.as_ref(), build, &app, &app_tar())
+        .await;
+    fx.api
+        .start(
+            build,
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                step("ENV", &["GREETING", "hello"]),
+                step("WORKDIR", &["/srv"]),
+                copy("app", "app", "", "", &app),
+                step("RUN", &["echo exported > made.txt"]),
+            ], "startCmd": "sleep 100", "readyCmd": "true"}),
+        )
+        .await;
+    assert_ready(&fx.wait_terminal(build).await);
+    fx.stop().await;
+    let result = fx.result("exported").await;
+
+    let out = common::data_dir();
+    let layout = out.path().join("layout");
+    let export = std::process::Command::new(common::strata_bin())
+        .args(["template", "export", "exported"])
+        .arg(&layout)
+        .args(["--team", fx.api.team.as_str()])
+        .env("DATABASE_URL", &fx.db.url)
+        .env("STRATA_DATA_DIR", node_dir())
+        .output()
+        .unwrap();
+    assert!(
+        export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    assert!(layout.join("oci-layout").is_file() && layout.join("index.json").is_file());
+
+    // Import into a fresh data directory and boot it there.
+    let fresh = common::data_dir();
+    let import = std::process::Command::new(common::strata_bin())
+        .args(["image", "import"])
+        .arg(&layout)
+        .args(["--name", "exported:latest", "--data-dir"])
+        .arg(fresh.path())
+        .output()
+        .unwrap();
+    assert!(
+        import.status.success(),
+        "{}",
+        String::from_utf8_lossy(&import.stderr)
+    );
+    let catalog = strata::vmm::image::ImageCatalog::open(fresh.path()).unwrap();
+    let manifest = catalog.get("exported:latest").unwrap();
+    let imported: Vec<String> = manifest.digests().iter().map(|d| d.to_string()).collect();
+    let built: Vec<String> = result.record.layers.iter().map(|d| d.to_string()).collect();
+    assert_eq!(imported, built, "the same layers, in the same order");
+    assert_eq!(manifest.config.user.as_deref(), Some("user"));
+    assert_eq!(manifest.config.workdir.as_deref(), Some("/srv"));
+    assert!(manifest
+        .config
+        .env
+        .contains(&("GREETING".into(), "hello".into())));
+
+    let fresh_backend = strata::vmm::NamespaceBackend::new(strata::vmm::NamespaceConfig {
+        data_dir: fresh.path().to_path_buf(),
+        agent_binary: common::strata_bin(),
+        depth: Default::default(),
+    })
+    .unwrap();
+    let mut spec = BootSpec::new(manifest.digests());
+    spec.limits.network = Network::None;
+    let mut sb = fresh_backend.boot(spec).await.unwrap();
+    let out = exec(
+        &mut sb,
+        ExecRequest::shell("cat /srv/made.txt /srv/app/config.txt; stat -c '%a %U' /srv/app/bin/run.sh; readlink /srv/app/link.txt"),
+    )
+    .await;
+    assert!(out.outcome.success(), "{}", out.stderr);
+    assert_eq!(out.stdout, "exported\nconfig-line\n755 user\nconfig.txt\n");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_e2b_base_gives_the_default_user_sudo_and_a_login_bash() {
+    let mut fx = Fixture::new(settings()).await;
+    let (_, build) = fx.api.register("on-e2b-base").await;
+    fx.api
+        .start(
+            build,
+            json!({"fromImage": "e2bdev/base", "force": false, "steps": [
+                step("RUN", &["echo \"shell=$BASH_VERSION\" > ~/facts.txt; id -un >> ~/facts.txt; sudo -n id -un >> ~/facts.txt; pwd >> ~/facts.txt"]),
+            ]}),
+        )
+        .await;
+    assert_ready(&fx.wait_terminal(build).await);
+    let result = fx.result("on-e2b-base").await;
+    assert_eq!(result.record.context.user, "user");
+    assert_eq!(result.record.context.workdir, "/home/user");
+    let mut sb = boot_on(&result.record.layers).await;
+    let facts = sh(&mut sb, "cat /home/user/facts.txt").await;
+    let lines: Vec<&str> = facts.lines().collect();
+    assert!(
+        lines[0].starts_with("shell=5."),
+        "RUN goes through bash: {facts}"
+    );
+    assert_eq!(&lines[1..], ["user", "root", "/home/user"], "{facts}");
+    sb.destroy().await.unwrap();
+    fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_runs_at_most_max_builds_at_once_and_renews_their_leases() {
+    let mut s = settings();
+    s.max_builds = 1;
+    s.lease = Duration::from_secs(3);
+    let mut fx = Fixture::new(s).await;
+    let mut builds = Vec::new();
+    for name in ["one-at-a-time-a", "one-at-a-time-b"] {
+        let (_, build) = fx.api.register(name).await;
+        fx.api
+            .start(
+                build,
+                json!({"fromImage": "busybox", "force": false, "steps": [step("RUN", &["sleep 2"])]}),
+            )
+            .await;
+        builds.push(build);
+    }
+    let ids: Vec<Uuid> = builds.iter().map(|b| b.as_uuid()).collect();
+    let mut most_at_once = 0;
+    for _ in 0..1200 {
+        let phases: Vec<String> =
+            sqlx::query_scalar("SELECT phase FROM builds WHERE build_id = ANY($1)")
+                .bind(&ids)
+                .fetch_all(&fx.db.pool)
+                .await
+                .unwrap();
+        let running = phases
+            .iter()
+            .filter(|p| *p == "active" || *p == "publishing")
+            .count();
+        most_at_once = most_at_once.max(running);
+        if phases.iter().all(|p| p == "ready" || p == "error") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(most_at_once, 1, "max_builds = 1 runs one build at a time");
+    for build in &builds {
+        let state = fx.wait_terminal(*build).await;
+        assert_ready(&state);
+        let events = fx
+            .store
+            .read_stream_all(&stream(ids::stream::build(build)))
+            .await
+            .unwrap();
+        let renewals: Vec<_> = events
+            .iter()
+            .filter(|e| e.event_type == "LeaseRenewed.v1")
+            .collect();
+        assert!(
+            !renewals.is_empty(),
+            "a 2 s RUN under a 3 s lease is renewed at least once"
+        );
+        for e in events
+            .iter()
+            .filter(|e| e.metadata.actor.role == ActorRole::Worker)
+        {
+            if e.event_type != "AttemptAcquired.v1" {
+                assert_eq!(
+                    e.metadata.epoch,
+                    Some(1),
+                    "{} names its epoch",
+                    e.event_type
+                );
+            }
+        }
+    }
+    fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_past_the_step_timeout_fails_its_step() {
+    let mut s = settings();
+    s.step_timeout = Duration::from_secs(1);
+    let mut fx = Fixture::new(s).await;
+    let (_, build) = fx.api.register("slow-step").await;
+    fx.api
+        .start(
+            build,
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                step("RUN", &["true"]),
+                step("RUN", &["echo waiting; sleep 30"]),
+            ]}),
+        )
+        .await;
+    let state = fx.wait_terminal(build).await;
+    let Phase::Error { reason, .. } = &state.phase else {
+        panic!("expected error, got {:?}", state.phase)
+    };
+    assert_eq!(reason.step, Some(FailedStep::Step(2)));
+    assert_eq!(reason.message, "RUN timed out after 1 s");
+    fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_strata_worker_binary_builds_queued_builds_and_stops_on_sigterm() {
+    let fx = Fixture::with_worker(None).await;
+    let (_, build) = fx.api.register("via-binary").await;
+    fx.api
+        .start(
+            build,
+            json!({"fromImage": "busybox", "force": false, "steps": [step("RUN", &["echo from-the-binary"])]}),
+        )
+        .await;
+    let mut child = std::process::Command::new(common::strata_bin())
+        .arg("worker")
+        .env("DATABASE_URL", &fx.db.url)
+        .env("STRATA_DATA_DIR", node_dir())
+        .env("STRATA_NODE_ID", "binary-node")
+        .env("STRATA_MAX_BUILDS", "1")
+        .env("STRATA_QUEUE_POLL_MS", "200")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let state = fx.wait_terminal(build).await;
+    assert_ready(&state);
+    let logs = fx.logs(build).await;
+    assert!(logs
+        .iter()
+        .any(|l| l.2 == "from-the-binary" && l.3.as_deref() == Some("1")));
+    let acquired = fx
+        .store
+        .read_stream_all(&stream(ids::stream::build(&build)))
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.event_type == "AttemptAcquired.v1")
+        .unwrap();
+    assert_eq!(acquired.metadata.actor.node, "binary-node");
+    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{status}: {stderr}");
+}
