@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use strata::config::StorageArgs;
 use strata::domain::ids::TeamId;
-use strata::events::EventStore;
 use strata::domain::snapshot::SnapshotRecord;
+use strata::events::EventStore;
 use strata::vmm::{
     BootSpec, CommandContext as VmmContext, CommandLine, Digest as VmmDigest, ExecOutcome,
     ExecRequest, LocalBlobStore, NamespaceBackend, NamespaceConfig, OutputLine, OutputStream,
@@ -70,7 +70,8 @@ pub async fn run(args: TemplateArgs) -> anyhow::Result<()> {
             let found = template_lookup::resolve(&store, &team, &name)
                 .await
                 .with_context(|| format!("looking up template {name:?} in team {team}"))?;
-            let code = exec_in_template(&args.storage, &found.record, user, timeout_secs, command).await?;
+            let code =
+                exec_in_template(&args.storage, &found.record, user, timeout_secs, command).await?;
             std::process::exit(code);
         }
         TemplateCommand::Export { name, dir, team } => {
@@ -120,11 +121,19 @@ async fn exec_in_template(
         .collect::<Result<Vec<_>, _>>()?;
     let mut spec = BootSpec::new(layers);
     spec.context = VmmContext {
-        env: record.context.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        env: record
+            .context
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         user: record.context.user.clone(),
         workdir: Some(record.context.workdir.clone()),
     };
-    let mut sandbox = backend.boot(spec).await.context("booting a sandbox on the template")?;
+    let mut sandbox = backend
+        .boot(spec)
+        .await
+        .context("booting a sandbox on the template")?;
     let request = ExecRequest {
         command: CommandLine::Argv(command),
         user,

@@ -40,7 +40,7 @@ def recipe(ctx):
         .copy("app/bin/run.sh", "/opt/tools/run.sh", user="root", mode=0o750)
         .run_cmd('echo "$DERIVED" > /opt/app/out.txt && id -un >> /opt/app/out.txt && pwd >> /opt/app/out.txt')
         .set_user("root")
-        .run_cmd("echo root-step > /root/mark")
+        .run_cmd("echo root-step > /root-mark")
         .set_user("user")
         .set_workdir("/home/user")
     )
@@ -62,7 +62,7 @@ def test_a_recipe_builds_and_its_files_env_user_and_outputs_are_in_the_template(
         "stat -c '%a %U:%G' /opt/app/app/bin/run.sh /opt/app/app/config.txt /opt/tools/run.sh; "
         "readlink /opt/app/app/link.txt; cat /opt/app/app/nested/deep/data.txt; "
         "test ! -e /opt/app/app/secret.env && echo ignored; "
-        "ls /opt/notes; cat /root/mark; echo \"$GREETING $DERIVED\"; id -un; pwd",
+        "ls /opt/notes; cat /root-mark; stat -c %U /root-mark; echo \"$GREETING $DERIVED\"; id -un; pwd",
     )
     lines = out.split("\n")
     assert lines[0:3] == ["hello-world", "user", "/opt/app"], out
@@ -73,9 +73,9 @@ def test_a_recipe_builds_and_its_files_env_user_and_outputs_are_in_the_template(
     assert lines[7] == "deep data", out
     assert lines[8] == "ignored", out
     assert lines[9:11] == ["a.md", "b.md"], out
-    assert lines[11] == "root-step", out
-    assert lines[12] == "hello hello-world", out
-    assert lines[13:15] == ["user", "/home/user"], out
+    assert lines[11:13] == ["root-step", "root"], out
+    assert lines[13] == "hello hello-world", out
+    assert lines[14:16] == ["user", "/home/user"], out
 
 
 def test_a_failing_run_reports_its_step(strata, team, context_dir):
@@ -164,11 +164,11 @@ def test_two_teams_building_the_same_content_stay_isolated(strata, context_dir):
             Template(file_context_path=str(context_dir))
             .from_image("busybox")
             .copy("app/config.txt", "/data/config.txt")
-            .run_cmd(f"echo {name} > /data/owner")
+            .run_cmd(f"echo {name} > /home/user/owner")
         )
         Template.build(tpl, "same-name", **opts)
     for name, _ in teams:
-        assert exec_in(strata, name, "same-name", "cat /data/owner /data/config.txt") == f"{name}\nconfig-v1\n"
+        assert exec_in(strata, name, "same-name", "cat /home/user/owner /data/config.txt") == f"{name}\nconfig-v1\n"
         uploads = [e for e in admin_events(strata, f"team-{name}") if e["type"] == "ApiKeyIssued.v1"]
         assert len(uploads) == 1
     # Each team uploaded its own copy: the files streams are per team.
