@@ -7,8 +7,8 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::ids::{self, BuildId, FilesHash, Scope, TeamId, TemplateId};
-use crate::domain::{build, files, team, template};
+use crate::domain::ids::{self, BuildId, Epoch, FilesHash, Scope, SnapshotId, TeamId, TemplateId};
+use crate::domain::{build, files, promotion, snapshot, team, template};
 use crate::events::{Aggregate, StreamId};
 
 /// A stream id from a name built by [`ids::stream`]: those are valid by construction.
@@ -31,9 +31,15 @@ pub fn files_stream(scope: &Scope, hash: &FilesHash) -> StreamId {
 pub fn team_stream(team: &TeamId) -> StreamId {
     id(ids::stream::team(team))
 }
+pub fn snapshot_stream(snapshot: &SnapshotId) -> StreamId {
+    id(ids::stream::snapshot(snapshot))
+}
+pub fn promotion_stream(build: &BuildId, epoch: Epoch) -> StreamId {
+    id(ids::stream::promotion(build, epoch))
+}
 
-pub struct BuildAggregate;
-impl Aggregate for BuildAggregate {
+pub struct Build;
+impl Aggregate for Build {
     type State = build::State;
     type Event = build::Event;
     type Command = build::Command;
@@ -49,8 +55,8 @@ impl Aggregate for BuildAggregate {
     }
 }
 
-pub struct TemplateAggregate;
-impl Aggregate for TemplateAggregate {
+pub struct Template;
+impl Aggregate for Template {
     type State = template::State;
     type Event = template::Event;
     type Command = template::Command;
@@ -67,8 +73,8 @@ impl Aggregate for TemplateAggregate {
 }
 
 /// The name claim: its command is the candidate template id for an unclaimed name.
-pub struct TemplateNameAggregate;
-impl Aggregate for TemplateNameAggregate {
+pub struct TemplateName;
+impl Aggregate for TemplateName {
     type State = template::NameState;
     type Event = template::NameEvent;
     type Command = TemplateId;
@@ -84,8 +90,8 @@ impl Aggregate for TemplateNameAggregate {
     }
 }
 
-pub struct FilesAggregate;
-impl Aggregate for FilesAggregate {
+pub struct Files;
+impl Aggregate for Files {
     type State = files::State;
     type Event = files::Event;
     type Command = files::Command;
@@ -101,8 +107,8 @@ impl Aggregate for FilesAggregate {
     }
 }
 
-pub struct TeamAggregate;
-impl Aggregate for TeamAggregate {
+pub struct Team;
+impl Aggregate for Team {
     type State = team::State;
     type Event = team::Event;
     type Command = team::Command;
@@ -115,6 +121,40 @@ impl Aggregate for TeamAggregate {
         command: &Self::Command,
     ) -> Result<Vec<Self::Event>, Self::Error> {
         team::decide(state, command)
+    }
+}
+
+pub struct Promotion;
+impl Aggregate for Promotion {
+    type State = promotion::State;
+    type Event = promotion::Event;
+    type Command = promotion::Command;
+    type Error = promotion::Error;
+    fn evolve(state: Self::State, event: &Self::Event) -> Self::State {
+        promotion::evolve(state, event)
+    }
+    fn decide(
+        state: &Self::State,
+        command: &Self::Command,
+    ) -> Result<Vec<Self::Event>, Self::Error> {
+        promotion::decide(state, command)
+    }
+}
+
+pub struct Snapshot;
+impl Aggregate for Snapshot {
+    type State = snapshot::State;
+    type Event = snapshot::Event;
+    type Command = snapshot::Command;
+    type Error = snapshot::Error;
+    fn evolve(state: Self::State, event: &Self::Event) -> Self::State {
+        snapshot::evolve(state, event)
+    }
+    fn decide(
+        state: &Self::State,
+        command: &Self::Command,
+    ) -> Result<Vec<Self::Event>, Self::Error> {
+        snapshot::decide(state, command)
     }
 }
 

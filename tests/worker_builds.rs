@@ -20,8 +20,8 @@ use strata::events::command::load;
 use strata::events::{
     Actor, ActorRole, CommandContext, EventStore, Metadata, StreamId, StreamWrite,
 };
+use strata::streams::{Build, Template, TemplateName as NameAgg};
 use strata::vmm::{BlobStore, BootSpec, ExecRequest, Network, SandboxBackend};
-use strata::worker::aggregates::{Build, Template, TemplateName as NameAgg};
 use strata::worker::{template_lookup, Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;

@@ -8,7 +8,7 @@ use strata::domain::ids::TeamId;
 use strata::domain::team::{ApiKey, Command};
 use strata::events::command::{execute, CommandContext};
 use strata::events::{Actor, ActorRole, EventStore, Metadata};
-use strata::streams::{team_stream, TeamAggregate};
+use strata::streams::{team_stream, Team};
 use uuid::Uuid;
 
 use strata::config::StorageArgs;
@@ -59,7 +59,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
                 prefix: key.display_prefix(),
                 now: Utc::now(),
             };
-            execute::<TeamAggregate>(&store, &team_stream(&team), &command, &ctx)
+            execute::<Team>(&store, &team_stream(&team), &command, &ctx)
                 .await
                 .context("issuing the key")?;
             eprintln!("issued a key for team {team}; it is shown once:");
@@ -93,7 +93,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
                 key_id,
                 now: Utc::now(),
             };
-            execute::<TeamAggregate>(&store, &team_stream(&team), &command, &ctx)
+            execute::<Team>(&store, &team_stream(&team), &command, &ctx)
                 .await
                 .context("revoking the key")?;
             eprintln!("revoked key {key_id} of team {team}");

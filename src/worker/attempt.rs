@@ -8,34 +8,22 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
 
-use super::aggregates::{Build, Snapshot};
 use super::error::WorkerError;
 use crate::domain::build::{self, AttemptGrant, FailedStep, StepOutcome};
-use crate::domain::ids::{self, BuildId, Epoch, NodeId, SnapshotId};
+use crate::domain::ids::{BuildId, Epoch, NodeId, SnapshotId};
 use crate::domain::snapshot::{self, SnapshotRecord};
 use crate::events::command::load;
 use crate::events::{
     execute, execute_writes, Actor, ActorRole, CommandContext, CommandError, EventStore, Metadata,
     StreamId, StreamWrite,
 };
+use crate::streams::{build_stream, snapshot_stream, Build, Snapshot};
 
 /// Decide-and-append rounds before a contended write gives up.
 const MAX_ROUNDS: u32 = 32;
 
-/// The database's clock.
-pub async fn db_now(pool: &PgPool) -> Result<DateTime<Utc>, sqlx::Error> {
-    sqlx::query_scalar("SELECT now()").fetch_one(pool).await
-}
-
-pub fn build_stream(build: &BuildId) -> StreamId {
-    StreamId::parse(ids::stream::build(build)).expect("build stream names are valid")
-}
-
-pub fn snapshot_stream(id: &SnapshotId) -> StreamId {
-    StreamId::parse(ids::stream::snapshot(id)).expect("snapshot stream names are valid")
-}
+pub use crate::streams::database_now as db_now;
 
 fn worker_metadata(node: &str, build: BuildId) -> Metadata {
     Metadata::new(Actor::new(ActorRole::Worker, node)).with_correlation(build.as_uuid())

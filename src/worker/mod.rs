@@ -8,12 +8,10 @@
 //! * [`publish`]: result snapshot, Publishing, promotion outbox, Ready.
 //! * [`build_log`]: log lines to `build_logs`, batched and fenced.
 //! * [`export`]: a template's result as an OCI image layout.
-//! * [`aggregates`]: the domain aggregates as event-store aggregates.
 //! * [`settings`], [`error`].
 //!
 //! Design: docs/adr/0005-build-executor.md.
 
-pub mod aggregates;
 pub mod attempt;
 pub mod base;
 pub mod build_log;

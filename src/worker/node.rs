@@ -19,7 +19,6 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::aggregates::Build;
 use super::attempt::{self, Attempt};
 use super::build_log::{write_logs, BuildLog};
 use super::error::WorkerError;
@@ -30,6 +29,7 @@ use crate::domain::build::Phase;
 use crate::domain::ids::BuildId;
 use crate::events::command::load;
 use crate::events::{EventStore, FeedWakeups};
+use crate::streams::Build;
 use crate::vmm::image::ImageCatalog;
 use crate::vmm::{BlobStore, NamespaceBackend, NamespaceConfig, SandboxBackend};
 

@@ -16,8 +16,7 @@
 
 use std::sync::Arc;
 
-use super::aggregates::{Build, Promotion, Template};
-use super::attempt::{build_stream, Attempt};
+use super::attempt::Attempt;
 use super::base;
 use super::build_log::BuildLog;
 use super::error::WorkerError;
@@ -30,13 +29,14 @@ use crate::domain::snapshot::{Purpose, SnapshotRecord};
 use crate::domain::template;
 use crate::events::command::load;
 use crate::events::{execute, execute_writes, CommandError, StreamId, StreamWrite};
+use crate::streams::build_stream;
+use crate::streams::{Build, Promotion, Template};
 use crate::vmm::BlobStore;
 
 const MAX_ROUNDS: u32 = 32;
 
 fn promotion_stream(attempt: &Attempt) -> StreamId {
-    StreamId::parse(ids::stream::promotion(&attempt.build, attempt.epoch))
-        .expect("promotion stream names are valid")
+    crate::streams::promotion_stream(&attempt.build, attempt.epoch)
 }
 
 fn rejected<E: std::fmt::Display>(e: E) -> CommandError<String> {
@@ -194,8 +194,7 @@ async fn promote(
     )
     .await
     .map_err(WorkerError::store)?;
-    let tstream = StreamId::parse(ids::stream::template(&plan.template))
-        .expect("template stream names are valid");
+    let tstream = crate::streams::template_stream(&plan.template);
     // A command of its own: its event ids must differ from the layer commit's.
     let ctx = attempt.context();
     execute_writes(&attempt.store, MAX_ROUNDS, || {

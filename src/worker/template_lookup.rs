@@ -6,8 +6,6 @@
 //! that last became Ready with it (promotion assigns a build's tags when it makes the build
 //! visible), and that build's result names the snapshot.
 
-use super::aggregates::{Build, Snapshot, Template, TemplateName};
-use super::attempt::{build_stream, snapshot_stream};
 use super::error::WorkerError;
 use crate::domain::build::Phase;
 use crate::domain::build_spec::{parse_name_and_tag, Tag};
@@ -15,6 +13,7 @@ use crate::domain::ids::{self, BuildId, SnapshotId, TeamId, TemplateId};
 use crate::domain::snapshot::SnapshotRecord;
 use crate::events::command::load;
 use crate::events::{EventStore, StreamId};
+use crate::streams::{build_stream, snapshot_stream, Build, Snapshot, Template, TemplateName};
 
 /// A template's current result.
 #[derive(Debug, Clone)]

@@ -19,7 +19,7 @@ use crate::domain::ids::{BuildId, FilesHash, IntentId};
 use crate::domain::upload_url::UploadGrant;
 use crate::events::command::{execute_writes, load, CommandContext};
 use crate::events::{CommandError, StreamWrite};
-use crate::streams::{build_stream, files_stream, BuildAggregate, FilesAggregate};
+use crate::streams::{build_stream, files_stream, Build, Files};
 
 /// The 201 body. `present` is required and must be a JSON boolean; `url` is always sent.
 #[derive(Debug, Serialize)]
@@ -94,17 +94,13 @@ async fn reserve(state: &AppState, command: &ReserveUpload) -> Result<LinkRespon
     let (st, cmd, ctx_ref, resp) = (state, command, &ctx, &response);
     execute_writes(&state.events, 16, move || async move {
         let b_stream = build_stream(&cmd.build);
-        let build = load::<BuildAggregate>(&st.events, &b_stream)
-            .await
-            .map_err(lift)?;
+        let build = load::<Build>(&st.events, &b_stream).await.map_err(lift)?;
         let scope = build
             .state
             .scope()
             .ok_or(CommandError::Rejected(UploadError::NotRegistered))?;
         let f_stream = files_stream(&scope, &cmd.hash);
-        let files = load::<FilesAggregate>(&st.events, &f_stream)
-            .await
-            .map_err(lift)?;
+        let files = load::<Files>(&st.events, &f_stream).await.map_err(lift)?;
         let (decision, link) =
             reserve_upload(&build.state, &files.state, cmd).map_err(CommandError::Rejected)?;
         *resp.lock().expect("not poisoned") = Some(link);

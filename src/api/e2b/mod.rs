@@ -27,7 +27,7 @@ use crate::domain::ids::{TeamId, TemplateId};
 use crate::domain::template;
 use crate::events::command::{load, Loaded};
 use crate::events::{Actor, ActorRole, CommandError, Metadata};
-use crate::streams::{template_stream, TemplateAggregate};
+use crate::streams::{template_stream, Template};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -97,7 +97,7 @@ pub(crate) async fn load_team_template(
     team: &TeamId,
     template_id: &TemplateId,
 ) -> Result<Loaded<template::State>, ApiError> {
-    let loaded = load::<TemplateAggregate>(&state.events, &template_stream(template_id))
+    let loaded = load::<Template>(&state.events, &template_stream(template_id))
         .await
         .map_err(|e| command_error(e, |e: template::Error| ApiError::internal("template", &e)))?;
     match &loaded.state.team {

@@ -19,9 +19,7 @@ use crate::domain::ids::{BuildId, TemplateId};
 use crate::domain::template;
 use crate::events::command::{execute_writes, load, CommandContext};
 use crate::events::{CommandError, StreamWrite};
-use crate::streams::{
-    build_stream, template_name_stream, template_stream, TemplateAggregate, TemplateNameAggregate,
-};
+use crate::streams::{build_stream, template_name_stream, template_stream, Template, TemplateName};
 
 /// The 202 body; the SDK requires all six keys.
 #[derive(Debug, Serialize)]
@@ -83,7 +81,7 @@ pub async fn register_build(
     execute_writes(&state.events, 16, move || {
         let (state, team, request, tags, candidate, chosen) = (st, tm, req, tg, cand, chosen_ref);
         async move {
-            let names = load::<TemplateNameAggregate>(&state.events, name_stream)
+            let names = load::<TemplateName>(&state.events, name_stream)
                 .await
                 .map_err(lift)?;
             let holder = names
@@ -92,7 +90,7 @@ pub async fn register_build(
                 .clone()
                 .unwrap_or_else(|| candidate.clone());
             let tpl_stream = template_stream(&holder);
-            let tpl = load::<TemplateAggregate>(&state.events, &tpl_stream)
+            let tpl = load::<Template>(&state.events, &tpl_stream)
                 .await
                 .map_err(lift)?;
             let registration = template::register_build(

@@ -15,7 +15,7 @@ use crate::domain::build::{self, Command};
 use crate::domain::build_spec::TemplateBuildStartV2;
 use crate::domain::ids::{BuildId, TeamId, TemplateId};
 use crate::events::command::{execute, load, CommandContext};
-use crate::streams::{build_stream, BuildAggregate};
+use crate::streams::{build_stream, Build};
 
 #[tracing::instrument(skip_all, fields(team = %team.0, template = %template_id, build = %build_id))]
 pub async fn start_build(
@@ -39,7 +39,7 @@ pub async fn start_build(
         attempt: None,
     };
     let ctx = CommandContext::new(api_metadata(&state));
-    execute::<BuildAggregate>(&state.events, &build_stream(&build_id), &command, &ctx)
+    execute::<Build>(&state.events, &build_stream(&build_id), &command, &ctx)
         .await
         .map_err(|e| command_error(e, start_error))?;
     tracing::info!("build started and queued");
@@ -57,7 +57,7 @@ pub(crate) async fn check_build_of(
     template: &TemplateId,
     build_id: &BuildId,
 ) -> Result<build::State, ApiError> {
-    let loaded = load::<BuildAggregate>(&state.events, &build_stream(build_id))
+    let loaded = load::<Build>(&state.events, &build_stream(build_id))
         .await
         .map_err(|e| command_error(e, |e: build::Error| ApiError::internal("build", &e)))?;
     match &loaded.state.registration {

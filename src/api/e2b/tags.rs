@@ -21,7 +21,7 @@ use crate::domain::build_spec::{parse_name_and_tag, Tag};
 use crate::domain::ids::TemplateId;
 use crate::domain::template::{self, Command, Event};
 use crate::events::command::{execute, CommandContext};
-use crate::streams::{template_stream, TemplateAggregate};
+use crate::streams::{template_stream, Template};
 
 #[derive(Deserialize)]
 struct AssignRequest {
@@ -81,7 +81,7 @@ pub async fn assign_tags(
         ))
     })?;
     let ctx = CommandContext::new(api_metadata(&state));
-    execute::<TemplateAggregate>(
+    execute::<Template>(
         &state.events,
         &template_stream(&template_id),
         &Command::AssignTags {
@@ -132,7 +132,7 @@ async fn remove(
     tags: Vec<Tag>,
 ) -> Result<StatusCode, ApiError> {
     let ctx = CommandContext::new(api_metadata(state));
-    execute::<TemplateAggregate>(
+    execute::<Template>(
         &state.events,
         &template_stream(template_id),
         &Command::RemoveTags {

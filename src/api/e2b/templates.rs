@@ -17,9 +17,7 @@ use crate::domain::ids::{TeamId, TemplateId};
 use crate::domain::template::{self, NameEvent};
 use crate::events::command::{execute_writes, load, CommandContext};
 use crate::events::{CommandError, StreamWrite};
-use crate::streams::{
-    template_name_stream, template_stream, TemplateAggregate, TemplateNameAggregate,
-};
+use crate::streams::{template_name_stream, template_stream, Template, TemplateName};
 
 /// Resolves `name` (optionally `name:tag`, optionally namespaced to the caller's team) to the
 /// team's template holding it.
@@ -38,10 +36,9 @@ pub(crate) async fn template_by_name(
     {
         return Ok(None);
     }
-    let claim =
-        load::<TemplateNameAggregate>(&state.events, &template_name_stream(team, &name.name))
-            .await
-            .map_err(|e| command_error(e, |e: std::convert::Infallible| match e {}))?;
+    let claim = load::<TemplateName>(&state.events, &template_name_stream(team, &name.name))
+        .await
+        .map_err(|e| command_error(e, |e: std::convert::Infallible| match e {}))?;
     Ok(claim.state.holder)
 }
 
@@ -169,7 +166,7 @@ pub async fn delete_template(
     let (st, ctx, tid, team_id) = (&state, &ctx, &template_id, &team.0);
     execute_writes(&state.events, 16, move || async move {
         let t_stream = template_stream(tid);
-        let tpl = load::<TemplateAggregate>(&st.events, &t_stream)
+        let tpl = load::<Template>(&st.events, &t_stream)
             .await
             .map_err(lift)?;
         let events = template::decide(&tpl.state, &template::Command::DeleteTemplate { now })
@@ -181,7 +178,7 @@ pub async fn delete_template(
         )];
         for name in &tpl.state.names {
             let n_stream = template_name_stream(team_id, name);
-            let claim = load::<TemplateNameAggregate>(&st.events, &n_stream)
+            let claim = load::<TemplateName>(&st.events, &n_stream)
                 .await
                 .map_err(lift)?;
             let released = vec![NameEvent::NameReleased {

@@ -23,7 +23,7 @@ use crate::domain::ids::Digest;
 use crate::domain::upload_url::{verify, UploadGrant, UrlError, METHOD_PUT};
 use crate::events::command::{execute_writes, load, CommandContext};
 use crate::events::{CommandError, StreamWrite};
-use crate::streams::{build_stream, files_stream, BuildAggregate, FilesAggregate};
+use crate::streams::{build_stream, files_stream, Build, Files};
 
 #[tracing::instrument(skip_all, fields(build = tracing::field::Empty, hash = tracing::field::Empty, size = tracing::field::Empty, digest = tracing::field::Empty))]
 pub async fn upload_context(
@@ -95,7 +95,7 @@ pub async fn upload_context(
 /// Cheap early refusal, before reading a body that could not be used. The compare-and-set at
 /// the end is what guarantees it.
 async fn refuse_if_frozen(state: &AppState, grant: &UploadGrant) -> Result<(), ApiError> {
-    let build = load::<BuildAggregate>(&state.events, &build_stream(&grant.build))
+    let build = load::<Build>(&state.events, &build_stream(&grant.build))
         .await
         .map_err(|e| {
             command_error(e, |e: crate::domain::build::Error| {
@@ -117,17 +117,13 @@ async fn complete(state: &AppState, cmd: &CompleteUpload) -> Result<(), ApiError
     let (st, ctx) = (state, &ctx);
     execute_writes(&state.events, 16, move || async move {
         let b_stream = build_stream(&cmd.build);
-        let build = load::<BuildAggregate>(&st.events, &b_stream)
-            .await
-            .map_err(lift)?;
+        let build = load::<Build>(&st.events, &b_stream).await.map_err(lift)?;
         let scope = build
             .state
             .scope()
             .ok_or(CommandError::Rejected(UploadError::NotRegistered))?;
         let f_stream = files_stream(&scope, &cmd.hash);
-        let files = load::<FilesAggregate>(&st.events, &f_stream)
-            .await
-            .map_err(lift)?;
+        let files = load::<Files>(&st.events, &f_stream).await.map_err(lift)?;
         let decision =
             complete_upload(&build.state, &files.state, cmd).map_err(CommandError::Rejected)?;
         Ok(vec![
