@@ -19,11 +19,8 @@ impl InlineProjection for ApiKeysProjection {
         conn: &mut PgConnection,
         events: &[RecordedEvent],
     ) -> Result<(), sqlx::Error> {
-        for recorded in events.iter().filter(|e| e.stream_id.category() == CATEGORY) {
-            let team_id = &recorded.stream_id.as_str()[CATEGORY.len() + 1..];
-            let event: Event = recorded
-                .decode()
-                .map_err(|err| sqlx::Error::Decode(Box::new(err)))?;
+        for item in super::events_of::<Event>(events, CATEGORY) {
+            let (team_id, _, event) = item?;
             match event {
                 Event::TeamCreated { .. } => {}
                 Event::ApiKeyIssued {

@@ -25,20 +25,13 @@ impl InlineProjection for BuildsProjection {
         conn: &mut PgConnection,
         events: &[RecordedEvent],
     ) -> Result<(), sqlx::Error> {
-        for recorded in events.iter().filter(|e| e.stream_id.category() == CATEGORY) {
-            let build_id = build_id_of(recorded)?;
-            let event: Event = recorded
-                .decode()
-                .map_err(|err| sqlx::Error::Decode(Box::new(err)))?;
+        for item in super::events_of::<Event>(events, CATEGORY) {
+            let (id, recorded, event) = item?;
+            let build_id = Uuid::parse_str(id).map_err(|err| sqlx::Error::Decode(Box::new(err)))?;
             apply_one(conn, build_id, recorded, &event).await?;
         }
         Ok(())
     }
-}
-
-fn build_id_of(recorded: &RecordedEvent) -> Result<Uuid, sqlx::Error> {
-    let rest = &recorded.stream_id.as_str()[CATEGORY.len() + 1..];
-    Uuid::parse_str(rest).map_err(|err| sqlx::Error::Decode(Box::new(err)))
 }
 
 async fn apply_one(

@@ -25,6 +25,26 @@ pub use runner::{status, ProjectionRunner, ProjectionStatus, RoundOutcome};
 
 use crate::events::EventStore;
 
+/// The events of `category` among `events`, decoded, each with the stream id's part after the
+/// category (the aggregate's id). An event of that category that does not decode is an error:
+/// a standing projection must never silently skip what it exists to follow.
+pub(crate) fn events_of<'a, E: crate::events::DomainEvent>(
+    events: &'a [crate::events::RecordedEvent],
+    category: &'a str,
+) -> impl Iterator<Item = Result<(&'a str, &'a crate::events::RecordedEvent, E), sqlx::Error>> + 'a
+{
+    events
+        .iter()
+        .filter(move |e| e.stream_id.category() == category)
+        .map(move |recorded| {
+            let id = &recorded.stream_id.as_str()[category.len() + 1..];
+            let event = recorded
+                .decode::<E>()
+                .map_err(|err| sqlx::Error::Decode(Box::new(err)))?;
+            Ok((id, recorded, event))
+        })
+}
+
 /// Inline projections every [`EventStore`] applies to every append (see
 /// [`EventStore::new`]): read models that must be exact.
 pub fn standing_inline() -> Vec<Arc<dyn crate::events::InlineProjection>> {

@@ -14,9 +14,12 @@ use super::auth::Team;
 use super::{api_metadata, command_error, lift, load_team_template, parse_template_id};
 use crate::api::error::ApiError;
 use crate::api::AppState;
-use crate::domain::build::upload::{reserve_upload, LinkResponse, ReserveUpload, UploadError};
+use crate::domain::build::upload::{
+    reserve_upload, Decision, LinkResponse, ReserveUpload, UploadError,
+};
 use crate::domain::ids::{BuildId, FilesHash, IntentId};
 use crate::domain::upload_url::UploadGrant;
+use crate::domain::{build, files};
 use crate::events::command::{execute_writes, load, CommandContext};
 use crate::events::{CommandError, StreamWrite};
 use crate::streams::{build_stream, files_stream, Build, Files};
@@ -89,21 +92,37 @@ async fn waiting_build(
 
 /// One compare-and-set over the build and the files stream of the hash.
 async fn reserve(state: &AppState, command: &ReserveUpload) -> Result<LinkResponse, ApiError> {
+    decide_build_and_files(state, &command.build, &command.hash, |build, files| {
+        reserve_upload(build, files, command)
+    })
+    .await
+}
+
+/// Loads a build and the `files-{scope}-{hash}` stream of its scope, runs `decide` over both,
+/// and appends the decision's events to both streams at the versions read, in one transaction
+/// (deciding again on a version conflict). The upload link and the upload completion are both
+/// this shape.
+pub(crate) async fn decide_build_and_files<T>(
+    state: &AppState,
+    build_id: &BuildId,
+    hash: &FilesHash,
+    decide: impl Fn(&build::State, &files::State) -> Result<(Decision, T), UploadError>,
+) -> Result<T, ApiError> {
     let ctx = CommandContext::new(api_metadata(state));
-    let response = std::sync::Mutex::new(None);
-    let (st, cmd, ctx_ref, resp) = (state, command, &ctx, &response);
+    let answer = std::sync::Mutex::new(None);
+    let (st, ctx_ref, answer_ref, decide) = (state, &ctx, &answer, &decide);
     execute_writes(&state.events, 16, move || async move {
-        let b_stream = build_stream(&cmd.build);
+        let b_stream = build_stream(build_id);
         let build = load::<Build>(&st.events, &b_stream).await.map_err(lift)?;
         let scope = build
             .state
             .scope()
             .ok_or(CommandError::Rejected(UploadError::NotRegistered))?;
-        let f_stream = files_stream(&scope, &cmd.hash);
+        let f_stream = files_stream(&scope, hash);
         let files = load::<Files>(&st.events, &f_stream).await.map_err(lift)?;
-        let (decision, link) =
-            reserve_upload(&build.state, &files.state, cmd).map_err(CommandError::Rejected)?;
-        *resp.lock().expect("not poisoned") = Some(link);
+        let (decision, value) =
+            decide(&build.state, &files.state).map_err(CommandError::Rejected)?;
+        *answer_ref.lock().expect("not poisoned") = Some(value);
         Ok(vec![
             StreamWrite::new(
                 b_stream.clone(),
@@ -119,10 +138,10 @@ async fn reserve(state: &AppState, command: &ReserveUpload) -> Result<LinkRespon
     })
     .await
     .map_err(|e| command_error(e, upload_error))?;
-    Ok(response
+    Ok(answer
         .into_inner()
         .expect("not poisoned")
-        .expect("a successful decision set the response"))
+        .expect("a successful decision set the answer"))
 }
 
 fn signed_url(

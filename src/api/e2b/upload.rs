@@ -12,18 +12,17 @@ use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
 use chrono::Utc;
 
-use super::files_link::upload_error;
-use super::{api_metadata, command_error, lift};
+use super::command_error;
+use super::files_link::decide_build_and_files;
 use crate::api::error::ApiError;
 use crate::api::upload_ingest::{stage_upload, IngestError};
 use crate::api::AppState;
-use crate::domain::build::upload::{complete_upload, CompleteUpload, UploadError};
+use crate::domain::build::upload::{complete_upload, CompleteUpload};
 use crate::domain::build::Phase;
 use crate::domain::ids::Digest;
 use crate::domain::upload_url::{verify, UploadGrant, UrlError, METHOD_PUT};
-use crate::events::command::{execute_writes, load, CommandContext};
-use crate::events::{CommandError, StreamWrite};
-use crate::streams::{build_stream, files_stream, Build, Files};
+use crate::events::command::load;
+use crate::streams::{build_stream, Build};
 
 #[tracing::instrument(skip_all, fields(build = tracing::field::Empty, hash = tracing::field::Empty, size = tracing::field::Empty, digest = tracing::field::Empty))]
 pub async fn upload_context(
@@ -113,35 +112,10 @@ async fn refuse_if_frozen(state: &AppState, grant: &UploadGrant) -> Result<(), A
 }
 
 async fn complete(state: &AppState, cmd: &CompleteUpload) -> Result<(), ApiError> {
-    let ctx = CommandContext::new(api_metadata(state));
-    let (st, ctx) = (state, &ctx);
-    execute_writes(&state.events, 16, move || async move {
-        let b_stream = build_stream(&cmd.build);
-        let build = load::<Build>(&st.events, &b_stream).await.map_err(lift)?;
-        let scope = build
-            .state
-            .scope()
-            .ok_or(CommandError::Rejected(UploadError::NotRegistered))?;
-        let f_stream = files_stream(&scope, &cmd.hash);
-        let files = load::<Files>(&st.events, &f_stream).await.map_err(lift)?;
-        let decision =
-            complete_upload(&build.state, &files.state, cmd).map_err(CommandError::Rejected)?;
-        Ok(vec![
-            StreamWrite::new(
-                b_stream.clone(),
-                build.expected(),
-                ctx.encode(&b_stream, &decision.build)?,
-            ),
-            StreamWrite::new(
-                f_stream.clone(),
-                files.expected(),
-                ctx.encode(&f_stream, &decision.files)?,
-            ),
-        ])
+    decide_build_and_files(state, &cmd.build, &cmd.hash, |build, files| {
+        complete_upload(build, files, cmd).map(|decision| (decision, ()))
     })
     .await
-    .map_err(|e| command_error(e, upload_error))?;
-    Ok(())
 }
 
 /// Expired or altered URLs are 403: the URL is the credential.
