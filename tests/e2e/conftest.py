@@ -45,6 +45,8 @@ class Strata:
         self.env.pop("DATABASE_URL", None)
         self.log = open(data_dir / "strata.log", "w")
         self.proc = None
+        # Every API key issued in this session, to check that none reaches a log line.
+        self.issued_keys = []
 
     def start(self):
         self.proc = subprocess.Popen(
@@ -74,7 +76,9 @@ class Strata:
         )
 
     def key(self, team: str) -> str:
-        return self.cli("keys", "create", "--team", team).stdout.strip()
+        key = self.cli("keys", "create", "--team", team).stdout.strip()
+        self.issued_keys.append(key)
+        return key
 
 
 def link_node_images(data_dir: pathlib.Path):
