@@ -7,8 +7,9 @@
 //! client and an explicit Content-Length. The PUT is timed from the first byte sent to the 200,
 //! so it includes hashing, writing, fsync, publishing and the compare-and-set that binds it.
 //!
-//! The baseline is one core hashing the same (page-cached) file with openssl: the speed the
-//! server's own digest cannot beat. Each side runs `--repeat` times; medians are reported.
+//! Baselines, same run: one core hashing the same (page-cached) file with openssl: the speed the
+//! server's own digest cannot beat; and a plain copy of the file made durable with fdatasync on
+//! the same filesystem (the disk's share, which the upload also pays). Each side runs `--repeat` times; medians are reported.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -36,6 +37,10 @@ pub struct BenchUploadArgs {
     /// Runs of each side; the median is reported.
     #[arg(long, default_value_t = 5)]
     repeat: usize,
+    /// Directory for the archive and the server's data (default: the system temp dir). On a
+    /// tmpfs such as /dev/shm, fsync is free and the figures isolate the CPU path.
+    #[arg(long)]
+    dir: Option<PathBuf>,
     #[command(flatten)]
     storage: StorageArgs,
 }
@@ -48,9 +53,13 @@ pub async fn run(args: BenchUploadArgs) -> anyhow::Result<()> {
     let size = args.size_mib << 20;
     // The archive and the API's data directory share one temporary directory (one filesystem,
     // so the server's publish is a link, as in production).
-    let work = tempfile::Builder::new()
-        .prefix("strata-bench-upload-")
-        .tempdir()?;
+    let mut work = tempfile::Builder::new();
+    work.prefix("strata-bench-upload-");
+    let work = match &args.dir {
+        Some(dir) => work.tempdir_in(dir),
+        None => work.tempdir(),
+    }
+    .context("creating the bench directory")?;
     let archive = work.path().join("context.tar");
     write_random_file(&archive, size).await?;
     let data_dir = work.path().join("data");
@@ -103,17 +112,20 @@ async fn bench_upload(
         let base = format!("http://{addr}");
         let template = register(&client, &base, &key).await?;
         println!(
-            "strata bench upload: {} MiB archive, {repeat} runs each, Postgres {where_}, API on {addr}",
-            size >> 20
+            "strata bench upload: {} MiB archive in {}, {repeat} runs each, Postgres {where_}, API on {addr}",
+            size >> 20,
+            archive.parent().map(Path::display).map(|d| d.to_string()).unwrap_or_default()
         );
 
         let mut ceiling = Vec::with_capacity(repeat);
+        let mut disk = Vec::with_capacity(repeat);
         let mut ingest = Vec::with_capacity(repeat);
         let mut openssl_digest = String::new();
         for _ in 0..repeat {
             let (elapsed, digest) = openssl_sha256(archive).await?;
             ceiling.push(elapsed);
             openssl_digest = digest;
+            disk.push(durable_copy(archive, data_dir).await?);
             ingest.push(upload_once(&client, &base, &key, &template, archive, size).await?);
         }
         // The server named the blob by the digest it computed; it must be openssl's.
@@ -141,6 +153,13 @@ async fn bench_upload(
             ceiling_rate,
             1.0,
             runs(&ceiling)
+        );
+        println!(
+            "{:<44} {:>10.0} {:>10.2}   {}",
+            "cp + fdatasync, same filesystem (disk)",
+            mib / median(&disk).as_secs_f64(),
+            mib / median(&disk).as_secs_f64() / ceiling_rate,
+            runs(&disk)
         );
         println!(
             "{:<44} {:>10.0} {:>10.2}   {}",
@@ -251,6 +270,20 @@ async fn upload_once(
         bail!("the upload PUT failed: {status}: {text}");
     }
     Ok(elapsed)
+}
+
+/// Times copying `archive` into a new file beside the server's data and making it durable:
+/// what the upload must at least pay for on this disk, with no network and no hashing.
+async fn durable_copy(archive: &Path, data_dir: &Path) -> anyhow::Result<Duration> {
+    let (archive, dir) = (archive.to_path_buf(), data_dir.to_path_buf());
+    tokio::task::spawn_blocking(move || {
+        let mut target = tempfile::NamedTempFile::new_in(dir)?;
+        let start = Instant::now();
+        std::io::copy(&mut std::fs::File::open(&archive)?, target.as_file_mut())?;
+        target.as_file().sync_data()?;
+        Ok(start.elapsed())
+    })
+    .await?
 }
 
 /// Times `openssl dgst -sha256 FILE` as a subprocess; returns the time and the hex digest.
