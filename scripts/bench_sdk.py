@@ -61,7 +61,7 @@ def main() -> None:
         timings.clear()
         calls.clear()
         nonce = uuid.uuid4().hex
-        template = Template().from_image(args.image).run_cmd(f"echo {nonce} > /bench-mark")
+        template = Template().from_image(args.image).run_cmd(f"echo {nonce} > /tmp/bench-mark")
         start = time.perf_counter()
         info = Template.build(template, "bench-sdk", api_key=key, api_url=args.url)
         total = time.perf_counter() - start
