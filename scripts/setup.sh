@@ -34,6 +34,18 @@ fi
   fi
 )
 
+# The stock E2B JS SDK for the conformance suite, pinned by tests/e2e/js/package-lock.json.
+(
+  cd "$(dirname "$0")/../tests/e2e/js"
+  if ! command -v npm >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  fi
+  if ! cmp -s package-lock.json node_modules/.installed-lock.json; then
+    npm ci --silent --no-audit --no-fund
+    cp package-lock.json node_modules/.installed-lock.json
+  fi
+)
+
 # Base images for sandboxes (busybox, debian:bookworm, e2bdev/base), built once into the node
 # data directory, where `cargo test` also finds them. Needs root (sandboxes are namespaces).
 if [ "$(id -u)" = 0 ]; then

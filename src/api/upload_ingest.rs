@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use sha2::{Digest, Sha256};
+use std::io::Write;
 use thiserror::Error;
-use tokio::io::AsyncWriteExt;
 
 #[derive(Debug, Error)]
 pub enum IngestError {
@@ -39,10 +39,21 @@ pub struct StagedUpload {
     pub size: u64,
 }
 
+/// Chunks in flight between the body reader and the writer thread (hyper's chunks are up to a
+/// few hundred KiB, so this bounds buffered memory to a few MiB per upload).
+const CHANNEL_CHUNKS: usize = 16;
+
+/// The writer asks the kernel to start writeback after this many new bytes, so the final
+/// fsync finds little left to do and the disk works while the network is still receiving.
+const WRITEBACK_EVERY: u64 = 8 << 20;
+
 /// Receives `body` into a new temporary file in `tmp_dir`, hashing as it goes.
 ///
 /// `declared` is the request's `Content-Length`; `ceiling` is the size limit signed into the
 /// upload URL. A declared length over the ceiling is refused before a byte is read.
+///
+/// Hashing and writing run on a blocking thread fed by a bounded channel, so the executor only
+/// moves chunks (no copy: `Bytes` is shared) and receiving overlaps hashing and disk writes.
 pub async fn stage_upload<S, E>(
     body: S,
     declared: u64,
@@ -64,32 +75,83 @@ where
         .prefix("upload-")
         .tempfile_in(tmp_dir)
         .map_err(io)?;
-    let (std_file, path) = named.into_parts();
-    let mut file =
-        tokio::io::BufWriter::with_capacity(1 << 20, tokio::fs::File::from_std(std_file));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(CHANNEL_CHUNKS);
+    let writer = tokio::task::spawn_blocking(move || write_and_hash(named, rx));
 
-    let mut hasher = Sha256::new();
     let mut received: u64 = 0;
+    let mut outcome = Ok(());
     futures::pin_mut!(body);
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| IngestError::Body(e.to_string()))?;
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                outcome = Err(IngestError::Body(e.to_string()));
+                break;
+            }
+        };
         received += chunk.len() as u64;
         if received > declared {
-            return Err(IngestError::LengthMismatch { declared, received });
+            outcome = Err(IngestError::LengthMismatch { declared, received });
+            break;
         }
-        hasher.update(&chunk);
-        file.write_all(&chunk).await.map_err(io)?;
+        if tx.send(chunk).await.is_err() {
+            break; // the writer stopped on an error; it is reported below
+        }
     }
+    drop(tx);
+    let written = writer
+        .await
+        .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    outcome?;
+    let (file, path, digest) = written.map_err(io)?;
     if received != declared {
         return Err(IngestError::LengthMismatch { declared, received });
     }
-    file.flush().await.map_err(io)?;
-    file.get_ref().sync_data().await.map_err(io)?;
+    tokio::task::spawn_blocking(move || file.sync_data())
+        .await
+        .map_err(|e| io(std::io::Error::other(e.to_string())))?
+        .map_err(io)?;
     Ok(StagedUpload {
         file: path,
-        digest: hex::encode(hasher.finalize()),
+        digest,
         size: received,
     })
+}
+
+/// The writer thread: hashes and writes every chunk until the channel closes; returns the file
+/// (not yet synced), its path and the hex digest. Dropping the path on error removes the file.
+fn write_and_hash(
+    named: tempfile::NamedTempFile,
+    mut rx: tokio::sync::mpsc::Receiver<Bytes>,
+) -> std::io::Result<(std::fs::File, tempfile::TempPath, String)> {
+    let (mut file, path) = named.into_parts();
+    let mut hasher = Sha256::new();
+    let (mut written, mut flushed) = (0u64, 0u64);
+    while let Some(chunk) = rx.blocking_recv() {
+        hasher.update(&chunk);
+        file.write_all(&chunk)?;
+        written += chunk.len() as u64;
+        if written - flushed >= WRITEBACK_EVERY {
+            start_writeback(&file, flushed, written - flushed);
+            flushed = written;
+        }
+    }
+    Ok((file, path, hex::encode(hasher.finalize())))
+}
+
+/// Starts (does not wait for) writeback of a written range. Only a hint: the fsync at the end
+/// is what makes the upload durable, so a failure here is ignored.
+fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sync_file_range only reads its integer arguments; the fd is open for the call.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
+    }
 }
 
 #[cfg(test)]

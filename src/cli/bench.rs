@@ -37,6 +37,10 @@ pub enum BenchCommand {
     /// Sandboxes: boot+exec+destroy latency, checkpoint cost against `tar | openssl dgst`,
     /// boot latency by stack depth.
     Sandbox(super::bench_sandbox::BenchSandboxArgs),
+    /// Upload ingest through the real HTTP path against `openssl dgst -sha256` of the same file.
+    Upload(super::bench_upload::BenchUploadArgs),
+    /// One-step SDK build against a running strata: API time and step time, per phase.
+    Sdk(super::bench_sdk::BenchSdkArgs),
 }
 
 #[derive(Debug, Args)]
@@ -55,13 +59,35 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Events(args) => run_events(args).await,
         BenchCommand::Sandbox(args) => super::bench_sandbox::run(args).await,
+        BenchCommand::Upload(args) => super::bench_upload::run(args).await,
+        BenchCommand::Sdk(args) => super::bench_sdk::run(args).await,
     }
 }
 
 async fn run_events(args: EventsBenchArgs) -> anyhow::Result<()> {
     let writers = args.writers.max(1);
     let duration = Duration::from_secs(args.seconds.max(1));
-    match args.storage.database_url.clone() {
+    with_bench_database(&args.storage, |options, where_| async move {
+        let pool = bench_pool(options, writers).await?;
+        let result = bench_events(&pool, writers, duration, where_).await;
+        pool.close().await;
+        result
+    })
+    .await
+}
+
+/// Runs `body` with connection options to a database no service uses: with DATABASE_URL, a
+/// schema of its own (`strata_bench_…`, dropped afterwards); without, a throwaway embedded
+/// Postgres in a temporary directory. `body` gets the options and a word for where it runs.
+pub(super) async fn with_bench_database<F, Fut>(
+    storage: &StorageArgs,
+    body: F,
+) -> anyhow::Result<()>
+where
+    F: FnOnce(PgConnectOptions, &'static str) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    match storage.database_url.clone() {
         Some(url) => {
             let schema = format!(
                 "strata_bench_{}",
@@ -78,10 +104,7 @@ async fn run_events(args: EventsBenchArgs) -> anyhow::Result<()> {
                 let options = url
                     .parse::<PgConnectOptions>()?
                     .options([("search_path", schema.as_str())]);
-                let pool = bench_pool(options, writers).await?;
-                let result = bench_events(&pool, writers, duration, "DATABASE_URL").await;
-                pool.close().await;
-                result
+                body(options, "DATABASE_URL").await
             }
             .await;
             sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
@@ -103,10 +126,7 @@ async fn run_events(args: EventsBenchArgs) -> anyhow::Result<()> {
             pg.start().await.context("starting the embedded Postgres")?;
             let result = async {
                 let options = pg.url(DATABASE_NAME).parse::<PgConnectOptions>()?;
-                let pool = bench_pool(options, writers).await?;
-                let result = bench_events(&pool, writers, duration, "embedded").await;
-                pool.close().await;
-                result
+                body(options, "embedded").await
             }
             .await;
             tokio::task::spawn_blocking(move || pg.stop()).await??;
@@ -115,7 +135,10 @@ async fn run_events(args: EventsBenchArgs) -> anyhow::Result<()> {
     }
 }
 
-async fn bench_pool(options: PgConnectOptions, writers: usize) -> anyhow::Result<PgPool> {
+pub(super) async fn bench_pool(
+    options: PgConnectOptions,
+    writers: usize,
+) -> anyhow::Result<PgPool> {
     let options = options.log_statements(log::LevelFilter::Trace);
     let pool = PgPoolOptions::new()
         .max_connections(writers as u32 + 2)

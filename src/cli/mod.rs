@@ -4,6 +4,8 @@
 pub mod api;
 pub mod bench;
 pub mod bench_sandbox;
+pub mod bench_sdk;
+pub mod bench_upload;
 pub mod history;
 pub mod image;
 pub mod keys;

@@ -1,0 +1,317 @@
+//! `strata bench upload`: context-archive ingest through the real HTTP path, next to
+//! `openssl dgst -sha256` of the same file in the same run.
+//!
+//! The API runs in-process on a loopback port over a throwaway database (see
+//! [`super::bench::with_bench_database`]); a team key is issued, a build registered and an
+//! upload link requested exactly as the SDK does, then the archive is PUT with a streaming
+//! client and an explicit Content-Length. The PUT is timed from the first byte sent to the 200,
+//! so it includes hashing, writing, fsync, publishing and the compare-and-set that binds it.
+//!
+//! Baselines, same run: one core hashing the same (page-cached) file with openssl: the speed the
+//! server's own digest cannot beat; and a plain copy of the file made durable with fdatasync on
+//! the same filesystem (the disk's share, which the upload also pays). Each side runs `--repeat` times; medians are reported.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use chrono::Utc;
+use clap::Args;
+use sqlx::PgPool;
+use strata::api::AppState;
+use strata::config::{ServeArgs, StorageArgs};
+use strata::domain::ids::TeamId;
+use strata::domain::team::{ApiKey, Command};
+use strata::events::command::{execute, CommandContext};
+use strata::events::{Actor, ActorRole, EventStore, Metadata};
+use strata::streams::{team_stream, Team};
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+#[derive(Debug, Args)]
+pub struct BenchUploadArgs {
+    /// Archive size in MiB.
+    #[arg(long, default_value_t = 256)]
+    size_mib: u64,
+    /// Runs of each side; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
+    /// Directory for the archive and the server's data (default: the system temp dir). On a
+    /// tmpfs such as /dev/shm, fsync is free and the figures isolate the CPU path.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[command(flatten)]
+    storage: StorageArgs,
+}
+
+pub async fn run(args: BenchUploadArgs) -> anyhow::Result<()> {
+    if args.size_mib == 0 {
+        bail!("--size-mib must be at least 1");
+    }
+    let repeat = args.repeat.max(1);
+    let size = args.size_mib << 20;
+    // The archive and the API's data directory share one temporary directory (one filesystem,
+    // so the server's publish is a link, as in production).
+    let mut work = tempfile::Builder::new();
+    work.prefix("strata-bench-upload-");
+    let work = match &args.dir {
+        Some(dir) => work.tempdir_in(dir),
+        None => work.tempdir(),
+    }
+    .context("creating the bench directory")?;
+    let archive = work.path().join("context.tar");
+    write_random_file(&archive, size).await?;
+    let data_dir = work.path().join("data");
+
+    super::bench::with_bench_database(&args.storage, |options, where_| async move {
+        let pool = super::bench::bench_pool(options, 4).await?;
+        let result = bench_upload(&pool, &data_dir, &archive, size, repeat, where_).await;
+        pool.close().await;
+        result
+    })
+    .await
+}
+
+async fn bench_upload(
+    pool: &PgPool,
+    data_dir: &Path,
+    archive: &Path,
+    size: u64,
+    repeat: usize,
+    where_: &str,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let serve = ServeArgs {
+        listen: addr,
+        admin_token: None,
+        public_url: Some(format!("http://{addr}")),
+        upload_secret: None,
+        upload_max_bytes: size + (1 << 20),
+        upload_url_ttl_secs: 900,
+        build_waiting_timeout_secs: 3600,
+        build_queue_timeout_secs: 3600,
+    };
+    let state = AppState::new(pool.clone(), &serve, "bench".into(), data_dir)
+        .context("preparing the API")?;
+    let blobs = data_dir.join("blobs").join("sha256");
+    let shutdown = CancellationToken::new();
+    let server = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, strata::api::router(state))
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await
+        })
+    };
+
+    let result = async {
+        let key = issue_key(pool).await?;
+        let client = reqwest::Client::new();
+        let base = format!("http://{addr}");
+        let template = register(&client, &base, &key).await?;
+        println!(
+            "strata bench upload: {} MiB archive in {}, {repeat} runs each, Postgres {where_}, API on {addr}",
+            size >> 20,
+            archive.parent().map(Path::display).map(|d| d.to_string()).unwrap_or_default()
+        );
+
+        let mut ceiling = Vec::with_capacity(repeat);
+        let mut disk = Vec::with_capacity(repeat);
+        let mut ingest = Vec::with_capacity(repeat);
+        let mut openssl_digest = String::new();
+        for _ in 0..repeat {
+            let (elapsed, digest) = openssl_sha256(archive).await?;
+            ceiling.push(elapsed);
+            openssl_digest = digest;
+            disk.push(durable_copy(archive, data_dir).await?);
+            ingest.push(upload_once(&client, &base, &key, &template, archive, size).await?);
+        }
+        // The server named the blob by the digest it computed; it must be openssl's.
+        if !blobs.join(&openssl_digest).is_file() {
+            bail!("the server did not store the archive under its sha256 {openssl_digest}");
+        }
+
+        let mib = size as f64 / (1 << 20) as f64;
+        let ceiling_rate = mib / median(&ceiling).as_secs_f64();
+        let ingest_rate = mib / median(&ingest).as_secs_f64();
+        let runs = |v: &[Duration]| {
+            v.iter()
+                .map(|d| format!("{:.0}", mib / d.as_secs_f64()))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        println!();
+        println!(
+            "{:<44} {:>10} {:>10}   runs (MiB/s)",
+            "scenario", "MiB/s", "vs ceiling"
+        );
+        println!(
+            "{:<44} {:>10.0} {:>10.2}   {}",
+            "openssl dgst -sha256, one core (ceiling)",
+            ceiling_rate,
+            1.0,
+            runs(&ceiling)
+        );
+        println!(
+            "{:<44} {:>10.0} {:>10.2}   {}",
+            "cp + fdatasync, same filesystem (disk)",
+            mib / median(&disk).as_secs_f64(),
+            mib / median(&disk).as_secs_f64() / ceiling_rate,
+            runs(&disk)
+        );
+        println!(
+            "{:<44} {:>10.0} {:>10.2}   {}",
+            "PUT upload: stream, hash, fsync, publish",
+            ingest_rate,
+            ingest_rate / ceiling_rate,
+            runs(&ingest)
+        );
+        println!();
+        println!("digest checked: the stored blob is named by openssl's sha256 {openssl_digest}");
+        Ok(())
+    }
+    .await;
+    shutdown.cancel();
+    server.await.context("API task")??;
+    result
+}
+
+/// `size` bytes that do not compress: the shape of a context archive that is mostly binaries.
+async fn write_random_file(path: &PathBuf, size: u64) -> anyhow::Result<()> {
+    let mut file = tokio::io::BufWriter::new(tokio::fs::File::create(path).await?);
+    let mut block = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    while written < size {
+        rand::Rng::fill(&mut rand::thread_rng(), &mut block[..]);
+        let n = (size - written).min(block.len() as u64) as usize;
+        file.write_all(&block[..n]).await?;
+        written += n as u64;
+    }
+    file.flush().await?;
+    Ok(())
+}
+
+async fn issue_key(pool: &PgPool) -> anyhow::Result<String> {
+    let store = EventStore::new(pool.clone());
+    let ctx = CommandContext::new(Metadata::new(Actor::new(ActorRole::Cli, "bench")));
+    let key = ApiKey::from_random(rand::random());
+    let command = Command::IssueKey {
+        key_id: Uuid::new_v4(),
+        key_sha256: key.sha256_hex(),
+        prefix: key.display_prefix(),
+        now: Utc::now(),
+    };
+    let team = TeamId::parse("bench-upload")?;
+    execute::<Team>(&store, &team_stream(&team), &command, &ctx)
+        .await
+        .context("issuing the bench key")?;
+    Ok(key.expose().to_string())
+}
+
+async fn json_of(response: reqwest::Response, what: &str) -> anyhow::Result<serde_json::Value> {
+    let status = response.status();
+    let body = response.bytes().await?;
+    if !status.is_success() {
+        bail!("{what}: {status}: {}", String::from_utf8_lossy(&body));
+    }
+    serde_json::from_slice(&body).with_context(|| format!("{what}: the body is not JSON"))
+}
+
+/// `POST /v3/templates`, as the SDK sends it; returns the template id.
+async fn register(client: &reqwest::Client, base: &str, key: &str) -> anyhow::Result<String> {
+    let response = client
+        .post(format!("{base}/v3/templates"))
+        .header("x-api-key", key)
+        .header("content-type", "application/json")
+        .body(r#"{"name":"bench-upload"}"#)
+        .send()
+        .await?;
+    let body = json_of(response, "registering the bench build").await?;
+    body["templateID"]
+        .as_str()
+        .map(str::to_owned)
+        .context("the registration has no templateID")
+}
+
+/// One link under a fresh files hash (so the content is never "present"), then the timed PUT.
+async fn upload_once(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    template: &str,
+    archive: &Path,
+    size: u64,
+) -> anyhow::Result<Duration> {
+    let hash = hex::encode(rand::random::<[u8; 32]>());
+    let response = client
+        .get(format!("{base}/templates/{template}/files/{hash}"))
+        .header("x-api-key", key)
+        .send()
+        .await?;
+    let link = json_of(response, "requesting an upload link").await?;
+    let url = link["url"].as_str().context("the link has no url")?;
+
+    let file = tokio::fs::File::open(archive).await?;
+    let body =
+        reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(file, 1 << 20));
+    let start = Instant::now();
+    let response = client
+        .put(url)
+        .header("content-length", size)
+        .body(body)
+        .send()
+        .await?;
+    let status = response.status();
+    let text = response.text().await?;
+    let elapsed = start.elapsed();
+    if !status.is_success() {
+        bail!("the upload PUT failed: {status}: {text}");
+    }
+    Ok(elapsed)
+}
+
+/// Times copying `archive` into a new file beside the server's data and making it durable:
+/// what the upload must at least pay for on this disk, with no network and no hashing.
+async fn durable_copy(archive: &Path, data_dir: &Path) -> anyhow::Result<Duration> {
+    let (archive, dir) = (archive.to_path_buf(), data_dir.to_path_buf());
+    tokio::task::spawn_blocking(move || {
+        let mut target = tempfile::NamedTempFile::new_in(dir)?;
+        let start = Instant::now();
+        std::io::copy(&mut std::fs::File::open(&archive)?, target.as_file_mut())?;
+        target.as_file().sync_data()?;
+        Ok(start.elapsed())
+    })
+    .await?
+}
+
+/// Times `openssl dgst -sha256 FILE` as a subprocess; returns the time and the hex digest.
+async fn openssl_sha256(path: &Path) -> anyhow::Result<(Duration, String)> {
+    let start = Instant::now();
+    let out = tokio::process::Command::new("openssl")
+        .args(["dgst", "-sha256", "-r"])
+        .arg(path)
+        .output()
+        .await
+        .context("running openssl (install it: apt-get install openssl)")?;
+    let elapsed = start.elapsed();
+    if !out.status.success() {
+        bail!(
+            "openssl dgst failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let digest = String::from_utf8(out.stdout)?
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    Ok((elapsed, digest))
+}
+
+fn median(values: &[Duration]) -> Duration {
+    let mut sorted = values.to_vec();
+    sorted.sort();
+    sorted[sorted.len() / 2]
+}
