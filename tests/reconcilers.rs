@@ -62,7 +62,11 @@ impl Proc {
     }
 
     fn worker(db_url: &str, node: &str, crash_at: Option<&str>) -> Proc {
-        let lease = LEASE_SECS.to_string();
+        Proc::worker_with_lease(db_url, node, crash_at, LEASE_SECS)
+    }
+
+    fn worker_with_lease(db_url: &str, node: &str, crash_at: Option<&str>, lease: u64) -> Proc {
+        let lease = lease.to_string();
         let mut env = vec![
             ("STRATA_LEASE_SECS", lease.as_str()),
             ("STRATA_MAX_BUILDS", "1"),
@@ -219,6 +223,7 @@ struct CrashResult {
     state: build::State,
     tag_holder: Option<BuildId>,
     build: BuildId,
+    db_url: String,
     /// Seconds from the lease's expiry to the terminal event, by the database clock.
     lag_secs: f64,
 }
@@ -324,7 +329,24 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
         state,
         tag_holder,
         build,
+        db_url: db.url.clone(),
     }
+}
+
+/// `strata history build ID` as an operator runs it.
+fn history(db_url: &str, build: BuildId) -> String {
+    let out = Command::new(common::strata_bin())
+        .args(["history", "build", &build.to_string()])
+        .env("DATABASE_URL", db_url)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -349,6 +371,24 @@ async fn a_worker_killed_at_any_point_leaves_no_build_unfinished() {
             r.lag_secs
         );
         let published = count(&r.events, "PublishingStarted.v1") == 1;
+        // The operator's timeline: every event of the build and its outbox, who, which epoch.
+        let timeline = history(&r.db_url, r.build);
+        let lines: Vec<&str> = timeline.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1 + r.events.len() + r.promotion.len(),
+            "{name}: {timeline}"
+        );
+        assert!(lines[0].contains("STREAM") && lines[0].contains("EPOCH"));
+        let terminal_line = lines
+            .iter()
+            .find(|l| l.contains("BuildReady.v1") || l.contains("BuildFailed.v1"))
+            .unwrap();
+        assert!(
+            terminal_line.contains("reconciler/reconciler-a"),
+            "{terminal_line}"
+        );
+        assert!(timeline.contains("worker/crash-node"), "{timeline}");
         match r.crash {
             Crash::At("worker:after-publishing")
             | Crash::At("promotion:after-layers-committed")
@@ -769,7 +809,8 @@ async fn a_build_survives_a_postgres_restart_and_loses_nothing() {
         ]),
     )
     .await;
-    let _worker = Proc::worker(&url, "restart-node", None);
+    // A lease longer than the outage: the node keeps its attempt across the restart.
+    let _worker = Proc::worker_with_lease(&url, "restart-node", None, 12);
     let _reconciler = Proc::reconciler(&url, "restart-reconciler", &[]);
     wait_for("step 1 to complete", Duration::from_secs(90), || async {
         count(&build_events(&store, build).await, "StepCompleted.v1") == 1
@@ -799,11 +840,24 @@ async fn a_build_survives_a_postgres_restart_and_loses_nothing() {
         assert_eq!(e.version, i as u64 + 1);
     }
     let state = build_state(&store, build).await;
-    match &state.phase {
-        Phase::Ready { .. } => {}
-        Phase::Error { reason, .. } => assert_eq!(reason.kind, FailureKind::NodeLost),
-        other => panic!("not terminal: {other:?}"),
-    }
+    assert!(
+        matches!(state.phase, Phase::Ready { epoch: Epoch(1) }),
+        "the build finishes in the attempt that survived the outage: {:?}",
+        state.phase
+    );
+    assert_eq!(count(&after, "StepCompleted.v1"), 3);
+    // The log lines written before the outage are still there, in order, with no gaps.
+    let seqs: Vec<i64> =
+        sqlx::query_scalar("SELECT seq FROM build_logs WHERE build_id = $1 ORDER BY seq")
+            .bind(build.as_uuid())
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(!seqs.is_empty());
+    assert!(
+        seqs.iter().enumerate().all(|(i, s)| *s == i as i64),
+        "{seqs:?}"
+    );
     let row = phase_row(&pool, build).await.unwrap();
     assert!(row == "ready" || row == "error");
     pool.close().await;
