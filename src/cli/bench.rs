@@ -37,6 +37,9 @@ pub enum BenchCommand {
     /// Sandboxes: boot+exec+destroy latency, checkpoint cost against `tar | openssl dgst`,
     /// boot latency by stack depth.
     Sandbox(super::bench_sandbox::BenchSandboxArgs),
+    /// Builds through 2 worker processes with one killed halfway: time until all are terminal,
+    /// reconciler lag (lease expiry to terminal event) p50/p99.
+    Lifecycle(super::bench_lifecycle::LifecycleBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -55,6 +58,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Events(args) => run_events(args).await,
         BenchCommand::Sandbox(args) => super::bench_sandbox::run(args).await,
+        BenchCommand::Lifecycle(args) => super::bench_lifecycle::run(args).await,
     }
 }
 
