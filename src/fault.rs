@@ -6,7 +6,8 @@
 //! Off by default: with the variable unset (every deployment), a crash point is one environment
 //! lookup and nothing else. Never set it outside tests.
 //!
-//! Points: `worker:before-first-step`, `worker:after-last-step`, `worker:after-publishing`,
+//! Points: `worker:before-first-step`, `worker:mid-copy` (archive extracted, checkpoint not yet
+//! sealed), `worker:after-last-step`, `worker:after-publishing`,
 //! `promotion:after-layers-committed`, `promotion:after-visible`.
 
 /// The environment variable naming the one crash point that fires.

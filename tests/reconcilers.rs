@@ -235,6 +235,23 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
     let (template, build) = api.register("crash").await;
     let second = match crash {
         Crash::MidRun => step("RUN", &["sleep 20"]),
+        Crash::At("worker:mid-copy") => {
+            // A real upload: a tar in the node's blob store, bound through the domain.
+            let hash = FilesHash::parse(&hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+                build.to_string().as_bytes(),
+            )))
+            .unwrap();
+            let mut tar = tar::Builder::new(Vec::new());
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(5);
+            h.set_mode(0o644);
+            tar.append_data(&mut h, "hello.txt", &b"hello"[..]).unwrap();
+            let bytes = tar.into_inner().unwrap();
+            let blobs = common::sandbox::backend().blobs();
+            api.upload(blobs.as_ref(), build, &hash, &bytes).await;
+            json!({"type": "COPY", "args": ["hello.txt", "/tmp/", "", ""], "filesHash": hash.as_str(), "force": false})
+        }
         Crash::At(_) => step("RUN", &["echo two > /tmp/two"]),
     };
     api.start(
@@ -354,6 +371,7 @@ async fn a_worker_killed_at_any_point_leaves_no_build_unfinished() {
     let crashes = [
         Crash::At("worker:before-first-step"),
         Crash::MidRun,
+        Crash::At("worker:mid-copy"),
         Crash::At("worker:after-last-step"),
         Crash::At("worker:after-publishing"),
         Crash::At("promotion:after-layers-committed"),
@@ -437,6 +455,16 @@ async fn a_worker_killed_at_any_point_leaves_no_build_unfinished() {
                     panic!("{name}: expected error, got {:?}", r.state.phase)
                 };
                 assert_eq!(reason.kind, FailureKind::NodeLost, "{name}");
+                // The step the node was on: one past the last it recorded.
+                let expected_step = match r.crash {
+                    Crash::At("worker:before-first-step") => 1,
+                    _ => 2,
+                };
+                assert_eq!(
+                    reason.step,
+                    Some(build::FailedStep::Step(expected_step)),
+                    "{name}"
+                );
                 assert_eq!(*epoch, Some(Epoch(1)), "{name}");
                 assert!(reason.message.contains("crash-node"), "{}", reason.message);
                 assert_eq!(count(&r.events, "AttemptExpired.v1"), 1, "{name}");
