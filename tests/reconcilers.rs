@@ -902,3 +902,46 @@ impl Drop for StopOnDrop {
         let _ = self.0.stop();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The command line
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn reconcile_validates_names_and_schedules_and_lists_the_reconcilers() {
+    let run = |args: &[&str]| {
+        let out = Command::new(common::strata_bin())
+            .args(args)
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let names = [
+        "attempt-expiry",
+        "promotion",
+        "waiting-deadline",
+        "intent-expiry",
+    ];
+    let (ok, _, err) = run(&["reconcile", "--only", "gc-everything"]);
+    assert!(!ok);
+    for name in names {
+        assert!(err.contains(name), "{err}");
+    }
+    let (ok, help, _) = run(&["reconcile", "--help"]);
+    assert!(ok);
+    for name in names {
+        assert!(help.contains(name), "{help}");
+    }
+    // The schedule is checked before any connection is tried.
+    let (ok, _, err) = run(&["reconcile", "--schedule", "every second"]);
+    assert!(!ok);
+    assert!(
+        err.contains("invalid schedule") && err.contains("six fields"),
+        "{err}"
+    );
+}
