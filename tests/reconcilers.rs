@@ -32,7 +32,9 @@ const LEASE_SECS: u64 = 3;
 // Processes
 // ---------------------------------------------------------------------------------------------
 
-/// A child process killed (SIGKILL) and reaped when dropped, its stderr in a log file.
+/// A child process in a process group of its own, its stderr in a log file. Dropping it
+/// SIGKILLs the whole group: a worker's sandboxes are processes of its group and outlive a
+/// SIGKILLed worker otherwise.
 struct Proc {
     child: Child,
     log: PathBuf,
@@ -45,6 +47,7 @@ impl Proc {
             &Uuid::new_v4().simple().to_string()[..8]
         ));
         let mut cmd = Command::new(common::strata_bin());
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         cmd.args(args)
             .env("DATABASE_URL", db_url)
             .env("STRATA_DATA_DIR", node_dir())
@@ -106,7 +109,8 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // SAFETY: kill(2) on the process group this child leads (created at spawn).
+        unsafe { libc::kill(-self.pid(), libc::SIGKILL) };
         let _ = self.child.wait();
         if std::thread::panicking() {
             let stderr = self.stderr();

@@ -10,6 +10,7 @@
 //! It needs a fresh database: with DATABASE_URL, one named `strata_bench_…` is created on that
 //! server (needs CREATEDB) and dropped at the end; without, a throwaway embedded Postgres.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -97,12 +98,14 @@ fn with_database(url: &str, database: &str) -> String {
     format!("{base}/{database}{query}")
 }
 
-/// A child process, SIGKILLed and reaped when dropped.
+/// A child process leading its own process group; dropping it SIGKILLs the group (a worker and
+/// its sandboxes: what a node's death takes with it) and reaps the child.
 struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        // SAFETY: kill(2) on the process group this child leads (created at spawn).
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
         let _ = self.0.wait();
     }
 }
@@ -110,6 +113,7 @@ impl Drop for Proc {
 fn spawn(args: &LifecycleBenchArgs, url: &str, role: &[&str], node: &str) -> anyhow::Result<Proc> {
     let exe = std::env::current_exe().context("locating the strata binary")?;
     let child = Command::new(exe)
+        .process_group(0)
         .args(role)
         .env("DATABASE_URL", url)
         .env("STRATA_DATA_DIR", &args.storage.data_dir)
