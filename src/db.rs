@@ -8,13 +8,20 @@ use sqlx::{ConnectOptions, PgPool};
 /// The schema, embedded at compile time from `migrations/` (append-only).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// How long a connection may sit idle inside a transaction before the server aborts it.
+pub const IDLE_IN_TRANSACTION: &str = "10s";
+
 /// Opens a pool on `url`. Statement logging is turned down to debug so that queries do not
 /// flood the service log.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
     let options: PgConnectOptions = url
         .parse::<PgConnectOptions>()?
         .log_statements(log::LevelFilter::Debug)
-        .log_slow_statements(log::LevelFilter::Warn, Duration::from_secs(1));
+        .log_slow_statements(log::LevelFilter::Warn, Duration::from_secs(1))
+        // A process stopped inside a transaction (SIGSTOP, a hung node) would hold its row locks
+        // and stall every writer of those streams, reconcilers included. No transaction here is
+        // ever idle for long, so the server aborts one idle for IDLE_IN_TRANSACTION.
+        .options([("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION)]);
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(30))

@@ -16,6 +16,7 @@ pub mod db;
 pub mod domain;
 pub mod embedded_postgres;
 pub mod events;
+pub mod fault;
 pub mod projections;
 pub mod reconcilers;
 pub mod streams;

@@ -41,6 +41,9 @@ pub enum BenchCommand {
     Upload(super::bench_upload::BenchUploadArgs),
     /// One-step SDK build against a running strata: API time and step time, per phase.
     Sdk(super::bench_sdk::BenchSdkArgs),
+    /// Builds through 2 worker processes with one killed halfway: time until all are terminal,
+    /// reconciler lag (lease expiry to terminal event) p50/p99.
+    Lifecycle(super::bench_lifecycle::LifecycleBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -61,6 +64,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Sandbox(args) => super::bench_sandbox::run(args).await,
         BenchCommand::Upload(args) => super::bench_upload::run(args).await,
         BenchCommand::Sdk(args) => super::bench_sdk::run(args).await,
+        BenchCommand::Lifecycle(args) => super::bench_lifecycle::run(args).await,
     }
 }
 

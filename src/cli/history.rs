@@ -1,4 +1,7 @@
 //! `strata history STREAM`: a stream's audit history as a table, read straight from Postgres.
+//! `strata history build ID`: a build's whole timeline: its `build-{id}` stream and the
+//! promotion outbox of every attempt (`promotion-{id}-{epoch}`), merged in commit order, with
+//! the stream of each event.
 
 use anyhow::Context;
 use clap::Args;
@@ -7,8 +10,11 @@ use strata::events::{EventStore, RecordedEvent, StreamId};
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
-    /// Stream id, e.g. `build-0191c0de…` or `template-abc`.
+    /// Stream id, e.g. `build-0191c0de…` or `template-abc`; or `build` followed by a build id
+    /// for the build's whole timeline (its stream and its promotion streams).
     stream: String,
+    /// With `build`: the build id (a UUID).
+    id: Option<String>,
     /// First version to show.
     #[arg(long, default_value_t = 1)]
     from_version: u64,
@@ -23,6 +29,16 @@ pub struct HistoryArgs {
 }
 
 pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
+    if let Some(id) = &args.id {
+        if args.stream != "build" {
+            anyhow::bail!(
+                "unexpected argument {id:?}: only `strata history build <build id>` takes a second argument"
+            );
+        }
+        let build = uuid::Uuid::parse_str(id)
+            .with_context(|| format!("{id:?} is not a build id (a UUID)"))?;
+        return build_timeline(&args, build).await;
+    }
     let stream = StreamId::parse(&args.stream)?;
     let pool = super::connect_database(&args.storage).await?;
     let store = EventStore::new(pool);
@@ -47,26 +63,67 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    print!("{}", render_table(&events));
+    print!("{}", render_table(&events, false));
     Ok(())
 }
 
-/// Columns: position, version, time, type, actor, epoch, data (shortened).
-fn render_table(events: &[RecordedEvent]) -> String {
-    let header = [
-        "POSITION",
-        "VERSION",
-        "TIME (UTC)",
-        "TYPE",
-        "ACTOR",
-        "EPOCH",
-        "DATA",
-    ];
-    let rows: Vec<[String; 7]> = events
+/// The build stream and its promotion streams, merged by position.
+async fn build_timeline(args: &HistoryArgs, build: uuid::Uuid) -> anyhow::Result<()> {
+    let pool = super::connect_database(&args.storage).await?;
+    let mut streams = vec![format!("build-{build}")];
+    let promotions: Vec<String> = sqlx::query_scalar(
+        "SELECT stream_id FROM streams WHERE stream_id LIKE $1 ORDER BY stream_id",
+    )
+    .bind(format!("promotion-{build}-%"))
+    .fetch_all(&pool)
+    .await
+    .context("listing the build's promotion streams")?;
+    streams.extend(promotions);
+    let store = EventStore::new(pool);
+    let mut events = Vec::new();
+    for name in &streams {
+        let stream = StreamId::parse(name)?;
+        events.extend(
+            store
+                .read_stream_all(&stream)
+                .await
+                .with_context(|| format!("reading stream {stream}"))?,
+        );
+    }
+    if events.is_empty() {
+        anyhow::bail!("build {build} has no events (check the id: `strata history build <uuid>`)");
+    }
+    events.sort_by_key(|e| e.position);
+    let events: Vec<RecordedEvent> = events
+        .into_iter()
+        .filter(|e| e.version >= args.from_version)
+        .take(args.limit as usize)
+        .collect();
+    if args.json {
+        for event in &events {
+            println!("{}", serde_json::to_string(event)?);
+        }
+        return Ok(());
+    }
+    print!("{}", render_table(&events, true));
+    Ok(())
+}
+
+/// Columns: position, [stream,] version, time, type, actor, epoch, data (shortened).
+fn render_table(events: &[RecordedEvent], with_stream: bool) -> String {
+    let mut header = vec!["POSITION"];
+    if with_stream {
+        header.push("STREAM");
+    }
+    header.extend(["VERSION", "TIME (UTC)", "TYPE", "ACTOR", "EPOCH", "DATA"]);
+    let rows: Vec<Vec<String>> = events
         .iter()
         .map(|e| {
-            [
-                e.position.to_string(),
+            let mut row = vec![e.position.to_string()];
+            if with_stream {
+                row.push(e.stream_id.to_string());
+            }
+            row.extend([
                 e.version.to_string(),
                 e.recorded_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
                 e.event_type.clone(),
@@ -78,11 +135,12 @@ fn render_table(events: &[RecordedEvent]) -> String {
                 e.metadata
                     .epoch
                     .map_or_else(|| "-".to_string(), |n| n.to_string()),
-                shorten(&e.data.to_string(), 60),
-            ]
+                shorten(&e.data.to_string(), if with_stream { 100 } else { 60 }),
+            ]);
+            row
         })
         .collect();
-    let mut widths = header.map(|h| h.chars().count());
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -92,7 +150,7 @@ fn render_table(events: &[RecordedEvent]) -> String {
     let mut line = |cells: &[String]| {
         let padded: Vec<String> = cells
             .iter()
-            .zip(widths)
+            .zip(widths.iter().copied())
             .enumerate()
             .map(|(i, (c, w))| {
                 if i + 1 == cells.len() {
@@ -105,7 +163,7 @@ fn render_table(events: &[RecordedEvent]) -> String {
         out.push_str(padded.join("  ").trim_end());
         out.push('\n');
     };
-    line(&header.map(String::from));
+    line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>());
     for row in &rows {
         line(row);
     }
@@ -140,7 +198,7 @@ mod tests {
             recorded_at: "2026-01-02T03:04:05.678Z".parse().unwrap(),
             tx_id: 900,
         };
-        let table = render_table(&[event]);
+        let table = render_table(&[event], false);
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("POSITION  VERSION  TIME (UTC)"));
         assert!(lines[1].starts_with(

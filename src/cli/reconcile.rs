@@ -1,5 +1,14 @@
+//! `strata reconcile`: runs the reconcilers (all, or `--only` some) as their own process.
+
+use std::sync::Arc;
+
+use anyhow::Context;
 use clap::Args;
 use strata::config::{NodeArgs, StorageArgs};
+use strata::events::EventStore;
+use strata::reconcilers::schedule::DEFAULT_SCHEDULE;
+use strata::reconcilers::{run_scheduled, ReconcileEnv, Reconciler, Schedule};
+use strata::vmm::LocalBlobStore;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
@@ -8,39 +17,75 @@ pub struct ReconcileArgs {
     storage: StorageArgs,
     #[command(flatten)]
     node: NodeArgs,
-    /// Run only this reconciler (see the list in `strata reconcile --help`).
-    #[arg(long)]
-    only: Option<String>,
+    /// Run only these reconcilers (repeat the flag for several); all of them by default.
+    #[arg(long, value_enum, value_name = "NAME")]
+    only: Vec<Reconciler>,
+    /// When passes run: a cron expression with six fields, seconds first (`*/2 * * * * *` is
+    /// every two seconds), applied to each selected reconciler.
+    #[arg(long, env = "STRATA_RECONCILE_SCHEDULE", default_value = DEFAULT_SCHEDULE)]
+    schedule: String,
 }
 
 pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
+    let schedule = Schedule::parse(&args.schedule)?;
     let pool = super::connect_database(&args.storage).await?;
+    let env = environment(pool, args.node.node_id(), &args.storage)?;
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(run_until(
-        pool,
-        args.node.node_id(),
-        args.only,
-        shutdown.clone(),
-    ));
+    let task = tokio::spawn(run_until(env, args.only, schedule, shutdown.clone()));
     super::shutdown_signal().await;
     shutdown.cancel();
-    task.await??;
+    task.await?;
     Ok(())
 }
 
-/// Runs the selected reconcilers until `shutdown`. The reconcilers themselves arrive with the
-/// build lifecycle; today there are none to run, which `--only` reports as an error.
-pub async fn run_until(
+/// What the reconcilers need: the store, the node id in their events' metadata, and the blob
+/// store of `<data-dir>/blobs`, where promotion checks a build's layers.
+pub fn environment(
     pool: sqlx::PgPool,
-    node_id: String,
-    only: Option<String>,
+    node: String,
+    storage: &StorageArgs,
+) -> anyhow::Result<ReconcileEnv> {
+    let blobs_dir = storage.data_dir.join("blobs");
+    let blobs = LocalBlobStore::open(&blobs_dir)
+        .with_context(|| format!("opening the blob store in {}", blobs_dir.display()))?;
+    Ok(ReconcileEnv {
+        store: EventStore::new(pool),
+        node,
+        blobs: Arc::new(blobs),
+    })
+}
+
+/// Runs the `only` reconcilers (all when empty) on `schedule` until `shutdown`.
+pub async fn run_until(
+    env: ReconcileEnv,
+    only: Vec<Reconciler>,
+    schedule: Schedule,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    if let Some(name) = only {
-        anyhow::bail!("unknown reconciler {name:?}: none are available in this version");
+) {
+    let mut selected = Vec::new();
+    for r in if only.is_empty() {
+        Reconciler::ALL.to_vec()
+    } else {
+        only
+    } {
+        if !selected.contains(&r) {
+            selected.push(r);
+        }
     }
-    sqlx::query("SELECT 1").execute(&pool).await?;
-    tracing::info!(node = %node_id, "reconciler process connected; no reconcilers are available yet");
-    shutdown.cancelled().await;
-    Ok(())
+    let tasks: Vec<_> = selected
+        .into_iter()
+        .map(|r| {
+            tokio::spawn(run_scheduled(
+                r,
+                env.clone(),
+                schedule.clone(),
+                shutdown.clone(),
+            ))
+        })
+        .collect();
+    for task in tasks {
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "a reconciler task panicked");
+        }
+    }
 }

@@ -77,10 +77,11 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
         worker_settings,
         shutdown.clone(),
     ));
+    let reconcile_env = super::reconcile::environment(pool.clone(), node_id, &args.storage)?;
     let reconcilers = tokio::spawn(super::reconcile::run_until(
-        pool.clone(),
-        node_id,
-        None,
+        reconcile_env,
+        Vec::new(),
+        strata::reconcilers::Schedule::default(),
         shutdown.clone(),
     ));
     let projections = tokio::spawn(strata::projections::run_all(
@@ -94,7 +95,7 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
     shutdown.cancel();
     api.await.context("API task")??;
     worker.await.context("worker task")??;
-    reconcilers.await.context("reconciler task")??;
+    reconcilers.await.context("reconciler task")?;
     projections.await.context("projection task")?;
     pool.close().await;
     Ok(())

@@ -391,6 +391,7 @@ impl Executor<'_> {
                 self.guarded(run.sandbox.copy_in(archive.path(), request))
                     .await?
                     .map_err(|e| fail(at, format!("COPY {src} {dest}: {e}")))?;
+                crate::fault::crash_point("worker:mid-copy");
             }
         }
         Ok(())

@@ -6,6 +6,7 @@
 //! * [`base`], [`template_lookup`]: what a build starts from (`fromImage`, `fromTemplate`).
 //! * [`shell`]: the shell text run inside sandboxes (ENV evaluation, WORKDIR, start/ready).
 //! * [`publish`]: result snapshot, Publishing, promotion outbox, Ready.
+//! * [`promote`]: drives a staged promotion to the end; shared with the promotion reconciler.
 //! * [`build_log`]: log lines to `build_logs`, batched and fenced.
 //! * [`export`]: a template's result as an OCI image layout.
 //! * [`settings`], [`error`].
@@ -19,6 +20,7 @@ pub mod error;
 pub mod executor;
 pub mod export;
 pub mod node;
+pub mod promote;
 pub mod publish;
 pub mod settings;
 pub mod shell;

@@ -214,7 +214,9 @@ impl Worker {
             log: log.clone(),
             cancel: cancel.clone(),
         };
+        crate::fault::crash_point("worker:before-first-step");
         let outcome = executor.run(&job).await?;
+        crate::fault::crash_point("worker:after-last-step");
         if cancel.is_cancelled() {
             return Err(WorkerError::Fenced {
                 build: attempt.build,

@@ -5,10 +5,9 @@
 //!    recorded on fresh `snapshot-{id}` streams, each append guarded by the open attempt.
 //! 2. One append: the build enters Publishing with that result and the promotion intent is
 //!    staged on `promotion-{build}-{epoch}` (the plan: layers, template, tags).
-//! 3. The promotion commits its layers (each must be a blob this node holds), then makes the
-//!    result visible: in one append, the outbox records `visible` and the template's tags move to
-//!    this build, which is what `fromTemplate` and export resolve.
-//! 4. The build becomes Ready, and the outbox records `done`.
+//! 3. [`PromotionDriver::drive`] takes the outbox from there to `done` (layers committed,
+//!    visible with the template's tags, build Ready, done): the same function the promotion
+//!    reconciler runs when this node dies mid-way.
 //!
 //! Until step 2 commits, a lost lease fences every write. From step 2 on, the build converges
 //! forward: each step is idempotent, so the promotion reconciler can finish what a dead node
@@ -17,20 +16,19 @@
 use std::sync::Arc;
 
 use super::attempt::Attempt;
-use super::base;
 use super::build_log::BuildLog;
 use super::error::WorkerError;
 use super::executor::BuildOutput;
+use super::promote::PromotionDriver;
 use crate::domain::build::{self, BuildResult};
 use crate::domain::build_spec::Tag;
 use crate::domain::ids::{self, SnapshotId, TemplateId};
 use crate::domain::promotion::{self, PromotionPlan};
 use crate::domain::snapshot::{Purpose, SnapshotRecord};
-use crate::domain::template;
 use crate::events::command::load;
-use crate::events::{execute, execute_writes, CommandError, StreamId, StreamWrite};
+use crate::events::{execute_writes, CommandError, StreamId, StreamWrite};
 use crate::streams::build_stream;
-use crate::streams::{Build, Promotion, Template};
+use crate::streams::{Build, Promotion};
 use crate::vmm::BlobStore;
 
 const MAX_ROUNDS: u32 = 32;
@@ -87,25 +85,15 @@ pub async fn publish(
         tags: tags.to_vec(),
     };
     begin_publishing(attempt, &plan).await?;
-    promote(attempt, blobs, &plan).await?;
+    crate::fault::crash_point("worker:after-publishing");
     log.info(None, "Template created");
     log.flush().await;
-    let now = attempt.now().await?;
-    attempt
-        .command(build::Command::MarkReady {
-            epoch: attempt.epoch,
-            now,
-        })
-        .await?;
-    let ctx = attempt.context();
-    execute::<Promotion>(
-        &attempt.store,
-        &promotion_stream(attempt),
-        &promotion::Command::Finish { now },
-        &ctx,
-    )
-    .await
-    .map_err(WorkerError::store)?;
+    let driver = PromotionDriver {
+        store: &attempt.store,
+        blobs,
+        metadata: attempt.metadata(),
+    };
+    driver.drive(attempt.build, attempt.epoch).await?;
     Ok(candidate)
 }
 
@@ -167,73 +155,4 @@ async fn begin_publishing(attempt: &Attempt, plan: &PromotionPlan) -> Result<(),
         }),
         Err(e) => Err(WorkerError::store(e)),
     }
-}
-
-/// Commits the layers and makes the result visible on the template.
-async fn promote(
-    attempt: &Attempt,
-    blobs: Arc<dyn BlobStore>,
-    plan: &PromotionPlan,
-) -> Result<(), WorkerError> {
-    let layers = plan.layers.clone();
-    let committed = tokio::task::spawn_blocking(move || {
-        layers
-            .iter()
-            .filter(|d| matches!(blobs.size(&base::to_vmm(d)), Ok(Some(_))))
-            .copied()
-            .collect::<Vec<_>>()
-    })
-    .await
-    .map_err(|e| WorkerError::Store(format!("layer check task: {e}")))?;
-    let now = attempt.now().await?;
-    execute::<Promotion>(
-        &attempt.store,
-        &promotion_stream(attempt),
-        &promotion::Command::CommitLayers { committed, now },
-        &attempt.context(),
-    )
-    .await
-    .map_err(WorkerError::store)?;
-    let tstream = crate::streams::template_stream(&plan.template);
-    // A command of its own: its event ids must differ from the layer commit's.
-    let ctx = attempt.context();
-    execute_writes(&attempt.store, MAX_ROUNDS, || {
-        let (store, ctx, plan) = (attempt.store.clone(), ctx.clone(), plan.clone());
-        let (pstream, tstream) = (promotion_stream(attempt), tstream.clone());
-        async move {
-            let now = super::attempt::db_now(store.pool())
-                .await
-                .map_err(rejected)?;
-            let p = load::<Promotion>(&store, &pstream)
-                .await
-                .map_err(rejected)?;
-            let p_events = promotion::decide(&p.state, &promotion::Command::MakeVisible { now })
-                .map_err(rejected)?;
-            let t = load::<Template>(&store, &tstream).await.map_err(rejected)?;
-            let t_events = template::decide(
-                &t.state,
-                &template::Command::AssignTags {
-                    build: plan.build,
-                    tags: plan.tags.clone(),
-                    now,
-                },
-            )
-            .map_err(rejected)?;
-            Ok(vec![
-                StreamWrite::new(
-                    pstream.clone(),
-                    p.expected(),
-                    ctx.encode(&pstream, &p_events)?,
-                ),
-                StreamWrite::new(
-                    tstream.clone(),
-                    t.expected(),
-                    ctx.encode(&tstream, &t_events)?,
-                ),
-            ])
-        }
-    })
-    .await
-    .map_err(WorkerError::store)?;
-    Ok(())
 }

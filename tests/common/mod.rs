@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod build_api;
 pub mod sandbox;
 
 use std::os::fd::AsRawFd;

@@ -1,0 +1,69 @@
+//! Attempt expiry: an Active build whose lease passed (by the database clock) is closed with
+//! `ExpireAttempt`: Error(NodeLost), its bindings and intents released, its epoch fenced.
+//!
+//! A Publishing build with a lapsed lease is not failed: `ExpireAttempt` refuses it, and the
+//! promotion reconciler drives it forward instead.
+
+use uuid::Uuid;
+
+use super::{Pass, ReconcileEnv, ReconcileError, BATCH};
+use crate::domain::build::{self, Phase};
+use crate::domain::ids::BuildId;
+use crate::events::command::load;
+use crate::events::{execute, CommandError};
+use crate::streams::{build_stream, database_now, Build};
+
+pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
+    let due: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT build_id FROM builds
+         WHERE phase = 'active' AND lease_expires_at < now()
+         ORDER BY lease_expires_at LIMIT $1",
+    )
+    .bind(BATCH)
+    .fetch_all(env.store.pool())
+    .await?;
+    let mut pass = Pass {
+        candidates: due.len(),
+        ..Pass::default()
+    };
+    for id in due {
+        let build = BuildId::from_uuid(id);
+        pass.add(expire(env, build).await, "attempt expiry", build);
+    }
+    Ok(pass)
+}
+
+/// Closes the build's attempt if, on the stream, it is Active with a lease that passed. `false`
+/// when there was nothing to close.
+pub async fn expire(env: &ReconcileEnv, build: BuildId) -> Result<bool, ReconcileError> {
+    let stream = build_stream(&build);
+    let loaded = load::<Build>(&env.store, &stream)
+        .await
+        .map_err(ReconcileError::store)?;
+    let Phase::Active { epoch, .. } = loaded.state.phase else {
+        return Ok(false);
+    };
+    let now = database_now(env.store.pool()).await?;
+    let command = build::Command::ExpireAttempt { now };
+    match execute::<Build>(
+        &env.store,
+        &stream,
+        &command,
+        &env.context(build, Some(epoch.0)),
+    )
+    .await
+    {
+        Ok(done) => {
+            if !done.events.is_empty() {
+                tracing::info!(%build, %epoch, "attempt expired: the node stopped renewing its lease");
+            }
+            Ok(!done.events.is_empty())
+        }
+        // Renewed meanwhile, or another reconciler closed it first: nothing to do.
+        Err(CommandError::Rejected(reason)) => {
+            tracing::debug!(%build, %reason, "attempt not expired");
+            Ok(false)
+        }
+        Err(e) => Err(ReconcileError::store(e)),
+    }
+}

@@ -1,0 +1,91 @@
+//! Intent expiry: a pending upload intent (a signed link handed out, its upload never completed)
+//! past `expires_at` on a build that is still Waiting is marked expired with `ExpireIntent`, so
+//! its reserved generation no longer counts as in flight.
+//!
+//! The intents live only in the build streams, so the pass reads the stream of every waiting
+//! build (paged by id). Intents of builds past Waiting cannot complete any more (completion
+//! requires Waiting) and are released with the build's terminal state.
+
+use uuid::Uuid;
+
+use super::{Pass, ReconcileEnv, ReconcileError, BATCH};
+use crate::domain::build::{self, IntentState, Phase};
+use crate::domain::ids::{BuildId, IntentId};
+use crate::events::command::load;
+use crate::events::{execute, CommandError};
+use crate::streams::{build_stream, database_now, Build};
+
+pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
+    let mut pass = Pass::default();
+    let mut after = Uuid::nil();
+    loop {
+        let page: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT build_id FROM builds WHERE phase = 'waiting' AND build_id > $1
+             ORDER BY build_id LIMIT $2",
+        )
+        .bind(after)
+        .bind(BATCH)
+        .fetch_all(env.store.pool())
+        .await?;
+        let Some(last) = page.last() else { break };
+        after = *last;
+        for id in page {
+            let build = BuildId::from_uuid(id);
+            let due = match due_intents(env, build).await {
+                Ok(due) => due,
+                Err(e) => {
+                    pass.add(Err(e), "reading intents", build);
+                    continue;
+                }
+            };
+            for intent in due {
+                pass.candidates += 1;
+                pass.add(expire(env, build, intent).await, "intent expiry", build);
+            }
+        }
+    }
+    Ok(pass)
+}
+
+/// The build's pending intents whose expiry passed, if it is still Waiting.
+async fn due_intents(env: &ReconcileEnv, build: BuildId) -> Result<Vec<IntentId>, ReconcileError> {
+    let loaded = load::<Build>(&env.store, &build_stream(&build))
+        .await
+        .map_err(ReconcileError::store)?;
+    if !matches!(loaded.state.phase, Phase::Waiting { .. }) {
+        return Ok(vec![]);
+    }
+    let now = database_now(env.store.pool()).await?;
+    Ok(loaded
+        .state
+        .intents
+        .iter()
+        .filter(|(_, i)| i.state == IntentState::Pending && i.expires_at <= now)
+        .map(|(id, _)| *id)
+        .collect())
+}
+
+/// Expires `intent` if it is still pending and past its expiry.
+pub async fn expire(
+    env: &ReconcileEnv,
+    build: BuildId,
+    intent: IntentId,
+) -> Result<bool, ReconcileError> {
+    let now = database_now(env.store.pool()).await?;
+    match execute::<Build>(
+        &env.store,
+        &build_stream(&build),
+        &build::Command::ExpireIntent { intent, now },
+        &env.context(build, None),
+    )
+    .await
+    {
+        Ok(done) => Ok(!done.events.is_empty()),
+        // Completed or expired meanwhile: nothing to do.
+        Err(CommandError::Rejected(reason)) => {
+            tracing::debug!(%build, %intent, %reason, "intent not expired");
+            Ok(false)
+        }
+        Err(e) => Err(ReconcileError::store(e)),
+    }
+}

@@ -1,0 +1,64 @@
+//! Promotion: a build in Publishing whose lease passed lost its node mid-promotion. Publishing is
+//! the irreversible commit, so it is not failed: the promotion outbox is driven forward from
+//! wherever the node left it, with the very function the worker runs
+//! ([`PromotionDriver::drive`]), adopting the layers and records the node already wrote, and
+//! ends with the build Ready.
+
+use uuid::Uuid;
+
+use super::{Pass, ReconcileEnv, ReconcileError, BATCH};
+use crate::domain::build::Phase;
+use crate::domain::ids::BuildId;
+use crate::events::command::load;
+use crate::streams::{build_stream, Build};
+use crate::worker::promote::PromotionDriver;
+use crate::worker::WorkerError;
+
+pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
+    let due: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT build_id FROM builds
+         WHERE phase = 'publishing' AND lease_expires_at < now()
+         ORDER BY lease_expires_at LIMIT $1",
+    )
+    .bind(BATCH)
+    .fetch_all(env.store.pool())
+    .await?;
+    let mut pass = Pass {
+        candidates: due.len(),
+        ..Pass::default()
+    };
+    for id in due {
+        let build = BuildId::from_uuid(id);
+        pass.add(finish(env, build).await, "promotion", build);
+    }
+    Ok(pass)
+}
+
+/// Drives the build's promotion to Ready if, on the stream, it is Publishing. `false` when there
+/// was nothing left to do (another copy or the worker finished it).
+pub async fn finish(env: &ReconcileEnv, build: BuildId) -> Result<bool, ReconcileError> {
+    let loaded = load::<Build>(&env.store, &build_stream(&build))
+        .await
+        .map_err(ReconcileError::store)?;
+    let Phase::Publishing { epoch, .. } = loaded.state.phase else {
+        return Ok(false);
+    };
+    let driver = PromotionDriver {
+        store: &env.store,
+        blobs: env.blobs.clone(),
+        metadata: env.metadata(build, Some(epoch.0)),
+    };
+    match driver.drive(build, epoch).await {
+        Ok(driven) => {
+            if driven.appended > 0 {
+                tracing::info!(%build, %epoch, from = ?driven.from, "promotion finished for a lost node");
+            }
+            Ok(driven.appended > 0)
+        }
+        Err(WorkerError::Fenced { reason, .. }) => {
+            tracing::debug!(%build, %reason, "promotion not driven");
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,57 @@
+//! Waiting-deadline expiry: a build still Waiting (never started) or Queued (no node claimed it)
+//! past its deadline, by the database clock, ends with `ExpireWaiting`: Error(WaitingExpired or
+//! QueueExpired), its bindings and pending intents released.
+
+use uuid::Uuid;
+
+use super::{Pass, ReconcileEnv, ReconcileError, BATCH};
+use crate::domain::build;
+use crate::domain::ids::BuildId;
+use crate::events::{execute, CommandError};
+use crate::streams::{build_stream, database_now, Build};
+
+pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
+    let due: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT build_id FROM builds
+         WHERE phase IN ('waiting', 'queued') AND deadline < now()
+         ORDER BY deadline LIMIT $1",
+    )
+    .bind(BATCH)
+    .fetch_all(env.store.pool())
+    .await?;
+    let mut pass = Pass {
+        candidates: due.len(),
+        ..Pass::default()
+    };
+    for id in due {
+        let build = BuildId::from_uuid(id);
+        pass.add(expire(env, build).await, "waiting-deadline expiry", build);
+    }
+    Ok(pass)
+}
+
+/// Fails the build if, on the stream, it is Waiting or Queued past its deadline.
+pub async fn expire(env: &ReconcileEnv, build: BuildId) -> Result<bool, ReconcileError> {
+    let now = database_now(env.store.pool()).await?;
+    match execute::<Build>(
+        &env.store,
+        &build_stream(&build),
+        &build::Command::ExpireWaiting { now },
+        &env.context(build, None),
+    )
+    .await
+    {
+        Ok(done) => {
+            if !done.events.is_empty() {
+                tracing::info!(%build, "build expired before it started or was claimed");
+            }
+            Ok(!done.events.is_empty())
+        }
+        // Started, claimed or already expired by another copy: nothing to do.
+        Err(CommandError::Rejected(reason)) => {
+            tracing::debug!(%build, %reason, "build not expired");
+            Ok(false)
+        }
+        Err(e) => Err(ReconcileError::store(e)),
+    }
+}

@@ -1,0 +1,951 @@
+//! Builds that always finish, with real processes: `strata worker` killed (SIGKILL, or the
+//! `STRATA_FAULT_CRASH_AT` crash points for places no outside signal can hit reliably) or paused,
+//! `strata reconcile` processes driving every build to a terminal state, Postgres restarted
+//! under a running build. Builds are registered and started through the domain, as the API would.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use common::build_api::{stream, Api};
+use common::sandbox::node_dir;
+use serde_json::json;
+use strata::domain::build::{self, AttemptGrant, BuildResult, FailureKind, Phase};
+use strata::domain::build_spec::Tag;
+use strata::domain::ids::{self, BuildId, Epoch, FilesHash, NodeId, SnapshotId, TeamId};
+use strata::domain::promotion::{self, PromotionPlan};
+use strata::events::command::load;
+use strata::events::{
+    Actor, ActorRole, CommandContext, EventStore, Metadata, RecordedEvent, StreamWrite,
+};
+use strata::streams::{Build, Template};
+use uuid::Uuid;
+
+/// Lease of every worker here: short, so reconcilers act within seconds.
+const LEASE_SECS: u64 = 3;
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------------------------
+
+/// A child process in a process group of its own, its stderr in a log file. Dropping it
+/// SIGKILLs the whole group: a worker's sandboxes are processes of its group and outlive a
+/// SIGKILLed worker otherwise.
+struct Proc {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(args: &[&str], db_url: &str, node: &str, extra_env: &[(&str, &str)]) -> Proc {
+        let log = std::env::temp_dir().join(format!(
+            "strata-reconcilers-{node}-{}.log",
+            &Uuid::new_v4().simple().to_string()[..8]
+        ));
+        let mut cmd = Command::new(common::strata_bin());
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        cmd.args(args)
+            .env("DATABASE_URL", db_url)
+            .env("STRATA_DATA_DIR", node_dir())
+            .env("STRATA_NODE_ID", node)
+            .env("RUST_LOG", "strata=info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        Proc {
+            child: cmd.spawn().unwrap(),
+            log,
+        }
+    }
+
+    fn worker(db_url: &str, node: &str, crash_at: Option<&str>) -> Proc {
+        Proc::worker_with_lease(db_url, node, crash_at, LEASE_SECS)
+    }
+
+    fn worker_with_lease(db_url: &str, node: &str, crash_at: Option<&str>, lease: u64) -> Proc {
+        let lease = lease.to_string();
+        let mut env = vec![
+            ("STRATA_LEASE_SECS", lease.as_str()),
+            ("STRATA_MAX_BUILDS", "1"),
+            ("STRATA_QUEUE_POLL_MS", "200"),
+        ];
+        if let Some(point) = crash_at {
+            env.push((strata::fault::CRASH_AT_ENV, point));
+        }
+        Proc::spawn(&["worker"], db_url, node, &env)
+    }
+
+    fn reconciler(db_url: &str, node: &str, only: &[&str]) -> Proc {
+        let mut args = vec!["reconcile"];
+        for name in only {
+            args.extend(["--only", name]);
+        }
+        Proc::spawn(&args, db_url, node, &[])
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0);
+    }
+
+    fn exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the process group this child leads (created at spawn).
+        unsafe { libc::kill(-self.pid(), libc::SIGKILL) };
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let stderr = self.stderr();
+            let tail: Vec<&str> = stderr.lines().rev().take(30).collect();
+            eprintln!(
+                "--- {} (last lines, newest first) ---\n{}",
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Database helpers
+// ---------------------------------------------------------------------------------------------
+
+fn new_api(store: &EventStore) -> Api {
+    Api {
+        store: store.clone(),
+        team: TeamId::parse(&format!(
+            "team{}",
+            &Uuid::new_v4().simple().to_string()[..8]
+        ))
+        .unwrap(),
+    }
+}
+
+async fn phase_row(pool: &sqlx::PgPool, build: BuildId) -> Option<String> {
+    sqlx::query_scalar("SELECT phase FROM builds WHERE build_id = $1")
+        .bind(build.as_uuid())
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+async fn build_state(store: &EventStore, build: BuildId) -> build::State {
+    load::<Build>(store, &stream(ids::stream::build(&build)))
+        .await
+        .unwrap()
+        .state
+}
+
+async fn build_events(store: &EventStore, build: BuildId) -> Vec<RecordedEvent> {
+    store
+        .read_stream_all(&stream(ids::stream::build(&build)))
+        .await
+        .unwrap()
+}
+
+/// Polls (bounded by `limit`) until `check` holds.
+async fn wait_for<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_terminal(pool: &sqlx::PgPool, build: BuildId, limit: Duration) {
+    wait_for(&format!("build {build} to finish"), limit, || async {
+        matches!(
+            phase_row(pool, build).await.as_deref(),
+            Some("ready" | "error")
+        )
+    })
+    .await;
+}
+
+fn count(events: &[RecordedEvent], event_type: &str) -> usize {
+    events.iter().filter(|e| e.event_type == event_type).count()
+}
+
+fn actor_of(events: &[RecordedEvent], event_type: &str) -> ActorRole {
+    events
+        .iter()
+        .find(|e| e.event_type == event_type)
+        .unwrap_or_else(|| panic!("no {event_type}"))
+        .metadata
+        .actor
+        .role
+}
+
+fn step(kind: &str, args: &[&str]) -> serde_json::Value {
+    json!({"type": kind, "args": args, "force": false})
+}
+
+fn recipe(steps: Vec<serde_json::Value>) -> serde_json::Value {
+    json!({"fromImage": "busybox", "force": false, "steps": steps})
+}
+
+// ---------------------------------------------------------------------------------------------
+// Crash matrix
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+enum Crash {
+    /// A crash point of the worker (`STRATA_FAULT_CRASH_AT`).
+    At(&'static str),
+    /// SIGKILL from outside while the second step (`sleep`) runs.
+    MidRun,
+}
+
+#[derive(Debug)]
+struct CrashResult {
+    crash: Crash,
+    events: Vec<RecordedEvent>,
+    promotion: Vec<RecordedEvent>,
+    state: build::State,
+    tag_holder: Option<BuildId>,
+    build: BuildId,
+    db_url: String,
+    /// Seconds from the lease's expiry to the terminal event, by the database clock.
+    lag_secs: f64,
+}
+
+async fn crash_scenario(crash: Crash) -> CrashResult {
+    let db = common::test_db().await;
+    let store = EventStore::new(db.pool.clone());
+    let api = new_api(&store);
+    let (template, build) = api.register("crash").await;
+    let second = match crash {
+        Crash::MidRun => step("RUN", &["sleep 20"]),
+        Crash::At("worker:mid-copy") => {
+            // A real upload: a tar in the node's blob store, bound through the domain.
+            let hash = FilesHash::parse(&hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+                build.to_string().as_bytes(),
+            )))
+            .unwrap();
+            let mut tar = tar::Builder::new(Vec::new());
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(5);
+            h.set_mode(0o644);
+            tar.append_data(&mut h, "hello.txt", &b"hello"[..]).unwrap();
+            let bytes = tar.into_inner().unwrap();
+            let blobs = common::sandbox::backend().blobs();
+            api.upload(blobs.as_ref(), build, &hash, &bytes).await;
+            json!({"type": "COPY", "args": ["hello.txt", "/tmp/", "", ""], "filesHash": hash.as_str(), "force": false})
+        }
+        Crash::At(_) => step("RUN", &["echo two > /tmp/two"]),
+    };
+    api.start(
+        build,
+        recipe(vec![step("RUN", &["echo one > /tmp/one"]), second]),
+    )
+    .await;
+    let crash_at = match crash {
+        Crash::At(point) => Some(point),
+        Crash::MidRun => None,
+    };
+    let mut worker = Proc::worker(&db.url, "crash-node", crash_at);
+    match crash {
+        Crash::At(point) => {
+            wait_for(
+                &format!("the worker to crash at {point}"),
+                Duration::from_secs(90),
+                || {
+                    let exited = worker.exited();
+                    let (pool, store) = (db.pool.clone(), store.clone());
+                    async move {
+                        if !exited && phase_row(&pool, build).await.as_deref() == Some("error") {
+                            panic!(
+                                "the build failed: {:?}",
+                                build_state(&store, build).await.phase
+                            );
+                        }
+                        exited
+                    }
+                },
+            )
+            .await;
+            assert!(
+                worker.stderr().contains(&format!("crashing at {point}")),
+                "the worker did not reach {point}: {}",
+                worker.stderr()
+            );
+        }
+        Crash::MidRun => {
+            wait_for("step 1 to complete", Duration::from_secs(90), || async {
+                count(&build_events(&store, build).await, "StepCompleted.v1") == 1
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            worker.signal(libc::SIGKILL);
+            let _ = worker.child.wait();
+        }
+    }
+    let before_reconciler = build_state(&store, build).await;
+    assert!(
+        !before_reconciler.phase.is_terminal(),
+        "{crash:?}: the build must still be open when the node dies: {:?}",
+        before_reconciler.phase
+    );
+    let _reconciler = Proc::reconciler(&db.url, "reconciler-a", &[]);
+    wait_terminal(&db.pool, build, Duration::from_secs(60)).await;
+    let events = build_events(&store, build).await;
+    let promotion = store
+        .read_stream_all(&stream(ids::stream::promotion(&build, Epoch(1))))
+        .await
+        .unwrap();
+    let state = build_state(&store, build).await;
+    let tag_holder = load::<Template>(&store, &stream(ids::stream::template(&template)))
+        .await
+        .unwrap()
+        .state
+        .tags
+        .get(&Tag::default_tag())
+        .copied();
+    let lease_expires_at: DateTime<Utc> = events
+        .iter()
+        .rev()
+        .find_map(|e| match e.decode::<build::Event>().unwrap() {
+            build::Event::AttemptAcquired {
+                lease_expires_at, ..
+            }
+            | build::Event::LeaseRenewed {
+                lease_expires_at, ..
+            } => Some(lease_expires_at),
+            _ => None,
+        })
+        .unwrap();
+    let terminal = events
+        .iter()
+        .find(|e| e.event_type == "BuildReady.v1" || e.event_type == "BuildFailed.v1")
+        .unwrap();
+    CrashResult {
+        crash,
+        lag_secs: (terminal.recorded_at - lease_expires_at).num_milliseconds() as f64 / 1000.0,
+        events,
+        promotion,
+        state,
+        tag_holder,
+        build,
+        db_url: db.url.clone(),
+    }
+}
+
+/// `strata history build ID` as an operator runs it.
+fn history(db_url: &str, build: BuildId) -> String {
+    let out = Command::new(common::strata_bin())
+        .args(["history", "build", &build.to_string()])
+        .env("DATABASE_URL", db_url)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_killed_at_any_point_leaves_no_build_unfinished() {
+    let crashes = [
+        Crash::At("worker:before-first-step"),
+        Crash::MidRun,
+        Crash::At("worker:mid-copy"),
+        Crash::At("worker:after-last-step"),
+        Crash::At("worker:after-publishing"),
+        Crash::At("promotion:after-layers-committed"),
+        Crash::At("promotion:after-visible"),
+    ];
+    let results =
+        futures::future::join_all(crashes.iter().map(|c| tokio::spawn(crash_scenario(*c)))).await;
+    for result in results {
+        let r = result.unwrap();
+        let name = format!("{:?}", r.crash);
+        // Within the lease plus a few one-second reconcile intervals of the lease's expiry.
+        assert!(
+            r.lag_secs < 10.0,
+            "{name}: terminal {:.1} s after the lease expired",
+            r.lag_secs
+        );
+        let published = count(&r.events, "PublishingStarted.v1") == 1;
+        // The operator's timeline: every event of the build and its outbox, who, which epoch.
+        let timeline = history(&r.db_url, r.build);
+        let lines: Vec<&str> = timeline.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1 + r.events.len() + r.promotion.len(),
+            "{name}: {timeline}"
+        );
+        assert!(lines[0].contains("STREAM") && lines[0].contains("EPOCH"));
+        let terminal_line = lines
+            .iter()
+            .find(|l| l.contains("BuildReady.v1") || l.contains("BuildFailed.v1"))
+            .unwrap();
+        assert!(
+            terminal_line.contains("reconciler/reconciler-a"),
+            "{terminal_line}"
+        );
+        assert!(timeline.contains("worker/crash-node"), "{timeline}");
+        match r.crash {
+            Crash::At("worker:after-publishing")
+            | Crash::At("promotion:after-layers-committed")
+            | Crash::At("promotion:after-visible") => {
+                assert!(published, "{name}");
+                assert!(
+                    matches!(r.state.phase, Phase::Ready { epoch: Epoch(1) }),
+                    "{name}: published builds end Ready: {:?}",
+                    r.state.phase
+                );
+                assert_eq!(actor_of(&r.events, "BuildReady.v1"), ActorRole::Reconciler);
+                assert_eq!(count(&r.events, "BuildReady.v1"), 1, "{name}");
+                assert_eq!(count(&r.events, "BuildFailed.v1"), 0, "{name}");
+                assert_eq!(count(&r.events, "AttemptExpired.v1"), 0, "{name}");
+                let types: Vec<&str> = r.promotion.iter().map(|e| e.event_type.as_str()).collect();
+                assert_eq!(
+                    types,
+                    [
+                        "PromotionStaged.v1",
+                        "PromotionLayersCommitted.v1",
+                        "PromotionVisible.v1",
+                        "PromotionDone.v1"
+                    ],
+                    "{name}: every outbox step exactly once, in order"
+                );
+                // The worker took the steps before its crash point; the reconciler the rest.
+                let worker_steps = match r.crash {
+                    Crash::At("worker:after-publishing") => 1,
+                    Crash::At("promotion:after-layers-committed") => 2,
+                    _ => 3,
+                };
+                for (i, e) in r.promotion.iter().enumerate() {
+                    let expected = if i < worker_steps {
+                        ActorRole::Worker
+                    } else {
+                        ActorRole::Reconciler
+                    };
+                    assert_eq!(e.metadata.actor.role, expected, "{name}: {}", e.event_type);
+                    assert_eq!(e.metadata.epoch, Some(1), "{name}: {}", e.event_type);
+                }
+                assert_eq!(r.tag_holder, Some(r.build), "{name}: the tag is visible");
+            }
+            _ => {
+                assert!(!published, "{name}");
+                let Phase::Error { reason, epoch } = &r.state.phase else {
+                    panic!("{name}: expected error, got {:?}", r.state.phase)
+                };
+                assert_eq!(reason.kind, FailureKind::NodeLost, "{name}");
+                // The step the node was on: one past the last it recorded.
+                let expected_step = match r.crash {
+                    Crash::At("worker:before-first-step") => 1,
+                    _ => 2,
+                };
+                assert_eq!(
+                    reason.step,
+                    Some(build::FailedStep::Step(expected_step)),
+                    "{name}"
+                );
+                assert_eq!(*epoch, Some(Epoch(1)), "{name}");
+                assert!(reason.message.contains("crash-node"), "{}", reason.message);
+                assert_eq!(count(&r.events, "AttemptExpired.v1"), 1, "{name}");
+                assert_eq!(count(&r.events, "ContextReleased.v1"), 1, "{name}");
+                let failed = r
+                    .events
+                    .iter()
+                    .find(|e| e.event_type == "BuildFailed.v1")
+                    .unwrap();
+                assert_eq!(failed.metadata.actor.role, ActorRole::Reconciler);
+                assert_eq!(failed.metadata.actor.node, "reconciler-a");
+                assert_eq!(failed.metadata.epoch, Some(1));
+                assert!(r.promotion.is_empty(), "{name}");
+                assert_eq!(r.tag_holder, None, "{name}: nothing became visible");
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fencing
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_worker_resumed_after_its_attempt_closed_changes_nothing() {
+    let db = common::test_db().await;
+    let store = EventStore::new(db.pool.clone());
+    let api = new_api(&store);
+    let (template, build) = api.register("fenced").await;
+    api.start(
+        build,
+        recipe(vec![
+            step("RUN", &["echo one > /tmp/one"]),
+            step("RUN", &["sleep 4"]),
+            step("RUN", &["echo three > /tmp/three"]),
+        ]),
+    )
+    .await;
+    let worker = Proc::worker(&db.url, "paused-node", None);
+    wait_for("step 1 to complete", Duration::from_secs(90), || async {
+        count(&build_events(&store, build).await, "StepCompleted.v1") == 1
+    })
+    .await;
+    worker.signal(libc::SIGSTOP);
+    let _reconciler = Proc::reconciler(&db.url, "reconciler-f", &["attempt-expiry"]);
+    wait_terminal(&db.pool, build, Duration::from_secs(30)).await;
+    let closed_at: i64 = sqlx::query_scalar("SELECT max(position) FROM events")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let template_stream = stream(ids::stream::template(&template));
+    let template_version = store.stream_version(&template_stream).await.unwrap();
+
+    worker.signal(libc::SIGCONT);
+    // The sleep step ends, renewals fire: the worker now tries its writes and must be refused.
+    wait_for(
+        "the resumed worker to notice its attempt is closed",
+        Duration::from_secs(30),
+        || {
+            let stderr = worker.stderr();
+            async move { stderr.contains("is closed") }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let later: Vec<(String, String)> =
+        sqlx::query_as("SELECT stream_id, type FROM events WHERE position > $1")
+            .bind(closed_at)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert!(
+        later.is_empty(),
+        "writes after the attempt closed: {later:?}"
+    );
+    let state = build_state(&store, build).await;
+    let Phase::Error { reason, .. } = &state.phase else {
+        panic!("expected error, got {:?}", state.phase)
+    };
+    assert_eq!(reason.kind, FailureKind::NodeLost);
+    assert_eq!(
+        store.stream_version(&template_stream).await.unwrap(),
+        template_version,
+        "template tags unchanged"
+    );
+    let visible = store
+        .read_stream_all(&stream(ids::stream::promotion(&build, Epoch(1))))
+        .await
+        .unwrap();
+    assert!(visible.is_empty(), "no promotion of the closed epoch");
+    let logs_after: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM build_logs WHERE build_id = $1 AND logged_at > (SELECT recorded_at FROM events WHERE position = $2)",
+    )
+    .bind(build.as_uuid())
+    .bind(closed_at)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(logs_after, 0, "no log lines of the closed attempt");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several reconcilers of one kind
+// ---------------------------------------------------------------------------------------------
+
+fn test_context(role: ActorRole) -> CommandContext {
+    CommandContext::new(Metadata::new(Actor::new(role, "test")))
+}
+
+/// A started build held by a node that will never renew: its lease passes at `lease_until`.
+async fn acquire_for_ghost(store: &EventStore, build: BuildId, lease_until: DateTime<Utc>) {
+    strata::events::execute::<Build>(
+        store,
+        &stream(ids::stream::build(&build)),
+        &build::Command::AcquireAttempt {
+            grant: AttemptGrant {
+                node: NodeId::parse("ghost").unwrap(),
+                lease_expires_at: lease_until,
+            },
+            now: Utc::now(),
+        },
+        &test_context(ActorRole::Worker),
+    )
+    .await
+    .unwrap();
+}
+
+/// What a node appends on entering Publishing (the build and the staged outbox, one append),
+/// with a plan of no layers.
+async fn enter_publishing(store: &EventStore, build: BuildId, template: &ids::TemplateId) {
+    let bstream = stream(ids::stream::build(&build));
+    let pstream = stream(ids::stream::promotion(&build, Epoch(1)));
+    let candidate = SnapshotId::from_uuid(Uuid::now_v7());
+    let now = Utc::now();
+    let b = load::<Build>(store, &bstream).await.unwrap();
+    let b_events = build::decide(
+        &b.state,
+        &build::Command::BeginPublishing {
+            epoch: Epoch(1),
+            result: BuildResult {
+                candidate,
+                build_base_checkpoint: None,
+            },
+            now,
+        },
+    )
+    .unwrap();
+    let plan = PromotionPlan {
+        build,
+        epoch: Epoch(1),
+        template: template.clone(),
+        source: candidate,
+        target: candidate,
+        build_base_checkpoint: None,
+        layers: vec![],
+        tags: vec![Tag::default_tag()],
+    };
+    let p_events = promotion::decide(
+        &Default::default(),
+        &promotion::Command::Stage { plan, now },
+    )
+    .unwrap();
+    let ctx = test_context(ActorRole::Worker);
+    store
+        .append(vec![
+            StreamWrite::new(
+                bstream.clone(),
+                b.expected(),
+                ctx.encode(&bstream, &b_events).unwrap(),
+            ),
+            StreamWrite::new(
+                pstream.clone(),
+                strata::events::ExpectedVersion::NoStream,
+                ctx.encode(&pstream, &p_events).unwrap(),
+            ),
+        ])
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_reconcilers_of_each_kind_apply_every_transition_once() {
+    const EACH: usize = 8;
+    let db = common::test_db().await;
+    let store = EventStore::new(db.pool.clone());
+    let api = new_api(&store);
+    let soon = Utc::now() + chrono::Duration::milliseconds(1500);
+    let spec = recipe(vec![step("RUN", &["true"])]);
+
+    let mut active = Vec::new();
+    let mut publishing = Vec::new();
+    let mut waiting = Vec::new();
+    let mut queued = Vec::new();
+    let mut intents = Vec::new();
+    for i in 0..EACH {
+        let (_, b) = api.register(&format!("active-{i}")).await;
+        api.start(b, spec.clone()).await;
+        acquire_for_ghost(&store, b, soon).await;
+        active.push(b);
+
+        let (t, b) = api.register(&format!("publishing-{i}")).await;
+        api.start(b, spec.clone()).await;
+        acquire_for_ghost(&store, b, soon).await;
+        enter_publishing(&store, b, &t).await;
+        publishing.push((t, b));
+
+        let (_, b) = api.register_until(&format!("waiting-{i}"), soon).await;
+        waiting.push(b);
+
+        let (_, b) = api.register(&format!("queued-{i}")).await;
+        api.start_until(b, spec.clone(), soon).await;
+        queued.push(b);
+
+        let (_, b) = api.register(&format!("uploading-{i}")).await;
+        let hash = FilesHash::parse(&hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+            format!("ctx-{i}").as_bytes(),
+        )))
+        .unwrap();
+        let intent = api.reserve(b, &hash, soon).await;
+        intents.push((b, intent));
+    }
+
+    let names = [
+        "attempt-expiry",
+        "promotion",
+        "waiting-deadline",
+        "intent-expiry",
+    ];
+    let _procs: Vec<Proc> = names
+        .iter()
+        .flat_map(|n| {
+            [
+                Proc::reconciler(&db.url, &format!("{n}-1"), &[n]),
+                Proc::reconciler(&db.url, &format!("{n}-2"), &[n]),
+            ]
+        })
+        .collect();
+
+    let all: Vec<BuildId> = active
+        .iter()
+        .chain(publishing.iter().map(|(_, b)| b))
+        .chain(&waiting)
+        .chain(&queued)
+        .copied()
+        .collect();
+    for b in &all {
+        wait_terminal(&db.pool, *b, Duration::from_secs(30)).await;
+    }
+    wait_for(
+        "every intent to expire",
+        Duration::from_secs(30),
+        || async {
+            let mut expired = 0;
+            for (b, _) in &intents {
+                expired += count(&build_events(&store, *b).await, "IntentExpired.v1");
+            }
+            expired == intents.len()
+        },
+    )
+    .await;
+    // Several more passes of every copy: nothing more may happen.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let mut by_node: BTreeMap<String, usize> = BTreeMap::new();
+    let mut tally = |events: &[RecordedEvent]| {
+        for e in events
+            .iter()
+            .filter(|e| e.metadata.actor.role == ActorRole::Reconciler)
+        {
+            *by_node.entry(e.metadata.actor.node.clone()).or_default() += 1;
+        }
+    };
+    for b in &active {
+        let events = build_events(&store, *b).await;
+        assert_eq!(count(&events, "AttemptExpired.v1"), 1, "{b}");
+        assert_eq!(count(&events, "BuildFailed.v1"), 1, "{b}");
+        assert_eq!(count(&events, "ContextReleased.v1"), 1, "{b}");
+        assert_eq!(events.last().unwrap().event_type, "ContextReleased.v1");
+        tally(&events);
+    }
+    for (t, b) in &publishing {
+        let events = build_events(&store, *b).await;
+        assert_eq!(count(&events, "BuildReady.v1"), 1, "{b}");
+        assert_eq!(count(&events, "BuildFailed.v1"), 0, "{b}");
+        assert_eq!(count(&events, "AttemptExpired.v1"), 0, "{b}");
+        tally(&events);
+        let promotion = store
+            .read_stream_all(&stream(ids::stream::promotion(b, Epoch(1))))
+            .await
+            .unwrap();
+        assert_eq!(
+            promotion.len(),
+            4,
+            "{b}: staged, committed, visible, done once each"
+        );
+        tally(&promotion);
+        let template = store
+            .read_stream_all(&stream(ids::stream::template(t)))
+            .await
+            .unwrap();
+        assert_eq!(count(&template, "TagsAssigned.v1"), 1, "{t}");
+    }
+    for b in waiting.iter().chain(&queued) {
+        let events = build_events(&store, *b).await;
+        assert_eq!(count(&events, "BuildFailed.v1"), 1, "{b}");
+        assert_eq!(count(&events, "ContextReleased.v1"), 1, "{b}");
+        tally(&events);
+        let Phase::Error { reason, .. } = build_state(&store, *b).await.phase else {
+            panic!("{b} not in error")
+        };
+        let expected = if waiting.contains(b) {
+            FailureKind::WaitingExpired
+        } else {
+            FailureKind::QueueExpired
+        };
+        assert_eq!(reason.kind, expected);
+    }
+    for (b, intent) in &intents {
+        let events = build_events(&store, *b).await;
+        assert_eq!(count(&events, "IntentExpired.v1"), 1, "{b}");
+        let state = build_state(&store, *b).await;
+        assert!(
+            matches!(state.phase, Phase::Waiting { .. }),
+            "still waiting"
+        );
+        assert_eq!(
+            state.intents[intent].state,
+            build::IntentState::Expired,
+            "{intent}"
+        );
+        tally(&events);
+    }
+    // Every reconciler event names one of the eight processes.
+    let known: Vec<String> = names
+        .iter()
+        .flat_map(|n| [format!("{n}-1"), format!("{n}-2")])
+        .collect();
+    assert!(
+        by_node.keys().all(|n| known.contains(n)),
+        "unknown actors: {by_node:?}"
+    );
+    assert!(!by_node.is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Postgres restarted under a running build
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_build_survives_a_postgres_restart_and_loses_nothing() {
+    let dir = common::data_dir();
+    let port = 54400 + (std::process::id() % 500) as u16;
+    let pg = StopOnDrop(
+        strata::embedded_postgres::EmbeddedPostgres::new(dir.path().join("pg"), port).unwrap(),
+    );
+    pg.0.start().await.unwrap();
+    let url = pg.0.url(strata::embedded_postgres::DATABASE_NAME);
+    let pool = strata::db::connect(&url, 8).await.unwrap();
+    strata::db::migrate(&pool).await.unwrap();
+    let store = EventStore::new(pool.clone());
+    let api = new_api(&store);
+    let (_, build) = api.register("restart").await;
+    api.start(
+        build,
+        recipe(vec![
+            step("RUN", &["echo one > /tmp/one"]),
+            step("RUN", &["sleep 3"]),
+            step("RUN", &["echo three > /tmp/three"]),
+        ]),
+    )
+    .await;
+    // A lease longer than the outage: the node keeps its attempt across the restart.
+    let _worker = Proc::worker_with_lease(&url, "restart-node", None, 12);
+    let _reconciler = Proc::reconciler(&url, "restart-reconciler", &[]);
+    wait_for("step 1 to complete", Duration::from_secs(90), || async {
+        count(&build_events(&store, build).await, "StepCompleted.v1") == 1
+    })
+    .await;
+    let before = build_events(&store, build).await;
+
+    let stopper =
+        strata::embedded_postgres::EmbeddedPostgres::new(dir.path().join("pg"), port).unwrap();
+    tokio::task::spawn_blocking(move || stopper.stop().unwrap())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    pg.0.start().await.unwrap();
+
+    wait_terminal(&pool, build, Duration::from_secs(90)).await;
+    let after = build_events(&store, build).await;
+    // Nothing committed before the restart is lost or changed, and versions have no gaps.
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(
+            (b.event_id, b.version, &b.data),
+            (a.event_id, a.version, &a.data)
+        );
+    }
+    assert!(after.len() > before.len());
+    for (i, e) in after.iter().enumerate() {
+        assert_eq!(e.version, i as u64 + 1);
+    }
+    let state = build_state(&store, build).await;
+    assert!(
+        matches!(state.phase, Phase::Ready { epoch: Epoch(1) }),
+        "the build finishes in the attempt that survived the outage: {:?}",
+        state.phase
+    );
+    assert_eq!(count(&after, "StepCompleted.v1"), 3);
+    // The log lines written before the outage are still there, in order, with no gaps.
+    let seqs: Vec<i64> =
+        sqlx::query_scalar("SELECT seq FROM build_logs WHERE build_id = $1 ORDER BY seq")
+            .bind(build.as_uuid())
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(!seqs.is_empty());
+    assert!(
+        seqs.iter().enumerate().all(|(i, s)| *s == i as i64),
+        "{seqs:?}"
+    );
+    let row = phase_row(&pool, build).await.unwrap();
+    assert!(row == "ready" || row == "error");
+    pool.close().await;
+    drop(_worker);
+    drop(_reconciler);
+    tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
+}
+
+/// Stops the dedicated cluster however the test ends.
+struct StopOnDrop(strata::embedded_postgres::EmbeddedPostgres);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.stop();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn reconcile_validates_names_and_schedules_and_lists_the_reconcilers() {
+    let run = |args: &[&str]| {
+        let out = Command::new(common::strata_bin())
+            .args(args)
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let names = [
+        "attempt-expiry",
+        "promotion",
+        "waiting-deadline",
+        "intent-expiry",
+    ];
+    let (ok, _, err) = run(&["reconcile", "--only", "gc-everything"]);
+    assert!(!ok);
+    for name in names {
+        assert!(err.contains(name), "{err}");
+    }
+    let (ok, help, _) = run(&["reconcile", "--help"]);
+    assert!(ok);
+    for name in names {
+        assert!(help.contains(name), "{help}");
+    }
+    // The schedule is checked before any connection is tried.
+    let (ok, _, err) = run(&["reconcile", "--schedule", "every second"]);
+    assert!(!ok);
+    assert!(
+        err.contains("invalid schedule") && err.contains("six fields"),
+        "{err}"
+    );
+}
