@@ -99,6 +99,14 @@ pub enum Command {
         tags: Vec<Tag>,
         now: DateTime<Utc>,
     },
+    /// Promotion made `build` visible: its tags move to it, except where a tag already
+    /// points at a build registered after it (a late promotion of an older build must not
+    /// take a tag back from a newer one).
+    PromoteBuild {
+        build: BuildId,
+        tags: Vec<Tag>,
+        now: DateTime<Utc>,
+    },
     RemoveTags {
         tags: Vec<Tag>,
         now: DateTime<Utc>,
@@ -190,6 +198,28 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             Ok(vec![Event::TagsAssigned {
                 build: *build,
                 tags: tags.clone(),
+                assigned_at: *now,
+            }])
+        }
+        Command::PromoteBuild { build, tags, now } => {
+            let position = |b: &BuildId| state.builds.iter().position(|(x, _)| x == b);
+            let Some(mine) = position(build) else {
+                return Err(Error::UnknownBuild { build: *build });
+            };
+            let moving: Vec<Tag> = tags
+                .iter()
+                .filter(|tag| match state.tags.get(*tag) {
+                    None => true,
+                    Some(current) => current != build && position(current).is_none_or(|p| p < mine),
+                })
+                .cloned()
+                .collect();
+            if moving.is_empty() {
+                return Ok(vec![]);
+            }
+            Ok(vec![Event::TagsAssigned {
+                build: *build,
+                tags: moving,
                 assigned_at: *now,
             }])
         }
@@ -450,5 +480,58 @@ mod tests {
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!(v["type"], "BuildAppended.v1");
         assert_eq!(serde_json::from_value::<Event>(v).unwrap(), e);
+    }
+
+    #[test]
+    fn a_late_promotion_of_an_older_build_never_takes_a_tag_back() {
+        let name = TemplateName::parse("web").unwrap();
+        let mut tpl = State::default();
+        let mut names = NameState::default();
+        for n in [1, 2] {
+            let reg = register_build(
+                &names,
+                &tpl,
+                &team("t1"),
+                &name,
+                &TemplateId::parse("tplA").unwrap(),
+                build(n),
+                &[Tag::default_tag()],
+                now(),
+            )
+            .unwrap();
+            names = reg.name_events.iter().fold(names, evolve_name);
+            tpl = reg.template_events.iter().fold(tpl, evolve);
+        }
+        let promote = |b, tags: Vec<Tag>| Command::PromoteBuild {
+            build: build(b),
+            tags,
+            now: now(),
+        };
+        // The newer build is promoted first and takes `default`.
+        tpl = decide(&tpl, &promote(2, vec![Tag::default_tag()]))
+            .unwrap()
+            .iter()
+            .fold(tpl, evolve);
+        assert_eq!(tpl.tags[&Tag::default_tag()], build(2));
+        // The older one finishes late: it gets only the tag nobody newer holds.
+        let late = decide(&tpl, &promote(1, vec![Tag::default_tag(), tag("only-old")])).unwrap();
+        assert_eq!(
+            late,
+            vec![Event::TagsAssigned {
+                build: build(1),
+                tags: vec![tag("only-old")],
+                assigned_at: now()
+            }]
+        );
+        tpl = late.iter().fold(tpl, evolve);
+        assert_eq!(tpl.tags[&Tag::default_tag()], build(2));
+        // Promoting again is a no-op; an unknown build is refused.
+        assert!(decide(&tpl, &promote(2, vec![Tag::default_tag()]))
+            .unwrap()
+            .is_empty());
+        assert!(matches!(
+            decide(&tpl, &promote(9, vec![Tag::default_tag()])),
+            Err(Error::UnknownBuild { .. })
+        ));
     }
 }

@@ -212,7 +212,7 @@ impl PromotionDriver<'_> {
                 let t = load::<Template>(&store, &tstream).await.map_err(rejected)?;
                 let t_events = template::decide(
                     &t.state,
-                    &template::Command::AssignTags {
+                    &template::Command::PromoteBuild {
                         build: plan.build,
                         tags: plan.tags.clone(),
                         now,
