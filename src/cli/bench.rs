@@ -41,6 +41,8 @@ pub enum BenchCommand {
     Upload(super::bench_upload::BenchUploadArgs),
     /// One-step SDK build against a running strata: API time and step time, per phase.
     Sdk(super::bench_sdk::BenchSdkArgs),
+    /// The step cache: cold build, unchanged rebuild, last step changed; warm/cold ratios.
+    Cache(super::bench_cache::BenchCacheArgs),
 }
 
 #[derive(Debug, Args)]
@@ -61,6 +63,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Sandbox(args) => super::bench_sandbox::run(args).await,
         BenchCommand::Upload(args) => super::bench_upload::run(args).await,
         BenchCommand::Sdk(args) => super::bench_sdk::run(args).await,
+        BenchCommand::Cache(args) => super::bench_cache::run(args).await,
     }
 }
 
