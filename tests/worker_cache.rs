@@ -961,3 +961,72 @@ async fn sixteen_identical_builds_at_once_execute_each_step_once() {
     );
     fx.stop().await;
 }
+
+/// A read of the index that fails is not a verdict on any entry: the build bypasses the cache,
+/// runs every step, and writes nothing to it. The fault: an event this node cannot decode on the
+/// final key's stream (what a newer strata could have written during a rolling upgrade), appended
+/// through the event store because there is no other way to make one read fail alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_index_read_failure_bypasses_the_cache_and_writes_nothing() {
+    let mut fx = Fixture::new(settings()).await;
+    let nonce = Uuid::new_v4();
+    let recipe = json!({
+        "fromImage": "busybox",
+        "force": false,
+        "steps": [run(&format!("echo {nonce} > /tmp/a")), run("echo b > /tmp/b")],
+    });
+    let (_, s1) = fx.build("transient", &[], recipe.clone()).await;
+    assert_ready(&s1);
+    let (_, final_key) = entry_steps(&fx.entries().await, &s1.progress);
+    let scope = ids::Scope::team(&fx.api.team);
+    let fstream = stream(ids::stream::cache_key(&scope, &final_key.unwrap().0));
+    let head = load::<CacheEntry>(&fx.store, &fstream)
+        .await
+        .unwrap()
+        .version;
+    fx.store
+        .append(vec![StreamWrite::new(
+            fstream.clone(),
+            strata::events::ExpectedVersion::Exact(head),
+            vec![strata::events::NewEvent {
+                event_id: Uuid::new_v4(),
+                event_type: "CacheEntryFromTheFuture.v9".into(),
+                data: json!({}),
+                metadata: Metadata::new(Actor::new(ActorRole::Api, "test")),
+            }],
+        )])
+        .await
+        .unwrap();
+    let versions = || async {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT stream_id, version FROM streams WHERE stream_id LIKE 'cachekey-%' ORDER BY 1",
+        )
+        .fetch_all(&fx.db.pool)
+        .await
+        .unwrap();
+        rows
+    };
+    let before = versions().await;
+
+    let (b2, s2) = fx.build("transient", &[], recipe).await;
+    assert_ready(&s2);
+    assert_eq!(
+        executed_steps(&s2),
+        [1, 2],
+        "no cache read: everything runs"
+    );
+    let lines = fx.messages(b2).await;
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("[cache] reading the cache index failed")
+                && l.contains("building without the cache")),
+        "{lines:#?}"
+    );
+    assert!(
+        !has_line(&lines, "cache hit") && !has_line(&lines, "cache miss"),
+        "{lines:#?}"
+    );
+    assert_eq!(versions().await, before, "nothing was written to the index");
+    fx.stop().await;
+}
