@@ -6,6 +6,10 @@
 //! finalization (start and ready commands) when `startCmd` is set. The result is the layer stack
 //! and the final command context; publishing it is [`super::publish`]'s job.
 //!
+//! Before booting, the step cache is consulted ([`super::cache`], ADR 0008): a final hit skips
+//! every step and returns the cached result; a checkpoint hit boots on that checkpoint and runs
+//! only the steps after it. Each checkpoint then publishes its cache entry.
+//!
 //! Every sandbox operation races the attempt's cancellation token: when the lease is lost the
 //! operation is dropped, the sandbox destroyed, and the build abandoned without another write.
 
