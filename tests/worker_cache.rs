@@ -1030,3 +1030,81 @@ async fn an_index_read_failure_bypasses_the_cache_and_writes_nothing() {
     assert_eq!(versions().await, before, "nothing was written to the index");
     fx.stop().await;
 }
+
+/// The per-build checkpoint budget (RFC §Depth budget), with the overlay limit lowered so a
+/// small recipe reaches it: past the budget, steps run without checkpoints and the build still
+/// completes with every change; a base that cannot take the mandatory captures fails at `base`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn past_the_depth_budget_steps_run_without_checkpoints_and_the_build_completes() {
+    let base_depth = common::sandbox::busybox(&backend()).await.len();
+    let mut s = settings();
+    // The base, the final seal, and room for two checkpoints.
+    s.depth.overlay_max = base_depth + 1 + 2;
+    let mut fx = Fixture::new(s).await;
+    let nonce = Uuid::new_v4();
+    let recipe = |last: &str| {
+        json!({
+            "fromImage": "busybox",
+            "force": false,
+            "steps": [
+                run(&format!("echo {nonce} > /tmp/1")),
+                run("echo 2 > /tmp/2"),
+                run("echo 3 > /tmp/3"),
+                run(last),
+            ],
+        })
+    };
+    let (b1, s1) = fx.build("depth", &[], recipe("echo 4 > /tmp/4")).await;
+    assert_ready(&s1);
+    let checkpointed: Vec<u32> = s1
+        .progress
+        .iter()
+        .filter(|(_, o)| matches!(o, StepOutcome::Checkpointed { .. }))
+        .map(|(n, _)| *n)
+        .collect();
+    assert_eq!(checkpointed, [1, 2], "{:?}", s1.progress);
+    assert_eq!(s1.progress[&3], StepOutcome::Executed);
+    assert_eq!(s1.progress[&4], StepOutcome::Executed);
+    assert!(has_line(&fx.messages(b1).await, "[depth] the stack has"));
+    let result = fx.result("depth").await;
+    assert_eq!(
+        result.record.layers.len(),
+        base_depth + 3,
+        "two checkpoints and the final seal"
+    );
+    let mut sb = boot_on(&result.record.layers).await;
+    assert_eq!(
+        sh(&mut sb, "cat /tmp/1 /tmp/2 /tmp/3 /tmp/4").await,
+        format!("{nonce}\n2\n3\n4\n")
+    );
+    sb.destroy().await.unwrap();
+
+    // The next build resumes from the deepest checkpoint there is (step 2).
+    let (b2, s2) = fx.build("depth", &[], recipe("echo four > /tmp/4")).await;
+    assert_ready(&s2);
+    assert_eq!(executed_steps(&s2), [3, 4]);
+    assert!(fx
+        .messages(b2)
+        .await
+        .iter()
+        .any(|l| l.starts_with("[cache] step 2/4 ") && l.ends_with("cache hit")));
+    fx.stop().await;
+
+    // No room for the mandatory capture: the build fails at base and says what to do.
+    let mut s = settings();
+    s.depth.overlay_max = base_depth;
+    let mut fx = Fixture::new(s).await;
+    let (_, state) = fx.build("too-deep", &[], recipe("echo 4 > /tmp/4")).await;
+    match &state.phase {
+        Phase::Error { reason, .. } => {
+            assert_eq!(reason.step, Some(build::FailedStep::Base));
+            assert!(
+                reason.message.contains("compact the base"),
+                "{}",
+                reason.message
+            );
+        }
+        other => panic!("expected an error at base, got {other:?}"),
+    }
+    fx.stop().await;
+}

@@ -381,6 +381,7 @@ impl Executor<'_> {
             run.dirty = true;
         }
         let total = job.spec.steps.len();
+        let mut budget = self.checkpoint_budget(job, run, start)?;
         for (i, step) in job.spec.steps.iter().enumerate().skip(start) {
             let number = i as u32 + 1;
             let tag = number.to_string();
@@ -396,7 +397,12 @@ impl Executor<'_> {
                 .context_mut()
                 .clone_from(&vmm_context(&run.context));
             self.step(job, number, &tag, step, run).await?;
-            if step.is_mutating() {
+            if step.is_mutating() && budget == 0 {
+                // Past the budget: the changes stay in the writable layer until the final seal.
+                run.dirty = true;
+                self.attempt.record_step(number).await?;
+            } else if step.is_mutating() {
+                budget -= 1;
                 let snapshot = self
                     .checkpoint(number, job, base, run, Purpose::BuildCache)
                     .await?;
@@ -436,6 +442,38 @@ impl Executor<'_> {
             build_base_layers,
             cache: None,
         })
+    }
+
+    /// How many of the remaining mutating steps get a checkpoint (RFC §Depth budget): what the
+    /// overlay limit leaves on this stack after the captures every build must still take (the
+    /// final seal, and the finalization seal with a start command). A stack that cannot take
+    /// those fails at `base`; past the budget, steps run without checkpoints.
+    fn checkpoint_budget(&self, job: &BuildJob, run: &Run, start: usize) -> Result<usize, Stop> {
+        let depth = run.sandbox.layers().len();
+        let reserved = 1 + usize::from(job.spec.start_cmd.is_some());
+        let limit = self.settings.depth.overlay_max;
+        if depth + reserved > limit {
+            return Err(fail(
+                FailedStep::Base,
+                format!(
+                    "the base stack has {depth} layers; a build must add up to {reserved} more and a sandbox takes at most {limit}: compact the base (fewer, larger layers) and build again"
+                ),
+            ));
+        }
+        let mutating = job.spec.steps[start..]
+            .iter()
+            .filter(|s| s.is_mutating())
+            .count();
+        let budget = (limit - depth - reserved).min(mutating);
+        if budget < mutating {
+            self.log.info(
+                None,
+                format!(
+                    "[depth] the stack has {depth} of {limit} layers: {budget} of {mutating} mutating steps get a checkpoint, the rest run without one"
+                ),
+            );
+        }
+        Ok(budget)
     }
 
     async fn step(

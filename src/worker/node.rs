@@ -50,7 +50,7 @@ impl Worker {
         let backend = NamespaceBackend::new(NamespaceConfig {
             data_dir: settings.data_dir.clone(),
             agent_binary: settings.agent_binary.clone(),
-            depth: Default::default(),
+            depth: settings.depth,
         })?;
         let catalog = ImageCatalog::open(&settings.data_dir)?;
         Ok(Worker {
