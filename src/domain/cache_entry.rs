@@ -744,7 +744,71 @@ mod tests {
         ]
     }
 
+    #[derive(Clone, Debug)]
+    enum ChainOp {
+        /// A forced build rebuilds key i on the current entry below it.
+        Rebuild(usize),
+        /// Repair or GC retires key i.
+        Retire(usize),
+    }
+
+    fn arb_chain_op() -> impl Strategy<Value = ChainOp> {
+        prop_oneof![
+            (1usize..6).prop_map(ChainOp::Rebuild),
+            (1usize..6).prop_map(ChainOp::Retire),
+        ]
+    }
+
     proptest! {
+        /// Over any history of forced rebuilds and retirements of a five-checkpoint chain, an
+        /// entry validates exactly when it and every ancestor are live and each was built on the
+        /// generation its parent has now.
+        #[test]
+        fn lineage_matches_a_model_of_who_was_built_on_what(ops in proptest::collection::vec(arb_chain_op(), 0..16)) {
+            const N: usize = 5;
+            let mut states: Vec<State> = vec![State::default(); N + 1];
+            // built_on[i]: the generation key i-1 had when key i's current entry was built.
+            let mut built_on = [0u64; N + 1];
+            let mut next_snapshot = 100u128;
+            let build = |i: usize, states: &mut Vec<State>, built_on: &mut [u64; N + 1], next: &mut u128| {
+                let parent = if i == 1 { root() } else {
+                    match states[i - 1].live() {
+                        Some(_) => edge(i as u8 - 1, &states[i - 1]),
+                        None => return, // nothing to build on: the forced build would rebuild i-1 first
+                    }
+                };
+                *next += 1;
+                let entry = checkpoint(snap(*next), parent);
+                let command = match states[i].live() {
+                    Some((_, g)) => Command::Replace { entry, expected_generation: g, now: now() },
+                    None => Command::Publish { entry, now: now() },
+                };
+                states[i] = apply(states[i].clone(), command).unwrap();
+                built_on[i] = if i == 1 { 0 } else { states[i - 1].pointer_generation };
+            };
+            for i in 1..=N {
+                build(i, &mut states, &mut built_on, &mut next_snapshot);
+            }
+            for op in ops {
+                match op {
+                    ChainOp::Rebuild(i) => build(i, &mut states, &mut built_on, &mut next_snapshot),
+                    ChainOp::Retire(i) => {
+                        let g = states[i].pointer_generation;
+                        states[i] = apply(states[i].clone(), Command::Retire { expected_generation: g, reason: "gc".into(), now: now() }).unwrap();
+                    }
+                }
+            }
+            let map: BTreeMap<CacheKey, State> = (1..=N).map(|i| (key(i as u8), states[i].clone())).collect();
+            for j in 1..=N {
+                let model = (1..=j).all(|i| {
+                    states[i].live().is_some()
+                        && (i == 1 || (states[i - 1].live().is_some() && built_on[i] == states[i - 1].pointer_generation))
+                });
+                let verdict = validate(&states[j], EntryKind::Checkpoint, &key(0), &map);
+                prop_assert_eq!(verdict == Validity::Valid, model, "key {}: {:?}", j, verdict);
+            }
+        }
+
         /// Generations only grow, each names one target, and a CAS with a stale generation never
         /// changes the pointer.
         #[test]
