@@ -1108,3 +1108,46 @@ async fn past_the_depth_budget_steps_run_without_checkpoints_and_the_build_compl
     }
     fx.stop().await;
 }
+
+/// `fromTemplate` keys follow the parent's content: an unchanged rebuild of the parent (a new
+/// result snapshot over the same layers) keeps the derived template's entries; a changed parent
+/// makes the derived build run all its steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn derived_templates_reuse_their_cache_across_unchanged_parent_rebuilds() {
+    let mut fx = Fixture::new(settings()).await;
+    let nonce = Uuid::new_v4();
+    let parent = |v: &str| {
+        json!({"fromImage": "busybox", "force": false,
+               "steps": [run(&format!("echo {nonce}-{v} > /tmp/parent"))]})
+    };
+    let derived = json!({"fromTemplate": "parent", "force": false,
+                         "steps": [run("cat /tmp/parent > /tmp/derived")]});
+    assert_ready(&fx.build("parent", &[], parent("v1")).await.1);
+    let (_, d1) = fx.build("derived", &[], derived.clone()).await;
+    assert_ready(&d1);
+    assert_eq!(executed_steps(&d1), [1]);
+
+    let (p2, s) = fx.build("parent", &[], parent("v1")).await;
+    assert_ready(&s);
+    assert_eq!(executed_steps(&s), Vec::<u32>::new());
+    assert_eq!(fx.result("parent").await.build, p2, "a new result snapshot");
+    let (d2, s) = fx.build("derived", &[], derived.clone()).await;
+    assert_ready(&s);
+    assert_eq!(executed_steps(&s), Vec::<u32>::new());
+    assert!(has_line(
+        &fx.messages(d2).await,
+        "[cache] final result: cache hit"
+    ));
+
+    assert_ready(&fx.build("parent", &[], parent("v2")).await.1);
+    let (_, s) = fx.build("derived", &[], derived).await;
+    assert_ready(&s);
+    assert_eq!(executed_steps(&s), [1]);
+    let mut sb = boot_on(&fx.result("derived").await.record.layers).await;
+    assert_eq!(
+        sh(&mut sb, "cat /tmp/derived").await,
+        format!("{nonce}-v2\n")
+    );
+    sb.destroy().await.unwrap();
+    fx.stop().await;
+}

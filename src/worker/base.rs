@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::error::WorkerError;
 use super::template_lookup::{self, LookupError};
 use crate::domain::build_spec::{BaseSource, CommandContext};
-use crate::domain::ids::{self, SnapshotId, TeamId};
+use crate::domain::ids::{self, TeamId};
 use crate::events::EventStore;
 use crate::vmm::image::ImageCatalog;
 use crate::vmm::{Digest, VmmError};
@@ -21,8 +21,6 @@ pub struct ResolvedBase {
     pub image_digest: Option<ids::Digest>,
     /// `fromTemplate` bases already have the default user; the implicit step is skipped.
     pub from_template: bool,
-    /// For `fromTemplate`: the result snapshot built on (the cache's base identity).
-    pub snapshot: Option<SnapshotId>,
 }
 
 /// Why the base could not be resolved.
@@ -85,7 +83,6 @@ pub async fn resolve(
                 },
                 image_digest: Some(to_domain(&manifest.digest())),
                 from_template: false,
-                snapshot: None,
             })
         }
         BaseSource::Template { reference } => {
@@ -100,7 +97,6 @@ pub async fn resolve(
                 context: found.record.context.clone(),
                 image_digest: found.record.base_image_digest,
                 from_template: true,
-                snapshot: Some(found.snapshot),
             })
         }
     }

@@ -28,7 +28,8 @@ use crate::domain::cache_entry::{
     self, Entry, EntryKind, Invalid, ParentEdge, Target, Validity, CACHE_FORMAT_VERSION,
 };
 use crate::domain::cache_key::{
-    key_chain, BaseIdentity, CacheKey, Finalization, Fingerprint, KeyChain, HASHING_VERSION,
+    key_chain, stack_identity, BaseIdentity, CacheKey, Finalization, Fingerprint, KeyChain,
+    HASHING_VERSION,
 };
 use crate::domain::ids::{self, Scope, SnapshotId};
 use crate::domain::snapshot::{Purpose, SnapshotRecord};
@@ -65,21 +66,17 @@ impl Plan {
         resolved: &ResolvedBase,
         backend: &str,
     ) -> Result<Plan, crate::domain::cache_key::KeyError> {
-        let (base, image_digest) = match (resolved.snapshot, resolved.image_digest) {
-            (Some(snapshot), digest) => (
-                BaseIdentity::TemplateCheckpoint { snapshot },
-                digest.unwrap_or_else(|| ids::Digest::of(snapshot.to_string().as_bytes())),
-            ),
-            (None, Some(digest)) => (BaseIdentity::Image { digest }, digest),
-            (None, None) => {
-                let layers: Vec<u8> = resolved
-                    .layers
-                    .iter()
-                    .flat_map(|l| l.to_string().into_bytes())
-                    .collect();
-                let digest = ids::Digest::of(&layers);
-                (BaseIdentity::Image { digest }, digest)
+        // Images by manifest digest; a `fromTemplate` base by content (layers and context), so
+        // an unchanged rebuild of the parent keeps the keys of templates derived from it.
+        let layers: Vec<ids::Digest> = resolved.layers.iter().map(base::to_domain).collect();
+        let stack = stack_identity(&layers, &resolved.context);
+        let (base, image_digest) = match (resolved.from_template, resolved.image_digest, &stack) {
+            (false, Some(digest), _) => (BaseIdentity::Image { digest }, digest),
+            (_, digest, BaseIdentity::Stack { digest: content }) => {
+                let d = digest.unwrap_or(*content);
+                (stack.clone(), d)
             }
+            _ => unreachable!("stack_identity returns a stack"),
         };
         let fingerprint = Fingerprint {
             backend: backend.to_owned(),
