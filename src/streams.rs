@@ -7,8 +7,9 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::domain::cache_key::CacheKey;
 use crate::domain::ids::{self, BuildId, Epoch, FilesHash, Scope, SnapshotId, TeamId, TemplateId};
-use crate::domain::{build, files, promotion, snapshot, team, template};
+use crate::domain::{build, cache_entry, files, promotion, snapshot, team, template};
 use crate::events::{Aggregate, StreamId};
 
 /// A stream id from a name built by [`ids::stream`]: those are valid by construction.
@@ -36,6 +37,9 @@ pub fn snapshot_stream(snapshot: &SnapshotId) -> StreamId {
 }
 pub fn promotion_stream(build: &BuildId, epoch: Epoch) -> StreamId {
     id(ids::stream::promotion(build, epoch))
+}
+pub fn cache_key_stream(scope: &Scope, key: &CacheKey) -> StreamId {
+    id(ids::stream::cache_key(scope, &key.0))
 }
 
 pub struct Build;
@@ -155,6 +159,23 @@ impl Aggregate for Snapshot {
         command: &Self::Command,
     ) -> Result<Vec<Self::Event>, Self::Error> {
         snapshot::decide(state, command)
+    }
+}
+
+pub struct CacheEntry;
+impl Aggregate for CacheEntry {
+    type State = cache_entry::State;
+    type Event = cache_entry::Event;
+    type Command = cache_entry::Command;
+    type Error = cache_entry::Error;
+    fn evolve(state: Self::State, event: &Self::Event) -> Self::State {
+        cache_entry::evolve(state, event)
+    }
+    fn decide(
+        state: &Self::State,
+        command: &Self::Command,
+    ) -> Result<Vec<Self::Event>, Self::Error> {
+        cache_entry::decide(state, command)
     }
 }
 

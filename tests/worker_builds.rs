@@ -793,7 +793,8 @@ async fn a_node_runs_at_most_max_builds_at_once_and_renews_their_leases() {
         fx.api
             .start(
                 build,
-                json!({"fromImage": "busybox", "force": false, "steps": [step("RUN", &["sleep 2"])]}),
+                // Distinct recipes: identical ones would reuse each other through the step cache.
+                json!({"fromImage": "busybox", "force": false, "steps": [step("RUN", &[&format!("sleep 2 # {name}")])]}),
             )
             .await;
         builds.push(build);

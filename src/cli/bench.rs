@@ -44,6 +44,8 @@ pub enum BenchCommand {
     /// Builds through 2 worker processes with one killed halfway: time until all are terminal,
     /// reconciler lag (lease expiry to terminal event) p50/p99.
     Lifecycle(super::bench_lifecycle::LifecycleBenchArgs),
+    /// The step cache: cold build, unchanged rebuild, last step changed; warm/cold ratios.
+    Cache(super::bench_cache::BenchCacheArgs),
 }
 
 #[derive(Debug, Args)]
@@ -65,6 +67,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Upload(args) => super::bench_upload::run(args).await,
         BenchCommand::Sdk(args) => super::bench_sdk::run(args).await,
         BenchCommand::Lifecycle(args) => super::bench_lifecycle::run(args).await,
+        BenchCommand::Cache(args) => super::bench_cache::run(args).await,
     }
 }
 

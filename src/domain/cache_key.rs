@@ -64,6 +64,25 @@ pub enum BaseIdentity {
     Image { digest: Digest },
     /// A `fromTemplate` build: the parent's build-base checkpoint.
     TemplateCheckpoint { snapshot: SnapshotId },
+    /// A `fromTemplate` build on the parent's result, by content ([`stack_identity`]): an
+    /// unchanged rebuild of the parent (a new snapshot id over the same layers) keeps the keys
+    /// of every template derived from it.
+    Stack { digest: Digest },
+}
+
+/// The content identity of a stack a build boots on: its layers, bottom first, and the command
+/// context it starts with.
+pub fn stack_identity(layers: &[Digest], context: &CommandContext) -> BaseIdentity {
+    let mut e = Encoder::new("strata.cache.stack.v1");
+    e.list(layers.iter(), |e, d| {
+        e.digest_field(d);
+    })
+    .str(&context.user)
+    .str(&context.workdir)
+    .list(context.env.iter(), |e, (k, v)| {
+        e.str(k).str(v);
+    });
+    BaseIdentity::Stack { digest: e.digest() }
 }
 
 /// A cache key: the sha256 of a canonical encoding.
@@ -84,6 +103,7 @@ pub fn base_key(fingerprint: &Fingerprint, base: &BaseIdentity) -> CacheKey {
     match base {
         BaseIdentity::Image { digest } => e.u8(1).digest_field(digest),
         BaseIdentity::TemplateCheckpoint { snapshot } => e.u8(2).str(&snapshot.to_string()),
+        BaseIdentity::Stack { digest } => e.u8(3).digest_field(digest),
     };
     CacheKey(e.digest())
 }
@@ -328,6 +348,27 @@ mod tests {
         };
         assert_ne!(
             base_key(&fingerprint(), &template_base),
+            base_key(&fingerprint(), &image())
+        );
+    }
+
+    #[test]
+    fn a_stack_is_identified_by_its_layers_and_context() {
+        let layers = [Digest::of(b"l1"), Digest::of(b"l2")];
+        let ctx = CommandContext::after_default_user();
+        assert_eq!(stack_identity(&layers, &ctx), stack_identity(&layers, &ctx));
+        assert_ne!(
+            stack_identity(&layers, &ctx),
+            stack_identity(&layers[..1], &ctx)
+        );
+        let mut other = ctx.clone();
+        other.env.insert("A".into(), "1".into());
+        assert_ne!(
+            stack_identity(&layers, &ctx),
+            stack_identity(&layers, &other)
+        );
+        assert_ne!(
+            base_key(&fingerprint(), &stack_identity(&layers, &ctx)),
             base_key(&fingerprint(), &image())
         );
     }

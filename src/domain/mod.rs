@@ -16,6 +16,8 @@
 //! * [`snapshot`]: immutable snapshot records (layer list + command context).
 //! * [`upload_url`]: signed upload URLs.
 //! * [`cache_key`]: fingerprint, base, step and final keys.
+//! * [`cache_entry`]: the `cachekey-…` index entries (create-if-absent, CAS replace, retire)
+//!   and lineage validation.
 //!
 //! Every aggregate follows one shape: `State` (Default), `Command`, `Event` (versioned, serde
 //! tagged by `type`), `Error`, `decide` and `evolve`. Where one transition spans several streams,
@@ -24,6 +26,7 @@
 
 pub mod build;
 pub mod build_spec;
+pub mod cache_entry;
 pub mod cache_key;
 pub mod canonical;
 pub mod files;

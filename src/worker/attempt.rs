@@ -125,11 +125,16 @@ impl Attempt {
 
     /// Records that `step` ran without a checkpoint.
     pub async fn record_step(&self, step: u32) -> Result<(), WorkerError> {
+        self.record_outcome(step, StepOutcome::Executed).await
+    }
+
+    /// Records a step's outcome that references no new snapshot (executed, or cached).
+    pub async fn record_outcome(&self, step: u32, outcome: StepOutcome) -> Result<(), WorkerError> {
         let now = self.now().await?;
         self.command(build::Command::RecordStepProgress {
             epoch: self.epoch,
             step,
-            outcome: StepOutcome::Executed,
+            outcome,
             now,
         })
         .await

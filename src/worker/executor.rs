@@ -6,6 +6,10 @@
 //! finalization (start and ready commands) when `startCmd` is set. The result is the layer stack
 //! and the final command context; publishing it is [`super::publish`]'s job.
 //!
+//! Before booting, the step cache is consulted ([`super::cache`], ADR 0008): a final hit skips
+//! every step and returns the cached result; a checkpoint hit boots on that checkpoint and runs
+//! only the steps after it. Each checkpoint then publishes its cache entry.
+//!
 //! Every sandbox operation races the attempt's cancellation token: when the lease is lost the
 //! operation is dropped, the sandbox destroyed, and the build abandoned without another write.
 
@@ -19,11 +23,12 @@ use tokio_util::sync::CancellationToken;
 use super::attempt::Attempt;
 use super::base::{self, BaseError, ResolvedBase};
 use super::build_log::{BuildLog, LogLine};
+use super::cache::{self, Flights, Found};
 use super::error::WorkerError;
 use super::settings::WorkerSettings;
 use super::shell;
 use crate::domain::build::status::LogLevel;
-use crate::domain::build::{Binding, FailedStep};
+use crate::domain::build::{Binding, FailedStep, StepOutcome};
 use crate::domain::build_spec::{
     home_of, resolve_path, BaseSource, CommandContext, Resources, Step, TemplateBuildStartV2,
     DEFAULT_USER,
@@ -63,11 +68,14 @@ pub struct BuildOutput {
     pub ready_cmd: Option<String>,
     /// The stack before finalization, when finalization added a layer.
     pub build_base_layers: Option<Vec<ids::Digest>>,
+    /// The final cache entry to publish once the build is Ready (none when the build did not
+    /// use the cache, or its result came from the cache).
+    pub cache: Option<cache::FinalPublication>,
 }
 
 #[derive(Debug)]
 pub enum Outcome {
-    Built(BuildOutput),
+    Built(Box<BuildOutput>),
     Failed(StepFailure),
 }
 
@@ -98,6 +106,8 @@ pub struct Executor<'a> {
     pub attempt: &'a Attempt,
     pub log: BuildLog,
     pub cancel: CancellationToken,
+    /// Single-flight for identical builds on this node.
+    pub flights: Flights,
 }
 
 /// The running state of the step loop.
@@ -107,6 +117,8 @@ struct Run {
     has_bash: bool,
     /// Changes since the last checkpoint that no step checkpoints (user creation).
     dirty: bool,
+    /// Publishes this build's cache entries; `None` when the build bypasses the cache.
+    cache: Option<cache::Writer>,
 }
 
 impl Executor<'_> {
@@ -130,7 +142,41 @@ impl Executor<'_> {
                 }
                 Err(BaseError::Worker(e)) => return Err(e),
             };
-        let boot = self.boot(job, &resolved);
+        let (writer, found, flight) = self.consult_cache(job, &resolved).await?;
+        let total = job.spec.steps.len();
+        let (layers, context, start) = match found {
+            Found::Final {
+                candidate_id,
+                candidate,
+                build_base,
+            } => {
+                self.record_cached(job, total, candidate_id).await?;
+                return Ok(Outcome::Built(Box::new(BuildOutput {
+                    layers: candidate.layers,
+                    context: candidate.context,
+                    base_image_digest: candidate.base_image_digest,
+                    start_cmd: job.spec.start_cmd.clone(),
+                    ready_cmd: job.spec.ready_cmd.clone(),
+                    build_base_layers: build_base.map(|b| b.layers),
+                    cache: None,
+                })));
+            }
+            Found::Checkpoint {
+                step,
+                snapshot,
+                record,
+                ..
+            } => {
+                self.record_cached(job, step, snapshot).await?;
+                (
+                    record.layers.iter().map(base::to_vmm).collect(),
+                    record.context,
+                    step,
+                )
+            }
+            Found::Nothing => (resolved.layers.clone(), resolved.context.clone(), 0),
+        };
+        let boot = self.boot(job, layers, &context);
         let sandbox = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return Err(self.abandoned()),
@@ -147,16 +193,23 @@ impl Executor<'_> {
         };
         let mut run = Run {
             sandbox,
-            context: resolved.context.clone(),
+            context,
             has_bash: false,
             dirty: false,
+            cache: writer,
         };
-        let result = self.steps(job, &resolved, &mut run).await;
+        let result = self.steps(job, &resolved, &mut run, start).await;
         if let Err(e) = run.sandbox.destroy().await {
             tracing::warn!(build = %self.attempt.build, error = %e, "destroying the build sandbox failed");
         }
         match result {
-            Ok(output) => Ok(Outcome::Built(output)),
+            Ok(mut output) => {
+                output.cache = run.cache.take().map(|writer| cache::FinalPublication {
+                    writer,
+                    flight: flight.clone(),
+                });
+                Ok(Outcome::Built(Box::new(output)))
+            }
             Err(Stop::Failed(f)) => Ok(Outcome::Failed(f)),
             Err(Stop::Abandon(e)) => Err(e),
         }
@@ -171,19 +224,116 @@ impl Executor<'_> {
         }
     }
 
+    /// Computes the build's keys and looks it up. Identical builds on this node wait for each
+    /// other here (single-flight); the guard is released once the leader's final entry is
+    /// written (or when this build ends otherwise). A read failure bypasses the cache: the
+    /// build then neither reads nor writes it.
+    #[allow(clippy::type_complexity)]
+    async fn consult_cache(
+        &self,
+        job: &BuildJob,
+        resolved: &ResolvedBase,
+    ) -> Result<
+        (
+            Option<cache::Writer>,
+            Found,
+            Option<Arc<tokio::sync::OwnedMutexGuard<()>>>,
+        ),
+        WorkerError,
+    > {
+        let plan = match cache::Plan::new(job, resolved, self.backend.name()) {
+            Ok(p) => p,
+            Err(e) => {
+                self.log.info(
+                    None,
+                    format!("[cache] not cacheable: {e}; building without the cache"),
+                );
+                return Ok((None, Found::Nothing, None));
+            }
+        };
+        let flight = if plan.force_from.is_none() {
+            let lock = self.flights.lock_for(&plan.scope, &plan.chain.final_key);
+            let guard = match lock.clone().try_lock_owned() {
+                Ok(g) => g,
+                Err(_) => {
+                    self.log.info(
+                        None,
+                        "[cache] an identical build is running on this node; waiting for its result",
+                    );
+                    tokio::select! {
+                        biased;
+                        _ = self.cancel.cancelled() => return Err(self.abandoned()),
+                        g = lock.lock_owned() => g,
+                    }
+                }
+            };
+            Some(Arc::new(guard))
+        } else {
+            None
+        };
+        match cache::lookup(
+            &self.attempt.store,
+            &self.blobs,
+            &plan,
+            &job.spec.steps,
+            &self.log,
+        )
+        .await
+        {
+            Ok(lookup) => {
+                let writer = cache::Writer::new(plan, &lookup);
+                Ok((Some(writer), lookup.found, flight))
+            }
+            Err(e) => {
+                tracing::warn!(build = %self.attempt.build, error = %e, "cache bypassed");
+                self.log.info(
+                    None,
+                    format!("[cache] {e}; building without the cache (nothing is read or written)"),
+                );
+                Ok((None, Found::Nothing, flight))
+            }
+        }
+    }
+
+    /// Records steps `1..=upto` as cached by `snapshot`, with their progress lines.
+    async fn record_cached(
+        &self,
+        job: &BuildJob,
+        upto: usize,
+        snapshot: SnapshotId,
+    ) -> Result<(), WorkerError> {
+        let total = job.spec.steps.len();
+        for (i, step) in job.spec.steps.iter().take(upto).enumerate() {
+            let number = i as u32 + 1;
+            self.log.info(
+                Some(&number.to_string()),
+                format!(
+                    "[{number}/{total}] CACHED {} {}",
+                    step.kind(),
+                    step.args().join(" ")
+                ),
+            );
+            self.attempt
+                .record_outcome(number, StepOutcome::Cached { snapshot })
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn boot(
         &self,
         job: &BuildJob,
-        base: &ResolvedBase,
+        layers: Vec<crate::vmm::Digest>,
+        context: &CommandContext,
     ) -> Result<Box<dyn Sandbox>, VmmError> {
-        let mut spec = BootSpec::new(base.layers.clone());
+        let mut spec = BootSpec::new(layers);
         spec.limits = Limits {
             cpus: job.resources.cpu_count.map(f64::from),
             memory_bytes: job.resources.memory_mb.map(|m| u64::from(m) << 20),
             timeout: self.settings.step_timeout,
             ..Limits::default()
         };
-        spec.context = vmm_context(&base.context);
+        spec.context = vmm_context(context);
         self.backend.boot(spec).await
     }
 
@@ -201,6 +351,7 @@ impl Executor<'_> {
         job: &BuildJob,
         base: &ResolvedBase,
         run: &mut Run,
+        start: usize,
     ) -> Result<BuildOutput, Stop> {
         let probe = ExecRequest::shell("[ -x /bin/bash ]").user("root");
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
@@ -213,7 +364,8 @@ impl Executor<'_> {
                 )
             })?
             .success();
-        if !base.from_template {
+        // A checkpoint already holds the default user.
+        if !base.from_template && start == 0 {
             self.log
                 .info(Some("base"), format!("[base] USER {DEFAULT_USER}"));
             self.guarded(run.sandbox.ensure_user(DEFAULT_USER, true))
@@ -229,7 +381,8 @@ impl Executor<'_> {
             run.dirty = true;
         }
         let total = job.spec.steps.len();
-        for (i, step) in job.spec.steps.iter().enumerate() {
+        let mut budget = self.checkpoint_budget(job, run, start)?;
+        for (i, step) in job.spec.steps.iter().enumerate().skip(start) {
             let number = i as u32 + 1;
             let tag = number.to_string();
             self.log.info(
@@ -244,9 +397,26 @@ impl Executor<'_> {
                 .context_mut()
                 .clone_from(&vmm_context(&run.context));
             self.step(job, number, &tag, step, run).await?;
-            if step.is_mutating() {
-                self.checkpoint(number, job, base, run, Purpose::BuildCache)
+            if step.is_mutating() && budget == 0 {
+                // Past the budget: the changes stay in the writable layer until the final seal.
+                run.dirty = true;
+                self.attempt.record_step(number).await?;
+            } else if step.is_mutating() {
+                budget -= 1;
+                let snapshot = self
+                    .checkpoint(number, job, base, run, Purpose::BuildCache)
                     .await?;
+                if let Some(writer) = run.cache.as_mut() {
+                    writer
+                        .checkpoint(
+                            self.attempt,
+                            &self.log,
+                            number as usize,
+                            snapshot,
+                            &run.context,
+                        )
+                        .await;
+                }
             } else {
                 self.attempt.record_step(number).await?;
             }
@@ -270,7 +440,40 @@ impl Executor<'_> {
             start_cmd: job.spec.start_cmd.clone(),
             ready_cmd: job.spec.ready_cmd.clone(),
             build_base_layers,
+            cache: None,
         })
+    }
+
+    /// How many of the remaining mutating steps get a checkpoint (RFC §Depth budget): what the
+    /// overlay limit leaves on this stack after the captures every build must still take (the
+    /// final seal, and the finalization seal with a start command). A stack that cannot take
+    /// those fails at `base`; past the budget, steps run without checkpoints.
+    fn checkpoint_budget(&self, job: &BuildJob, run: &Run, start: usize) -> Result<usize, Stop> {
+        let depth = run.sandbox.layers().len();
+        let reserved = 1 + usize::from(job.spec.start_cmd.is_some());
+        let limit = self.settings.depth.overlay_max;
+        if depth + reserved > limit {
+            return Err(fail(
+                FailedStep::Base,
+                format!(
+                    "the base stack has {depth} layers; a build must add up to {reserved} more and a sandbox takes at most {limit}: compact the base (fewer, larger layers) and build again"
+                ),
+            ));
+        }
+        let mutating = job.spec.steps[start..]
+            .iter()
+            .filter(|s| s.is_mutating())
+            .count();
+        let budget = (limit - depth - reserved).min(mutating);
+        if budget < mutating {
+            self.log.info(
+                None,
+                format!(
+                    "[depth] the stack has {depth} of {limit} layers: {budget} of {mutating} mutating steps get a checkpoint, the rest run without one"
+                ),
+            );
+        }
+        Ok(budget)
     }
 
     async fn step(
@@ -509,7 +712,7 @@ impl Executor<'_> {
         base: &ResolvedBase,
         run: &mut Run,
         purpose: Purpose,
-    ) -> Result<(), Stop> {
+    ) -> Result<SnapshotId, Stop> {
         self.seal(run, FailedStep::Step(number)).await?;
         let record = SnapshotRecord {
             purpose,
@@ -525,7 +728,7 @@ impl Executor<'_> {
         self.attempt
             .record_snapshot(id, &record, Some(number))
             .await?;
-        Ok(())
+        Ok(id)
     }
 
     /// Starts the start command and waits for the ready command, within the ready timeout.

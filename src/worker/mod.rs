@@ -5,6 +5,7 @@
 //! * [`executor`]: the steps of one build in a sandbox (PROTOCOL §3.7), checkpoints included.
 //! * [`base`], [`template_lookup`]: what a build starts from (`fromImage`, `fromTemplate`).
 //! * [`shell`]: the shell text run inside sandboxes (ENV evaluation, WORKDIR, start/ready).
+//! * [`cache`]: the step cache: key chain, lookup, entry publication, single-flight.
 //! * [`publish`]: result snapshot, Publishing, promotion outbox, Ready.
 //! * [`promote`]: drives a staged promotion to the end; shared with the promotion reconciler.
 //! * [`build_log`]: log lines to `build_logs`, batched and fenced.
@@ -16,6 +17,7 @@
 pub mod attempt;
 pub mod base;
 pub mod build_log;
+pub mod cache;
 pub mod error;
 pub mod executor;
 pub mod export;

@@ -41,6 +41,7 @@ pub struct Worker {
     blobs: Arc<dyn BlobStore>,
     catalog: Arc<ImageCatalog>,
     settings: Arc<WorkerSettings>,
+    flights: crate::worker::cache::Flights,
 }
 
 impl Worker {
@@ -49,7 +50,7 @@ impl Worker {
         let backend = NamespaceBackend::new(NamespaceConfig {
             data_dir: settings.data_dir.clone(),
             agent_binary: settings.agent_binary.clone(),
-            depth: Default::default(),
+            depth: settings.depth,
         })?;
         let catalog = ImageCatalog::open(&settings.data_dir)?;
         Ok(Worker {
@@ -58,6 +59,7 @@ impl Worker {
             backend: Arc::new(backend),
             catalog: Arc::new(catalog),
             settings: Arc::new(settings),
+            flights: Default::default(),
         })
     }
 
@@ -213,6 +215,7 @@ impl Worker {
             attempt,
             log: log.clone(),
             cancel: cancel.clone(),
+            flights: self.flights.clone(),
         };
         crate::fault::crash_point("worker:before-first-step");
         let outcome = executor.run(&job).await?;
@@ -236,6 +239,17 @@ impl Worker {
                 )
                 .await?;
                 tracing::info!(build = %attempt.build, %snapshot, layers = output.layers.len(), "build ready");
+                if let Some(mut publication) = output.cache {
+                    let build_base = load::<Build>(&self.store, &attempt.stream())
+                        .await
+                        .ok()
+                        .and_then(|b| b.state.result)
+                        .and_then(|r| r.build_base_checkpoint);
+                    publication
+                        .writer
+                        .final_result(attempt, log, snapshot, build_base)
+                        .await;
+                }
             }
             Outcome::Failed(failure) => {
                 let step: String = failure.step.into();

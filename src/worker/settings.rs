@@ -23,6 +23,9 @@ pub struct WorkerSettings {
     pub step_timeout: Duration,
     /// How often the queue is polled when no NOTIFY arrives.
     pub poll_interval: Duration,
+    /// The sandbox stack's depth limit. Builds plan their checkpoints within it: steps past the
+    /// per-build budget run without a checkpoint instead of failing.
+    pub depth: crate::vmm::depth::DepthBudget,
 }
 
 impl WorkerSettings {
@@ -40,6 +43,7 @@ impl WorkerSettings {
             ready_timeout: Duration::from_secs(120),
             step_timeout: Duration::from_secs(3600),
             poll_interval: Duration::from_secs(2),
+            depth: Default::default(),
         }
     }
 

@@ -1,0 +1,628 @@
+//! The step cache on the build node (RFC §Index records, §Publication; ADR 0008): the key chain
+//! of a frozen build, the lookup that decides where the build starts, the entries it publishes,
+//! and single-flight for identical builds on this node.
+//!
+//! * [`Plan`]: the fingerprint, base identity and key chain, computed before any sandbox exists,
+//!   and where `force` starts.
+//! * [`lookup`]: the final key first, then checkpoints deepest first; each probe is validated
+//!   (kind, versions, lineage, target snapshot, layers in the blob store) and reported in the
+//!   build log as `cache hit`, `cache miss` or `cache unapplied`. A read failure is transient: it
+//!   bypasses the cache for the build, which then neither reads nor writes it.
+//! * [`Writer`]: publishes checkpoint entries after their snapshot is recorded, and the final
+//!   entry once the build is Ready. Create-if-absent; forced steps and entries this build saw to
+//!   be invalid are replaced by compare-and-set on the pointer generation. A build that loses a
+//!   race stops writing: its later checkpoints were built on a snapshot no entry references.
+//! * [`Flights`]: identical builds (same scope and final key, not forced) run one at a time on a
+//!   node; the followers then find the leader's final entry.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use super::attempt::Attempt;
+use super::base::{self, ResolvedBase};
+use super::build_log::BuildLog;
+use super::executor::BuildJob;
+use crate::domain::build::Phase;
+use crate::domain::build_spec::{fold_contexts, home_of, CommandContext, Step, DEFAULT_USER};
+use crate::domain::cache_entry::{
+    self, Entry, EntryKind, Invalid, ParentEdge, Target, Validity, CACHE_FORMAT_VERSION,
+};
+use crate::domain::cache_key::{
+    key_chain, stack_identity, BaseIdentity, CacheKey, Finalization, Fingerprint, KeyChain,
+    HASHING_VERSION,
+};
+use crate::domain::ids::{self, Scope, SnapshotId};
+use crate::domain::snapshot::{Purpose, SnapshotRecord};
+use crate::events::command::load;
+use crate::events::{execute_writes, CommandError, EventStore, StreamWrite};
+use crate::streams::{
+    build_stream, cache_key_stream, snapshot_stream, Build, CacheEntry, Snapshot,
+};
+use crate::vmm::BlobStore;
+
+/// Bumped whenever step execution semantics change (how USER, ENV, WORKDIR, COPY behave), so
+/// checkpoints made under older semantics are never resumed.
+pub const BUILDER_SEMANTICS_VERSION: u64 = 1;
+/// Bumped whenever start/ready handling changes.
+pub const FINALIZATION_SEMANTICS_VERSION: u64 = 1;
+
+const MAX_ROUNDS: u32 = 32;
+
+/// The cache identity of one frozen build.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub scope: Scope,
+    pub chain: KeyChain,
+    /// The first step (1-based) whose reads are bypassed, sticky to the end: build-level `force`
+    /// makes it 1; a step's `force` or `forceUpload` makes it that step.
+    pub force_from: Option<usize>,
+    /// The mutating steps (1-based) and their keys, in order.
+    pub checkpoints: Vec<(usize, CacheKey)>,
+}
+
+impl Plan {
+    pub fn new(
+        job: &BuildJob,
+        resolved: &ResolvedBase,
+        backend: &str,
+    ) -> Result<Plan, crate::domain::cache_key::KeyError> {
+        // Images by manifest digest; a `fromTemplate` base by content (layers and context), so
+        // an unchanged rebuild of the parent keeps the keys of templates derived from it.
+        let layers: Vec<ids::Digest> = resolved.layers.iter().map(base::to_domain).collect();
+        let stack = stack_identity(&layers, &resolved.context);
+        let (base, image_digest) = match (resolved.from_template, resolved.image_digest, &stack) {
+            (false, Some(digest), _) => (BaseIdentity::Image { digest }, digest),
+            (_, digest, BaseIdentity::Stack { digest: content }) => {
+                let d = digest.unwrap_or(*content);
+                (stack.clone(), d)
+            }
+            _ => unreachable!("stack_identity returns a stack"),
+        };
+        let fingerprint = Fingerprint {
+            backend: backend.to_owned(),
+            backend_version: env!("CARGO_PKG_VERSION").to_owned(),
+            base_image_digest: image_digest,
+            architecture: std::env::consts::ARCH.to_owned(),
+            cpu_count: job.resources.cpu_count.unwrap_or(0),
+            memory_mb: job.resources.memory_mb.unwrap_or(0),
+            disk_mb: job.resources.min_free_disk_mb.unwrap_or(0).into(),
+            builder_semantics_version: BUILDER_SEMANTICS_VERSION,
+            hashing_version: HASHING_VERSION,
+        };
+        let mut start = resolved.context.clone();
+        if !resolved.from_template {
+            start.user = DEFAULT_USER.to_owned();
+            start.workdir = home_of(DEFAULT_USER);
+        }
+        let context = fold_contexts(&start, &job.spec.steps)
+            .last()
+            .map(|s| s.after.clone())
+            .unwrap_or(start);
+        let finalization = Finalization {
+            start_cmd: job.spec.start_cmd.clone(),
+            ready_cmd: job.spec.ready_cmd.clone(),
+            context,
+            semantics_version: FINALIZATION_SEMANTICS_VERSION,
+        };
+        let chain = key_chain(
+            &fingerprint,
+            &base,
+            &job.spec.steps,
+            &job.bindings,
+            &finalization,
+        )?;
+        let force_from = if job.spec.force {
+            Some(1)
+        } else {
+            job.spec.steps.iter().position(is_forced).map(|i| i + 1)
+        };
+        let mut checkpoints = chain.checkpoints_deepest_first(&job.spec.steps);
+        checkpoints.reverse();
+        Ok(Plan {
+            scope: Scope::team(&job.team),
+            chain,
+            force_from,
+            checkpoints,
+        })
+    }
+
+    fn readable(&self, step: usize) -> bool {
+        self.force_from.is_none_or(|f| step < f)
+    }
+
+    fn forced(&self, step: usize) -> bool {
+        !self.readable(step)
+    }
+}
+
+fn is_forced(step: &Step) -> bool {
+    match step {
+        Step::Run { force, .. }
+        | Step::Env { force, .. }
+        | Step::Workdir { force, .. }
+        | Step::User { force, .. } => *force,
+        Step::Copy {
+            force,
+            force_upload,
+            ..
+        } => *force || *force_upload,
+    }
+}
+
+/// A read of the index or a snapshot failed: not a verdict on any entry.
+#[derive(Debug, thiserror::Error)]
+#[error("reading the cache index failed: {0}")]
+pub struct Transient(pub String);
+
+fn transient<E: std::fmt::Display>(e: E) -> Transient {
+    Transient(e.to_string())
+}
+
+/// Where the build starts.
+#[derive(Clone, Debug)]
+pub enum Found {
+    /// Every step and finalization are cached: promote the result.
+    Final {
+        candidate_id: SnapshotId,
+        candidate: SnapshotRecord,
+        build_base: Option<SnapshotRecord>,
+    },
+    /// Boot on this checkpoint and run the steps after it.
+    Checkpoint {
+        step: usize,
+        snapshot: SnapshotId,
+        record: SnapshotRecord,
+        edge: ParentEdge,
+    },
+    /// Run everything.
+    Nothing,
+}
+
+/// What a lookup found and what it learned for repair.
+#[derive(Clone, Debug)]
+pub struct Lookup {
+    pub found: Found,
+    /// Keys whose entries were authoritatively invalid or unapplied, at the generation seen:
+    /// this build replaces them when it publishes (repair), instead of deferring to them.
+    pub repair: BTreeMap<CacheKey, u64>,
+}
+
+enum Probe {
+    Hit(SnapshotRecord),
+    Miss(Option<Invalid>),
+    Unapplied(String),
+}
+
+/// Looks the build up: the final key, then its checkpoints deepest first.
+pub async fn lookup(
+    store: &EventStore,
+    blobs: &Arc<dyn BlobStore>,
+    plan: &Plan,
+    steps: &[Step],
+    log: &BuildLog,
+) -> Result<Lookup, Transient> {
+    let mut states = BTreeMap::new();
+    for (_, key) in &plan.checkpoints {
+        let loaded = load::<CacheEntry>(store, &cache_key_stream(&plan.scope, key))
+            .await
+            .map_err(transient)?;
+        states.insert(*key, loaded.state);
+    }
+    let mut repair = BTreeMap::new();
+    let total = steps.len();
+    if plan.force_from.is_none() {
+        let key = plan.chain.final_key;
+        let state = load::<CacheEntry>(store, &cache_key_stream(&plan.scope, &key))
+            .await
+            .map_err(transient)?
+            .state;
+        let probe = probe(store, blobs, &state, EntryKind::FinalResult, plan, &states).await?;
+        report(log, None, total, "final result", &probe);
+        match probe {
+            Probe::Hit(candidate) => {
+                let candidate_id = state.live().expect("a hit is live").0.target.snapshot();
+                let build_base = match state.live().map(|(e, _)| &e.target) {
+                    Some(Target::FinalResult {
+                        build_base_checkpoint: Some(id),
+                        ..
+                    }) => read_snapshot(store, id).await?,
+                    _ => None,
+                };
+                return Ok(Lookup {
+                    found: Found::Final {
+                        candidate_id,
+                        candidate,
+                        build_base,
+                    },
+                    repair,
+                });
+            }
+            Probe::Miss(None) => {}
+            Probe::Miss(Some(_)) | Probe::Unapplied(_) => {
+                repair.insert(key, state.pointer_generation);
+            }
+        }
+    } else if let Some(from) = plan.force_from {
+        log.info(
+            None,
+            format!("[cache] force from step {from}: the cache is not read from there on"),
+        );
+    }
+    for (step, key) in plan.checkpoints.iter().rev() {
+        if !plan.readable(*step) {
+            continue;
+        }
+        let state = &states[key];
+        let probe = probe(store, blobs, state, EntryKind::Checkpoint, plan, &states).await?;
+        let what = format!(
+            "{} {}",
+            steps[step - 1].kind(),
+            steps[step - 1].args().join(" ")
+        );
+        report(log, Some(*step), total, &what, &probe);
+        match probe {
+            Probe::Hit(record) => {
+                let (entry, generation) = state.live().expect("a hit is live");
+                return Ok(Lookup {
+                    found: Found::Checkpoint {
+                        step: *step,
+                        snapshot: entry.target.snapshot(),
+                        record,
+                        edge: ParentEdge::Checkpoint {
+                            key: *key,
+                            snapshot: entry.target.snapshot(),
+                            pointer_generation: generation,
+                        },
+                    },
+                    repair,
+                });
+            }
+            Probe::Miss(None) => {}
+            Probe::Miss(Some(_)) | Probe::Unapplied(_) => {
+                repair.insert(*key, state.pointer_generation);
+            }
+        }
+    }
+    Ok(Lookup {
+        found: Found::Nothing,
+        repair,
+    })
+}
+
+fn report(log: &BuildLog, step: Option<usize>, total: usize, what: &str, probe: &Probe) {
+    let verdict = match probe {
+        Probe::Hit(_) => "cache hit".to_owned(),
+        Probe::Miss(None) => "cache miss".to_owned(),
+        Probe::Miss(Some(why)) => format!("cache miss (invalid entry: {why})"),
+        Probe::Unapplied(why) => format!("cache unapplied ({why}); treated as a miss"),
+    };
+    match step {
+        Some(n) => {
+            let tag = n.to_string();
+            log.info(
+                Some(&tag),
+                format!("[cache] step {n}/{total} {what}: {verdict}"),
+            );
+        }
+        None => log.info(None, format!("[cache] {what}: {verdict}")),
+    }
+}
+
+async fn probe(
+    store: &EventStore,
+    blobs: &Arc<dyn BlobStore>,
+    state: &cache_entry::State,
+    kind: EntryKind,
+    plan: &Plan,
+    chain: &BTreeMap<CacheKey, cache_entry::State>,
+) -> Result<Probe, Transient> {
+    match cache_entry::validate(state, kind, &plan.chain.base, chain) {
+        Validity::Invalid(Invalid::Absent) => return Ok(Probe::Miss(None)),
+        Validity::Invalid(why) => return Ok(Probe::Miss(Some(why))),
+        Validity::Valid => {}
+    }
+    let (entry, _) = state.live().expect("valid entries are live");
+    let mut wanted = vec![(entry.target.snapshot(), purpose_of(kind))];
+    if let Target::FinalResult {
+        build_base_checkpoint: Some(id),
+        ..
+    } = &entry.target
+    {
+        wanted.push((*id, Purpose::BuildCache));
+    }
+    let mut first = None;
+    for (id, purpose) in wanted {
+        let Some(record) = read_snapshot(store, &id).await? else {
+            return Ok(Probe::Miss(Some(Invalid::Absent)));
+        };
+        if record.purpose != purpose {
+            return Ok(Probe::Unapplied(format!(
+                "snapshot {id} is a {:?} snapshot",
+                record.purpose
+            )));
+        }
+        if let Some(missing) = missing_layer(blobs, &record.layers).await? {
+            return Ok(Probe::Unapplied(format!(
+                "layer {missing} of snapshot {id} is not in the blob store"
+            )));
+        }
+        first.get_or_insert(record);
+    }
+    Ok(Probe::Hit(first.expect("the target was read")))
+}
+
+fn purpose_of(kind: EntryKind) -> Purpose {
+    match kind {
+        EntryKind::Checkpoint => Purpose::BuildCache,
+        EntryKind::FinalResult => Purpose::Template,
+    }
+}
+
+async fn read_snapshot(
+    store: &EventStore,
+    id: &SnapshotId,
+) -> Result<Option<SnapshotRecord>, Transient> {
+    let loaded = load::<Snapshot>(store, &snapshot_stream(id))
+        .await
+        .map_err(transient)?;
+    Ok(match loaded.state {
+        s if s.tombstoned => None,
+        s => s.record,
+    })
+}
+
+async fn missing_layer(
+    blobs: &Arc<dyn BlobStore>,
+    layers: &[ids::Digest],
+) -> Result<Option<ids::Digest>, Transient> {
+    let (blobs, layers) = (blobs.clone(), layers.to_vec());
+    tokio::task::spawn_blocking(move || {
+        for layer in layers {
+            match blobs.size(&base::to_vmm(&layer)) {
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(Some(layer)),
+                Err(e) => return Err(Transient(format!("reading the blob store: {e}"))),
+            }
+        }
+        Ok(None)
+    })
+    .await
+    .map_err(transient)?
+}
+
+/// The final entry a Ready build publishes.
+#[derive(Clone, Debug)]
+pub struct FinalPublication {
+    pub writer: Writer,
+    /// Held until the final entry is written, so that identical builds waiting on this node
+    /// find it.
+    pub flight: Option<Arc<tokio::sync::OwnedMutexGuard<()>>>,
+}
+
+/// Publishes the entries of one build.
+#[derive(Clone, Debug)]
+pub struct Writer {
+    pub plan: Plan,
+    repair: BTreeMap<CacheKey, u64>,
+    /// The nearest checkpoint entry below the next one: what the next entry is built on.
+    parent: ParentEdge,
+    /// Off after a lost race or a failed write: later entries would have no valid parent.
+    stopped: bool,
+}
+
+impl Writer {
+    pub fn new(plan: Plan, lookup: &Lookup) -> Writer {
+        let parent = match &lookup.found {
+            Found::Checkpoint { edge, .. } => edge.clone(),
+            _ => ParentEdge::Root {
+                base_key: plan.chain.base,
+            },
+        };
+        Writer {
+            repair: lookup.repair.clone(),
+            parent,
+            plan,
+            stopped: false,
+        }
+    }
+
+    fn entry(&self, target: Target, attempt: &Attempt) -> Entry {
+        Entry {
+            target,
+            parent: self.parent.clone(),
+            hashing_version: HASHING_VERSION,
+            cache_format_version: CACHE_FORMAT_VERSION,
+            build: attempt.build,
+            epoch: attempt.epoch,
+        }
+    }
+
+    /// After step `step`'s snapshot is recorded: publish its checkpoint entry.
+    pub async fn checkpoint(
+        &mut self,
+        attempt: &Attempt,
+        log: &BuildLog,
+        step: usize,
+        snapshot: SnapshotId,
+        context: &CommandContext,
+    ) {
+        let Some(key) = self
+            .plan
+            .checkpoints
+            .iter()
+            .find(|(n, _)| *n == step)
+            .map(|(_, k)| *k)
+        else {
+            return;
+        };
+        let entry = self.entry(
+            Target::Checkpoint {
+                snapshot,
+                context: context.clone(),
+            },
+            attempt,
+        );
+        let forced = self.plan.forced(step);
+        if let Some(generation) = self
+            .write(attempt, log, Some(step), key, entry, forced, Guard::Open)
+            .await
+        {
+            self.parent = ParentEdge::Checkpoint {
+                key,
+                snapshot,
+                pointer_generation: generation,
+            };
+        }
+    }
+
+    /// Once the build is Ready: publish its final-result entry.
+    pub async fn final_result(
+        &mut self,
+        attempt: &Attempt,
+        log: &BuildLog,
+        candidate: SnapshotId,
+        build_base_checkpoint: Option<SnapshotId>,
+    ) {
+        let entry = self.entry(
+            Target::FinalResult {
+                candidate,
+                build_base_checkpoint,
+            },
+            attempt,
+        );
+        let forced = self.plan.force_from.is_some();
+        let key = self.plan.chain.final_key;
+        self.write(attempt, log, None, key, entry, forced, Guard::Ready)
+            .await;
+    }
+
+    /// Creates (or, when forced or repairing, replaces by CAS) the entry under `key`, in one
+    /// append guarded by the build stream. Returns the entry's generation when this build's
+    /// entry is the one the key points at.
+    #[allow(clippy::too_many_arguments)]
+    async fn write(
+        &mut self,
+        attempt: &Attempt,
+        log: &BuildLog,
+        step: Option<usize>,
+        key: CacheKey,
+        entry: Entry,
+        forced: bool,
+        guard: Guard,
+    ) -> Option<u64> {
+        if self.stopped {
+            return None;
+        }
+        let stream = cache_key_stream(&self.plan.scope, &key);
+        let repair = self.repair.get(&key).copied();
+        let ctx = attempt.context();
+        let outcome = execute_writes(&attempt.store, MAX_ROUNDS, || {
+            let (store, ctx, entry, stream) = (
+                attempt.store.clone(),
+                ctx.clone(),
+                entry.clone(),
+                stream.clone(),
+            );
+            let (bstream, epoch) = (build_stream(&attempt.build), attempt.epoch);
+            async move {
+                let now = super::attempt::db_now(store.pool())
+                    .await
+                    .map_err(|e| CommandError::Rejected(format!("reading the clock: {e}")))?;
+                let b = load::<Build>(&store, &bstream)
+                    .await
+                    .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                match guard {
+                    Guard::Open => crate::domain::build::check_open_attempt(&b.state, epoch, now)
+                        .map_err(|e| CommandError::Rejected(e.to_string()))?,
+                    Guard::Ready => match b.state.phase {
+                        Phase::Ready { epoch: e } if e == epoch => {}
+                        ref other => {
+                            return Err(CommandError::Rejected(format!(
+                                "the build is not ready in this epoch ({other:?})"
+                            )))
+                        }
+                    },
+                }
+                let c = load::<CacheEntry>(&store, &stream)
+                    .await
+                    .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                let command = match c.state.live() {
+                    Some((existing, _)) if *existing == entry => {
+                        return Ok(vec![]);
+                    }
+                    Some((_, generation)) if forced || repair == Some(generation) => {
+                        cache_entry::Command::Replace {
+                            entry,
+                            expected_generation: generation,
+                            now,
+                        }
+                    }
+                    _ => cache_entry::Command::Publish { entry, now },
+                };
+                let events = cache_entry::decide(&c.state, &command)
+                    .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                Ok(vec![
+                    StreamWrite::new(bstream.clone(), b.expected(), Vec::new()),
+                    StreamWrite::new(stream.clone(), c.expected(), ctx.encode(&stream, &events)?),
+                ])
+            }
+        })
+        .await;
+        let tag = step.map(|s| s.to_string());
+        let what = match step {
+            Some(n) => format!("step {n}"),
+            None => "the final result".to_owned(),
+        };
+        match outcome {
+            Ok(_) => {
+                let state = load::<CacheEntry>(&attempt.store, &stream)
+                    .await
+                    .ok()?
+                    .state;
+                match state.live() {
+                    Some((e, generation)) if e.target == entry.target => Some(generation),
+                    _ => {
+                        self.stopped = true;
+                        None
+                    }
+                }
+            }
+            Err(CommandError::Rejected(reason)) => {
+                log.info(
+                    tag.as_deref(),
+                    format!("[cache] not publishing {what} or later entries: {reason}"),
+                );
+                self.stopped = true;
+                None
+            }
+            Err(e) => {
+                tracing::warn!(build = %attempt.build, error = %e, "writing a cache entry failed; this build writes no more entries");
+                self.stopped = true;
+                None
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Guard {
+    /// The attempt must still hold the build.
+    Open,
+    /// The build must be Ready in this epoch.
+    Ready,
+}
+
+type FlightMap = HashMap<(Scope, CacheKey), Arc<tokio::sync::Mutex<()>>>;
+
+/// Per-node single-flight on `(scope, final_key)`.
+#[derive(Clone, Debug, Default)]
+pub struct Flights(Arc<std::sync::Mutex<FlightMap>>);
+
+impl Flights {
+    /// The lock for `(scope, key)`; the caller awaits it. Forgets locks nobody holds or awaits.
+    pub fn lock_for(&self, scope: &Scope, key: &CacheKey) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.0.lock().expect("the flights map is never poisoned");
+        map.retain(|_, m| Arc::strong_count(m) > 1 || m.try_lock().is_err());
+        map.entry((scope.clone(), *key)).or_default().clone()
+    }
+}
