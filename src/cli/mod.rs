@@ -3,8 +3,8 @@
 
 pub mod api;
 pub mod bench;
-pub mod bench_lifecycle;
 pub mod bench_cache;
+pub mod bench_lifecycle;
 pub mod bench_sandbox;
 pub mod bench_sdk;
 pub mod bench_upload;

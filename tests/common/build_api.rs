@@ -5,14 +5,13 @@
 use chrono::Utc;
 use strata::domain::build;
 use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
-use strata::domain::files;
 use strata::domain::ids::{self, BuildId, FilesHash, IntentId, TeamId, TemplateId};
 use strata::domain::template;
 use strata::events::command::load;
 use strata::events::{
     Actor, ActorRole, CommandContext, EventStore, Metadata, StreamId, StreamWrite,
 };
-use strata::streams::{Build, Template, TemplateName as NameAgg};
+use strata::streams::{Build, Files, Template, TemplateName as NameAgg};
 use strata::vmm::BlobStore;
 use uuid::Uuid;
 
@@ -240,20 +239,5 @@ impl Api {
         )
         .await
         .unwrap();
-    }
-}
-
-/// `files-{scope}-{hash}` as an aggregate (the worker never needs it).
-pub struct Files;
-impl strata::events::Aggregate for Files {
-    type State = files::State;
-    type Event = files::Event;
-    type Command = files::Command;
-    type Error = files::Error;
-    fn evolve(state: files::State, event: &files::Event) -> files::State {
-        files::evolve(state, event)
-    }
-    fn decide(s: &files::State, c: &files::Command) -> Result<Vec<files::Event>, files::Error> {
-        files::decide(s, c)
     }
 }

@@ -11,6 +11,7 @@
 pub mod api;
 pub mod build_api;
 pub mod sandbox;
+pub mod worker_fixture;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;

@@ -1,0 +1,228 @@
+//! The build-node fixture shared by the worker tests: a fresh database and store, the API's
+//! appends (`build_api`), the node's blob store, an in-process worker, and helpers that make
+//! real tar archives and step JSON.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use strata::domain::build::{self, Phase};
+use strata::domain::ids::{self, BuildId, FilesHash, TeamId};
+use strata::events::command::load;
+use strata::events::EventStore;
+use strata::streams::Build;
+use strata::vmm::{BootSpec, Network};
+use strata::worker::{template_lookup, Worker, WorkerSettings};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::build_api::{stream, Api};
+use super::sandbox::{backend, boot, node_dir};
+use super::TestDb;
+
+// ---------------------------------------------------------------------------------------------
+// Fixture: database, store, worker
+// ---------------------------------------------------------------------------------------------
+
+pub struct Fixture {
+    pub db: TestDb,
+    pub store: EventStore,
+    pub api: Api,
+    pub blobs: Arc<strata::vmm::LocalBlobStore>,
+    pub shutdown: CancellationToken,
+    pub worker: Option<tokio::task::JoinHandle<()>>,
+}
+
+pub fn settings() -> WorkerSettings {
+    let mut s = WorkerSettings::new("test-node", node_dir(), super::strata_bin());
+    s.lease = Duration::from_secs(6);
+    s.poll_interval = Duration::from_millis(200);
+    s.ready_timeout = Duration::from_secs(20);
+    s
+}
+
+impl Fixture {
+    pub async fn new(settings: WorkerSettings) -> Fixture {
+        Self::with_worker(Some(settings)).await
+    }
+
+    /// With an in-process worker when `settings` is given, else only the database and store.
+    pub async fn with_worker(settings: Option<WorkerSettings>) -> Fixture {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter("strata=info")
+            .try_init();
+        let db = super::test_db().await;
+        let store = EventStore::new(db.pool.clone());
+        let team = TeamId::parse(&format!(
+            "team{}",
+            &Uuid::new_v4().simple().to_string()[..8]
+        ))
+        .unwrap();
+        let blobs = backend().blobs();
+        let shutdown = CancellationToken::new();
+        let handle = settings.map(|settings| {
+            let worker = Worker::new(store.clone(), settings).unwrap();
+            let token = shutdown.clone();
+            tokio::spawn(async move { worker.run_until(token).await.unwrap() })
+        });
+        Fixture {
+            api: Api {
+                store: store.clone(),
+                team,
+            },
+            db,
+            store,
+            blobs,
+            shutdown,
+            worker: handle,
+        }
+    }
+
+    pub async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(w) = self.worker.take() {
+            w.await.unwrap();
+        }
+    }
+
+    /// Waits (bounded) for the build to reach ready or error; returns its state.
+    pub async fn wait_terminal(&self, build: BuildId) -> build::State {
+        for _ in 0..1800 {
+            let phase: Option<String> =
+                sqlx::query_scalar("SELECT phase FROM builds WHERE build_id = $1")
+                    .bind(build.as_uuid())
+                    .fetch_optional(&self.db.pool)
+                    .await
+                    .unwrap();
+            if matches!(phase.as_deref(), Some("ready" | "error")) {
+                return self.state(build).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "build {build} did not finish: {:?}",
+            self.state(build).await.phase
+        );
+    }
+
+    pub async fn state(&self, build: BuildId) -> build::State {
+        load::<Build>(&self.store, &stream(ids::stream::build(&build)))
+            .await
+            .unwrap()
+            .state
+    }
+
+    pub async fn logs(&self, build: BuildId) -> Vec<(i64, String, String, Option<String>)> {
+        sqlx::query_as(
+            "SELECT seq, level, message, step FROM build_logs WHERE build_id = $1 ORDER BY seq",
+        )
+        .bind(build.as_uuid())
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    /// The template's result, as `fromTemplate` and export see it.
+    pub async fn result(&self, name: &str) -> template_lookup::TemplateSnapshot {
+        template_lookup::resolve(&self.store, &self.api.team, name)
+            .await
+            .unwrap()
+    }
+}
+
+pub fn files_hash(seed: &str) -> FilesHash {
+    FilesHash::parse(&hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+        seed.as_bytes(),
+    )))
+    .unwrap()
+}
+
+pub fn assert_ready(state: &build::State) {
+    assert!(
+        matches!(state.phase, Phase::Ready { .. }),
+        "expected ready, got {:?}",
+        state.phase
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Archives, as the SDK uploads them
+// ---------------------------------------------------------------------------------------------
+
+pub fn append_file(b: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32, data: &[u8]) {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(data.len() as u64);
+    h.set_mode(mode);
+    h.set_mtime(1_700_000_000);
+    b.append_data(&mut h, path, data).unwrap();
+}
+
+pub fn append_dir(b: &mut tar::Builder<Vec<u8>>, path: &str) {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(tar::EntryType::Directory);
+    h.set_size(0);
+    h.set_mode(0o755);
+    b.append_data(&mut h, path, &[][..]).unwrap();
+}
+
+/// The captured first build's `app` tree: nested dirs, an executable, a relative symlink.
+pub fn app_tar() -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    append_dir(&mut b, "app");
+    append_dir(&mut b, "app/bin");
+    append_file(
+        &mut b,
+        "app/bin/run.sh",
+        0o755,
+        b"#!/bin/sh\necho running\n",
+    );
+    append_file(&mut b, "app/config.txt", 0o644, b"config-line\n");
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    h.set_mode(0o777);
+    b.append_link(&mut h, "app/link.txt", "config.txt").unwrap();
+    append_dir(&mut b, "app/nested");
+    append_dir(&mut b, "app/nested/deep");
+    append_file(&mut b, "app/nested/deep/data.txt", 0o644, b"deep-data\n");
+    b.into_inner().unwrap()
+}
+
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+pub fn single_file_tar(name: &str, data: &[u8]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    append_file(&mut b, name, 0o644, data);
+    b.into_inner().unwrap()
+}
+
+pub fn step(kind: &str, args: &[&str]) -> serde_json::Value {
+    json!({"type": kind, "args": args, "force": false})
+}
+
+pub fn copy(src: &str, dest: &str, owner: &str, mode: &str, hash: &FilesHash) -> serde_json::Value {
+    json!({"type": "COPY", "args": [src, dest, owner, mode], "filesHash": hash.as_str(), "force": false})
+}
+
+pub async fn boot_on(layers: &[ids::Digest]) -> Box<dyn strata::vmm::Sandbox> {
+    let be = backend();
+    let mut spec = BootSpec::new(
+        layers
+            .iter()
+            .map(|d| strata::vmm::Digest::parse(&d.to_string()).unwrap())
+            .collect(),
+    );
+    spec.limits.network = Network::None;
+    boot(&be, spec).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------------
