@@ -454,3 +454,52 @@ async fn status_pages_logs_by_offset_and_level() {
         .collect();
     assert_eq!(levels, ["error", "warn"]);
 }
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_and_the_teams_other_keys_still_work() {
+    let (db, _data, api) = setup(&[]).await;
+    let first = key_for(&db, "acme").await;
+    let second = key_for(&db, "acme").await;
+    let strata = |args: &[&str]| {
+        std::process::Command::new(common::strata_bin())
+            .args(args)
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .unwrap()
+    };
+    let listed = strata(&["keys", "list", "--team", "acme"]);
+    assert!(listed.status.success());
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    let rows: Vec<&str> = listed.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{listed}");
+    assert!(
+        !listed.contains(&first[4..]),
+        "listing never shows a key: {listed}"
+    );
+    // The first key issued is the first row; revoke it.
+    let key_id = rows[0].split_whitespace().next().unwrap();
+    assert!(
+        rows[0].contains(&first[..10]),
+        "the row shows the key's prefix: {}",
+        rows[0]
+    );
+    let revoked = strata(&["keys", "revoke", "--team", "acme", key_id]);
+    assert!(
+        revoked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoked.stderr)
+    );
+
+    let (status, body) = client(&api, first)
+        .call(reqwest::Method::GET, "/templates", None)
+        .await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = client(&api, second)
+        .call(reqwest::Method::GET, "/templates", None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // Revoking a key of another team is refused and changes nothing.
+    key_for(&db, "other").await;
+    let wrong = strata(&["keys", "revoke", "--team", "other", key_id]);
+    assert!(!wrong.status.success());
+}

@@ -57,7 +57,7 @@ async fn a_hundred_layers_boot_and_an_over_budget_stack_is_refused() {
     assert_no_trace(&id);
 
     // 501 lowers: refused with a clear error, before any mount.
-    let too_deep: Vec<Digest> = std::iter::repeat(stack[0].clone()).take(501).collect();
+    let too_deep: Vec<Digest> = std::iter::repeat_n(stack[0].clone(), 501).collect();
     let err = backend.boot(spec(too_deep)).await.err().expect("refused");
     assert!(
         matches!(

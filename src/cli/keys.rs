@@ -67,7 +67,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
         }
         KeysCommand::List { team } => {
             let team = parse_team(&team)?;
-            let rows: Vec<(Uuid, String, DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
+            let rows: Vec<KeyRow> = sqlx::query_as(
                 "SELECT key_id, prefix, issued_at, revoked_at FROM api_keys WHERE team_id = $1 ORDER BY issued_at",
             )
             .bind(team.as_str())
@@ -101,6 +101,9 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// key id, display prefix, issued, revoked.
+type KeyRow = (Uuid, String, DateTime<Utc>, Option<DateTime<Utc>>);
 
 fn parse_team(raw: &str) -> anyhow::Result<TeamId> {
     TeamId::parse(raw).with_context(|| format!("team name {raw:?}"))

@@ -228,7 +228,7 @@ mod tests {
         fs::hard_link(dir.join("z"), dir.join("z-hard")).unwrap();
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &dir.join("a/deleted"),
+            dir.join("a/deleted"),
             rustix::fs::FileType::CharacterDevice,
             rustix::fs::Mode::empty(),
             rustix::fs::makedev(0, 0),

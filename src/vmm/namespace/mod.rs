@@ -321,10 +321,9 @@ impl NamespaceSandbox {
             }
             (pid1, ready)
         };
-        let (pid1, ready) = match tokio::time::timeout(Duration::from_secs(60), handshake).await {
-            Ok(r) => r,
-            Err(_) => (None, false),
-        };
+        let (pid1, ready) = tokio::time::timeout(Duration::from_secs(60), handshake)
+            .await
+            .unwrap_or_default();
         let outer = child.id().map(|p| p as i32).unwrap_or(0);
         match (pid1, ready) {
             (Some(pid1), true) => {
