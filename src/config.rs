@@ -9,8 +9,8 @@ use clap::Args;
 /// Where state lives: the database and the node-local data directory.
 #[derive(Debug, Clone, Args)]
 pub struct StorageArgs {
-    /// Postgres connection URL. Unset with `strata up`: a local cluster is created and started
-    /// in `<data-dir>/postgres`.
+    /// Postgres connection URL. Unset: `strata up` creates and starts a local cluster in
+    /// `<data-dir>/postgres`, and the other commands use that cluster while it runs.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 

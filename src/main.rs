@@ -44,9 +44,9 @@ enum Command {
     Image(cli::image::ImageArgs),
     /// Create, list and revoke API keys; a key maps to a team.
     Keys(cli::keys::KeysArgs),
-    /// Operate on built templates (export as an OCI image layout).
+    /// Run a command on a built template, or export it as an OCI image layout.
     Template(cli::template::TemplateArgs),
-    /// Print a stream's audit history (reads DATABASE_URL directly).
+    /// Print a stream's (or a build's) audit history as a table or JSON.
     History(cli::history::HistoryArgs),
     /// List, rebuild or run the async projections (read models).
     Projections(cli::projections::ProjectionsArgs),
