@@ -11,7 +11,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::auth::Team;
-use super::{api_metadata, command_error, lift, load_team_template, parse_template_id};
+use super::{api_metadata, check_team_template, command_error, lift, parse_template_id};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::domain::build::upload::{
@@ -46,7 +46,7 @@ pub async fn upload_link(
             "filesHash {hash:?} is invalid: expected 64 lowercase hex characters"
         ))
     })?;
-    load_team_template(&state, &team.0, &template_id).await?;
+    check_team_template(&state, &team.0, &template_id).await?;
     let build = waiting_build(&state, &template_id).await?;
 
     let now = Utc::now();

@@ -91,7 +91,27 @@ pub(crate) fn parse_template_id(raw: &str) -> Result<TemplateId, ApiError> {
     TemplateId::parse(raw).map_err(|_| ApiError::not_found(format!("template {raw:?} not found")))
 }
 
-/// Loads a template of `team`. Another team's template is reported exactly like a missing one.
+/// Checks that `template_id` is a live template of `team`, from the `templates` read model (a
+/// standing inline projection, so exact) instead of folding the template stream, which grows
+/// with every build. Another team's template is reported exactly like a missing one.
+pub(crate) async fn check_team_template(
+    state: &AppState,
+    team: &TeamId,
+    template_id: &TemplateId,
+) -> Result<(), ApiError> {
+    let owned: Option<bool> = sqlx::query_scalar(
+        "SELECT true FROM templates WHERE template_id = $1 AND team_id = $2 AND NOT deleted",
+    )
+    .bind(template_id.as_str())
+    .bind(team.as_str())
+    .fetch_optional(&state.pool)
+    .await?;
+    owned.map(drop).ok_or_else(|| {
+        ApiError::not_found(format!("template {template_id} not found for this team"))
+    })
+}
+
+/// Loads a template of `team`, for calls that need its state (names, tags). Another team's template is reported exactly like a missing one.
 pub(crate) async fn load_team_template(
     state: &AppState,
     team: &TeamId,

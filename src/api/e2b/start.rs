@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use chrono::Utc;
 
 use super::auth::Team;
-use super::{api_metadata, command_error, load_team_template, parse_template_id};
+use super::{api_metadata, check_team_template, command_error, parse_template_id};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::domain::build::{self, Command};
@@ -25,7 +25,7 @@ pub async fn start_build(
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let template_id = parse_template_id(&template_id)?;
-    load_team_template(&state, &team.0, &template_id).await?;
+    check_team_template(&state, &team.0, &template_id).await?;
     let build_id = parse_build_id(&build_id)?;
     let spec: TemplateBuildStartV2 = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid build start request: {e}")))?;

@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::auth::Team;
+use super::parse_template_id;
 use super::start::{check_build_of, parse_build_id};
-use super::{load_team_template, parse_template_id};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::domain::build::status::{LogEntry, LogLevel, StatusResponse};
@@ -31,8 +31,8 @@ pub async fn build_status(
 ) -> Result<Json<StatusResponse>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?;
     let template_id = parse_template_id(&template_id)?;
-    load_team_template(&state, &team.0, &template_id).await?;
     let build_id = parse_build_id(&build_id)?;
+    // The build's own registration names its team and template: one stream read per poll.
     // State first, logs second: a terminal state read here has all its logs written already.
     let build = check_build_of(&state, &team.0, &template_id, &build_id).await?;
     let offset = query.logs_offset.unwrap_or(0).max(0);

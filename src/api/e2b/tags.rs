@@ -14,7 +14,9 @@ use serde_json::{json, Value};
 
 use super::auth::Team;
 use super::templates::template_by_name;
-use super::{api_metadata, command_error, load_team_template, parse_template_id};
+use super::{
+    api_metadata, check_team_template, command_error, load_team_template, parse_template_id,
+};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::domain::build_spec::{parse_name_and_tag, Tag};
@@ -122,7 +124,7 @@ pub async fn remove_one_tag(
     Path((template_id, tag)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let template_id = parse_template_id(&template_id)?;
-    load_team_template(&state, &team.0, &template_id).await?;
+    check_team_template(&state, &team.0, &template_id).await?;
     remove(&state, &template_id, parse_tags(&[tag])?).await
 }
 

@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::auth::Team;
-use super::{api_metadata, command_error, lift, load_team_template, parse_template_id};
+use super::{
+    api_metadata, check_team_template, command_error, lift, load_team_template, parse_template_id,
+};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::domain::build_spec::parse_name_and_tag;
@@ -160,7 +162,7 @@ pub async fn delete_template(
     Path(template_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let template_id = parse_template_id(&template_id)?;
-    load_team_template(&state, &team.0, &template_id).await?;
+    check_team_template(&state, &team.0, &template_id).await?;
     let ctx = CommandContext::new(api_metadata(&state));
     let now = Utc::now();
     let (st, ctx, tid, team_id) = (&state, &ctx, &template_id, &team.0);
