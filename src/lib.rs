@@ -19,6 +19,7 @@ pub mod events;
 pub mod fault;
 pub mod projections;
 pub mod reconcilers;
+pub mod registration;
 pub mod streams;
 pub mod telemetry;
 pub mod vmm;

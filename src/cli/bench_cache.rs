@@ -12,13 +12,11 @@ use clap::Args;
 use strata::config::StorageArgs;
 use strata::domain::build::{self, StepOutcome};
 use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
-use strata::domain::ids::{self, BuildId, TeamId, TemplateId};
-use strata::domain::template;
+use strata::domain::ids::{BuildId, TeamId};
 use strata::events::command::{execute, load, CommandContext};
-use strata::events::{
-    Actor, ActorRole, EventStore, ExpectedVersion, Metadata, StreamId, StreamWrite,
-};
-use strata::streams::{build_stream, Build, Template, TemplateName as NameClaim};
+use strata::events::{Actor, ActorRole, EventStore, Metadata};
+use strata::registration::{register_build, RegisterBuild};
+use strata::streams::{build_stream, Build};
 use strata::worker::{Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -131,10 +129,6 @@ fn context() -> CommandContext {
     CommandContext::new(Metadata::new(Actor::new(ActorRole::Api, "bench-cache")))
 }
 
-fn stream(name: String) -> anyhow::Result<StreamId> {
-    Ok(StreamId::parse(name)?)
-}
-
 /// Registers, starts and waits for one build, as the API would append it.
 async fn timed(
     store: &EventStore,
@@ -197,57 +191,18 @@ async fn register(store: &EventStore, team: &TeamId, label: &str) -> anyhow::Res
         label.replace(' ', "-"),
         &Uuid::new_v4().simple().to_string()[..6]
     ))?;
-    let name_stream = stream(ids::stream::template_name(team, &name.name))?;
-    let claim = load::<NameClaim>(store, &name_stream).await?;
-    let candidate = TemplateId::parse(&format!(
-        "tpl{}",
-        &Uuid::new_v4().simple().to_string()[..16]
-    ))?;
-    let tpl_stream = stream(ids::stream::template(&candidate))?;
-    let tpl = load::<Template>(store, &tpl_stream).await?;
-    let build = BuildId::from_uuid(Uuid::new_v4());
-    let tags = vec![Tag::default_tag()];
-    let reg = template::register_build(
-        &claim.state,
-        &tpl.state,
-        team,
-        &name,
-        &candidate,
-        build,
-        &tags,
-        now,
-    )?;
-    let events = build::decide(
-        &build::State::default(),
-        &build::Command::RegisterBuild {
-            template: reg.template.clone(),
+    let (_, build) = register_build(
+        store,
+        &context(),
+        &RegisterBuild {
             team: team.clone(),
-            tags,
+            name,
+            tags: vec![Tag::default_tag()],
             resources: Resources::default(),
             now,
             waiting_deadline: now + chrono::Duration::minutes(10),
         },
-    )?;
-    let ctx = context();
-    let bstream = build_stream(&build);
-    store
-        .append(vec![
-            StreamWrite::new(
-                name_stream.clone(),
-                claim.expected(),
-                ctx.encode(&name_stream, &reg.name_events)?,
-            ),
-            StreamWrite::new(
-                tpl_stream.clone(),
-                tpl.expected(),
-                ctx.encode(&tpl_stream, &reg.template_events)?,
-            ),
-            StreamWrite::new(
-                bstream.clone(),
-                ExpectedVersion::NoStream,
-                ctx.encode(&bstream, &events)?,
-            ),
-        ])
-        .await?;
+    )
+    .await?;
     Ok(build)
 }

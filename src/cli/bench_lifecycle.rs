@@ -21,14 +21,11 @@ use sqlx::PgPool;
 use strata::config::StorageArgs;
 use strata::domain::build;
 use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
-use strata::domain::ids::{BuildId, TeamId, TemplateId};
-use strata::domain::template;
+use strata::domain::ids::{BuildId, TeamId};
 use strata::embedded_postgres::{EmbeddedPostgres, DATABASE_NAME};
-use strata::events::command::load;
-use strata::events::{
-    execute, Actor, ActorRole, CommandContext, EventStore, ExpectedVersion, Metadata, StreamWrite,
-};
-use strata::streams::{build_stream, template_name_stream, template_stream, Build, Template};
+use strata::events::{execute, Actor, ActorRole, CommandContext, EventStore, Metadata};
+use strata::registration::{register_build, RegisterBuild};
+use strata::streams::{build_stream, Build};
 use uuid::Uuid;
 
 #[derive(Debug, Args)]
@@ -279,59 +276,19 @@ fn bench_context() -> CommandContext {
 /// What `POST /v3/templates` appends for a new name: the claim, the template, the build.
 async fn register(store: &EventStore, team: &TeamId, name: &str) -> anyhow::Result<BuildId> {
     let now = Utc::now();
-    let name = TemplateName::parse(name)?;
-    let name_stream = template_name_stream(team, &name.name);
-    let claim = load::<strata::streams::TemplateName>(store, &name_stream).await?;
-    let candidate = TemplateId::parse(&format!(
-        "tpl{}",
-        &Uuid::new_v4().simple().to_string()[..16]
-    ))?;
-    let template_id = claim.state.holder.clone().unwrap_or(candidate.clone());
-    let tpl = load::<Template>(store, &template_stream(&template_id)).await?;
-    let build = BuildId::from_uuid(Uuid::new_v4());
-    let tags = vec![Tag::default_tag()];
-    let reg = template::register_build(
-        &claim.state,
-        &tpl.state,
-        team,
-        &name,
-        &candidate,
-        build,
-        &tags,
-        now,
-    )?;
-    let build_events = build::decide(
-        &build::State::default(),
-        &build::Command::RegisterBuild {
-            template: reg.template.clone(),
+    let (_, build) = register_build(
+        store,
+        &bench_context(),
+        &RegisterBuild {
             team: team.clone(),
-            tags,
+            name: TemplateName::parse(name)?,
+            tags: vec![Tag::default_tag()],
             resources: Resources::default(),
             now,
             waiting_deadline: now + chrono::Duration::hours(1),
         },
-    )?;
-    let ctx = bench_context();
-    let (tstream, bstream) = (template_stream(&reg.template), build_stream(&build));
-    store
-        .append(vec![
-            StreamWrite::new(
-                name_stream.clone(),
-                claim.expected(),
-                ctx.encode(&name_stream, &reg.name_events)?,
-            ),
-            StreamWrite::new(
-                tstream.clone(),
-                tpl.expected(),
-                ctx.encode(&tstream, &reg.template_events)?,
-            ),
-            StreamWrite::new(
-                bstream.clone(),
-                ExpectedVersion::NoStream,
-                ctx.encode(&bstream, &build_events)?,
-            ),
-        ])
-        .await?;
+    )
+    .await?;
     Ok(build)
 }
 

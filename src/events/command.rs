@@ -123,6 +123,23 @@ pub enum CommandError<E> {
     Encode(#[from] EncodeError),
 }
 
+impl<E> CommandError<E> {
+    /// The error of a [`load`] as another command's: loading never rejects, so only read,
+    /// decode, encode, append and contention errors pass through unchanged.
+    pub fn into_other<F>(self) -> CommandError<F> {
+        match self {
+            CommandError::Read(e) => CommandError::Read(e),
+            CommandError::Decode(e) => CommandError::Decode(e),
+            CommandError::Encode(e) => CommandError::Encode(e),
+            CommandError::Append(e) => CommandError::Append(e),
+            CommandError::Contended { stream, attempts } => {
+                CommandError::Contended { stream, attempts }
+            }
+            CommandError::Rejected(_) => unreachable!("loading never rejects"),
+        }
+    }
+}
+
 /// A stream's state as of `version`.
 #[derive(Debug, Clone)]
 pub struct Loaded<S> {

@@ -6,12 +6,11 @@ use chrono::Utc;
 use strata::domain::build;
 use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
 use strata::domain::ids::{self, BuildId, FilesHash, IntentId, TeamId, TemplateId};
-use strata::domain::template;
 use strata::events::command::load;
 use strata::events::{
     Actor, ActorRole, CommandContext, EventStore, Metadata, StreamId, StreamWrite,
 };
-use strata::streams::{Build, Files, Template, TemplateName as NameAgg};
+use strata::streams::{Build, Files};
 use strata::vmm::BlobStore;
 use uuid::Uuid;
 
@@ -42,65 +41,20 @@ impl Api {
         waiting_deadline: chrono::DateTime<Utc>,
     ) -> (TemplateId, BuildId) {
         let now = Utc::now();
-        let name = TemplateName::parse(name).unwrap();
-        let name_stream = stream(ids::stream::template_name(&self.team, &name.name));
-        let claim = load::<NameAgg>(&self.store, &name_stream).await.unwrap();
-        let candidate = TemplateId::parse(&format!(
-            "tpl{}",
-            &Uuid::new_v4().simple().to_string()[..16]
-        ))
-        .unwrap();
-        let template_id = claim.state.holder.clone().unwrap_or(candidate.clone());
-        let tpl_stream = stream(ids::stream::template(&template_id));
-        let tpl = load::<Template>(&self.store, &tpl_stream).await.unwrap();
-        let build = BuildId::from_uuid(Uuid::new_v4());
-        let tags = vec![Tag::default_tag()];
-        let reg = template::register_build(
-            &claim.state,
-            &tpl.state,
-            &self.team,
-            &name,
-            &candidate,
-            build,
-            &tags,
-            now,
-        )
-        .unwrap();
-        let build_events = build::decide(
-            &build::State::default(),
-            &build::Command::RegisterBuild {
-                template: reg.template.clone(),
+        strata::registration::register_build(
+            &self.store,
+            &api_context(),
+            &strata::registration::RegisterBuild {
                 team: self.team.clone(),
-                tags,
+                name: TemplateName::parse(name).unwrap(),
+                tags: vec![Tag::default_tag()],
                 resources: Resources::default(),
                 now,
                 waiting_deadline,
             },
         )
-        .unwrap();
-        let ctx = api_context();
-        let bstream = stream(ids::stream::build(&build));
-        self.store
-            .append(vec![
-                StreamWrite::new(
-                    name_stream.clone(),
-                    claim.expected(),
-                    ctx.encode(&name_stream, &reg.name_events).unwrap(),
-                ),
-                StreamWrite::new(
-                    tpl_stream.clone(),
-                    tpl.expected(),
-                    ctx.encode(&tpl_stream, &reg.template_events).unwrap(),
-                ),
-                StreamWrite::new(
-                    bstream.clone(),
-                    strata::events::ExpectedVersion::NoStream,
-                    ctx.encode(&bstream, &build_events).unwrap(),
-                ),
-            ])
-            .await
-            .unwrap();
-        (reg.template, build)
+        .await
+        .unwrap()
     }
 
     /// The link request and the upload PUT for one COPY archive.

@@ -11,7 +11,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::auth::Team;
-use super::{api_metadata, check_team_template, command_error, lift, parse_template_id};
+use super::{api_metadata, check_team_template, command_error, parse_template_id};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::domain::build::upload::{
@@ -113,13 +113,17 @@ pub(crate) async fn decide_build_and_files<T>(
     let (st, ctx_ref, answer_ref, decide) = (state, &ctx, &answer, &decide);
     execute_writes(&state.events, 16, move || async move {
         let b_stream = build_stream(build_id);
-        let build = load::<Build>(&st.events, &b_stream).await.map_err(lift)?;
+        let build = load::<Build>(&st.events, &b_stream)
+            .await
+            .map_err(CommandError::into_other)?;
         let scope = build
             .state
             .scope()
             .ok_or(CommandError::Rejected(UploadError::NotRegistered))?;
         let f_stream = files_stream(&scope, hash);
-        let files = load::<Files>(&st.events, &f_stream).await.map_err(lift)?;
+        let files = load::<Files>(&st.events, &f_stream)
+            .await
+            .map_err(CommandError::into_other)?;
         let (decision, value) =
             decide(&build.state, &files.state).map_err(CommandError::Rejected)?;
         *answer_ref.lock().expect("not poisoned") = Some(value);

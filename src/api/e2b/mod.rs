@@ -127,17 +127,3 @@ pub(crate) async fn load_team_template(
         ))),
     }
 }
-
-/// Changes the error type of a load: reads fail the same way whatever the command.
-pub(crate) fn lift<A, B>(err: CommandError<A>) -> CommandError<B> {
-    match err {
-        CommandError::Read(e) => CommandError::Read(e),
-        CommandError::Decode(e) => CommandError::Decode(e),
-        CommandError::Encode(e) => CommandError::Encode(e),
-        CommandError::Append(e) => CommandError::Append(e),
-        CommandError::Contended { stream, attempts } => {
-            CommandError::Contended { stream, attempts }
-        }
-        CommandError::Rejected(_) => unreachable!("loading never rejects"),
-    }
-}

@@ -7,19 +7,15 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::Utc;
 use serde::Serialize;
-use uuid::Uuid;
 
 use super::auth::Team;
-use super::{api_metadata, command_error, lift};
+use super::{api_metadata, command_error};
 use crate::api::error::ApiError;
 use crate::api::AppState;
-use crate::domain::build;
 use crate::domain::build_spec::TemplateBuildRequestV3;
-use crate::domain::ids::{BuildId, TemplateId};
 use crate::domain::template;
-use crate::events::command::{execute_writes, load, CommandContext};
-use crate::events::{CommandError, StreamWrite};
-use crate::streams::{build_stream, template_name_stream, template_stream, Template, TemplateName};
+use crate::events::command::CommandContext;
+use crate::registration::{register_build as register_build_events, RegisterBuild, RegisterError};
 
 /// The 202 body; the SDK requires all six keys.
 #[derive(Debug, Serialize)]
@@ -32,14 +28,6 @@ pub struct RegisterResponse {
     names: Vec<String>,
     tags: Vec<String>,
     aliases: Vec<String>,
-}
-
-#[derive(Debug, thiserror::Error)]
-enum RegisterError {
-    #[error(transparent)]
-    Template(template::Error),
-    #[error(transparent)]
-    Build(build::Error),
 }
 
 #[tracing::instrument(skip_all, fields(team = %team.0, template = tracing::field::Empty, build = tracing::field::Empty))]
@@ -60,95 +48,28 @@ pub async fn register_build(
         }
     }
     let tags = request.effective_tags();
-    let build_id = BuildId::from_uuid(Uuid::new_v4());
-    let candidate = new_template_id();
     let now = Utc::now();
-    let waiting_deadline = now + state.protocol.waiting_timeout;
+    let command = RegisterBuild {
+        team: team.0.clone(),
+        name: request.name.clone(),
+        tags: tags.clone(),
+        resources: request.resources,
+        now,
+        waiting_deadline: now + state.protocol.waiting_timeout,
+    };
     let ctx = CommandContext::new(api_metadata(&state));
-    let name_stream = template_name_stream(&team.0, &request.name.name);
+    let (template_id, build_id) = register_build_events(&state.events, &ctx, &command)
+        .await
+        .map_err(|e| {
+            command_error(e, |e| match e {
+                RegisterError::Template(template::Error::Deleted) => ApiError::conflict(format!(
+                    "template {} was deleted; register under a new name",
+                    request.name
+                )),
+                other => ApiError::bad_request(other.to_string()),
+            })
+        })?;
 
-    let chosen = std::sync::Mutex::new(candidate.clone());
-    let (st, ctx, tm, req, tg, cand, name_stream, chosen_ref) = (
-        &state,
-        &ctx,
-        &team,
-        &request,
-        &tags,
-        &candidate,
-        &name_stream,
-        &chosen,
-    );
-    execute_writes(&state.events, 16, move || {
-        let (state, team, request, tags, candidate, chosen) = (st, tm, req, tg, cand, chosen_ref);
-        async move {
-            let names = load::<TemplateName>(&state.events, name_stream)
-                .await
-                .map_err(lift)?;
-            let holder = names
-                .state
-                .holder
-                .clone()
-                .unwrap_or_else(|| candidate.clone());
-            let tpl_stream = template_stream(&holder);
-            let tpl = load::<Template>(&state.events, &tpl_stream)
-                .await
-                .map_err(lift)?;
-            let registration = template::register_build(
-                &names.state,
-                &tpl.state,
-                &team.0,
-                &request.name,
-                candidate,
-                build_id,
-                tags,
-                now,
-            )
-            .map_err(|e| CommandError::Rejected(RegisterError::Template(e)))?;
-            let build_events = build::decide(
-                &build::State::default(),
-                &build::Command::RegisterBuild {
-                    template: registration.template.clone(),
-                    team: team.0.clone(),
-                    tags: tags.clone(),
-                    resources: request.resources,
-                    now,
-                    waiting_deadline,
-                },
-            )
-            .map_err(|e| CommandError::Rejected(RegisterError::Build(e)))?;
-            *chosen.lock().expect("not poisoned") = registration.template.clone();
-            let b_stream = build_stream(&build_id);
-            Ok(vec![
-                StreamWrite::new(
-                    name_stream.clone(),
-                    names.expected(),
-                    ctx.encode(name_stream, &registration.name_events)?,
-                ),
-                StreamWrite::new(
-                    tpl_stream.clone(),
-                    tpl.expected(),
-                    ctx.encode(&tpl_stream, &registration.template_events)?,
-                ),
-                StreamWrite::new(
-                    b_stream.clone(),
-                    crate::events::ExpectedVersion::NoStream,
-                    ctx.encode(&b_stream, &build_events)?,
-                ),
-            ])
-        }
-    })
-    .await
-    .map_err(|e| {
-        command_error(e, |e| match e {
-            RegisterError::Template(template::Error::Deleted) => ApiError::conflict(format!(
-                "template {} was deleted; register under a new name",
-                request.name
-            )),
-            other => ApiError::bad_request(other.to_string()),
-        })
-    })?;
-
-    let template_id = chosen.into_inner().expect("not poisoned");
     let span = tracing::Span::current();
     span.record("template", template_id.as_str());
     span.record("build", build_id.to_string());
@@ -165,15 +86,4 @@ pub async fn register_build(
             aliases: vec![name],
         }),
     ))
-}
-
-/// A short random template id, like E2B's: 20 lowercase letters and digits.
-fn new_template_id() -> TemplateId {
-    use rand::Rng;
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::thread_rng();
-    let id: String = (0..20)
-        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
-        .collect();
-    TemplateId::parse(&id).expect("the alphabet is valid for template ids")
 }

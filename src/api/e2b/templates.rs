@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::auth::Team;
 use super::{
-    api_metadata, check_team_template, command_error, lift, load_team_template, parse_template_id,
+    api_metadata, check_team_template, command_error, load_team_template, parse_template_id,
 };
 use crate::api::error::ApiError;
 use crate::api::AppState;
@@ -170,7 +170,7 @@ pub async fn delete_template(
         let t_stream = template_stream(tid);
         let tpl = load::<Template>(&st.events, &t_stream)
             .await
-            .map_err(lift)?;
+            .map_err(CommandError::into_other)?;
         let events = template::decide(&tpl.state, &template::Command::DeleteTemplate { now })
             .map_err(CommandError::Rejected)?;
         let mut writes = vec![StreamWrite::new(
@@ -182,7 +182,7 @@ pub async fn delete_template(
             let n_stream = template_name_stream(team_id, name);
             let claim = load::<TemplateName>(&st.events, &n_stream)
                 .await
-                .map_err(lift)?;
+                .map_err(CommandError::into_other)?;
             let released = vec![NameEvent::NameReleased {
                 template: tid.clone(),
             }];

@@ -1,0 +1,120 @@
+//! Registering a build (`POST /v3/templates`) as one transaction over three streams: the
+//! team-scoped name claim, the template, and the new build. The API, the benchmarks and the
+//! tests all register through [`register_build`], so the claim race (two first registrations
+//! of one name) is decided in one place.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::domain::build;
+use crate::domain::build_spec::{Resources, Tag, TemplateName};
+use crate::domain::ids::{BuildId, TeamId, TemplateId};
+use crate::domain::template;
+use crate::events::command::{execute_writes, load, CommandContext};
+use crate::events::{CommandError, EventStore, ExpectedVersion, StreamWrite};
+use crate::streams::{
+    build_stream, template_name_stream, template_stream, Template, TemplateName as NameClaim,
+};
+
+/// What a registration is asked to do.
+#[derive(Debug, Clone)]
+pub struct RegisterBuild {
+    pub team: TeamId,
+    pub name: TemplateName,
+    pub tags: Vec<Tag>,
+    pub resources: Resources,
+    pub now: DateTime<Utc>,
+    /// Until when the build waits for its uploads and start.
+    pub waiting_deadline: DateTime<Utc>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error(transparent)]
+    Template(template::Error),
+    #[error(transparent)]
+    Build(build::Error),
+}
+
+/// Registers a new build of `cmd.name` in `cmd.team`: joins the template that holds the name,
+/// or claims the name for a fresh template; deciding again if another registration won a race.
+pub async fn register_build(
+    store: &EventStore,
+    ctx: &CommandContext,
+    cmd: &RegisterBuild,
+) -> Result<(TemplateId, BuildId), CommandError<RegisterError>> {
+    let build_id = BuildId::from_uuid(Uuid::new_v4());
+    let candidate = new_template_id();
+    let name_stream = template_name_stream(&cmd.team, &cmd.name.name);
+    let chosen = std::sync::Mutex::new(candidate.clone());
+    let (candidate_ref, name_ref, chosen_ref) = (&candidate, &name_stream, &chosen);
+    execute_writes(store, 16, move || async move {
+        let names = load::<NameClaim>(store, name_ref)
+            .await
+            .map_err(CommandError::into_other)?;
+        let holder = names
+            .state
+            .holder
+            .clone()
+            .unwrap_or_else(|| candidate_ref.clone());
+        let tpl_stream = template_stream(&holder);
+        let tpl = load::<Template>(store, &tpl_stream)
+            .await
+            .map_err(CommandError::into_other)?;
+        let registration = template::register_build(
+            &names.state,
+            &tpl.state,
+            &cmd.team,
+            &cmd.name,
+            candidate_ref,
+            build_id,
+            &cmd.tags,
+            cmd.now,
+        )
+        .map_err(|e| CommandError::Rejected(RegisterError::Template(e)))?;
+        let build_events = build::decide(
+            &build::State::default(),
+            &build::Command::RegisterBuild {
+                template: registration.template.clone(),
+                team: cmd.team.clone(),
+                tags: cmd.tags.clone(),
+                resources: cmd.resources,
+                now: cmd.now,
+                waiting_deadline: cmd.waiting_deadline,
+            },
+        )
+        .map_err(|e| CommandError::Rejected(RegisterError::Build(e)))?;
+        *chosen_ref.lock().expect("not poisoned") = registration.template.clone();
+        let b_stream = build_stream(&build_id);
+        Ok(vec![
+            StreamWrite::new(
+                name_ref.clone(),
+                names.expected(),
+                ctx.encode(name_ref, &registration.name_events)?,
+            ),
+            StreamWrite::new(
+                tpl_stream.clone(),
+                tpl.expected(),
+                ctx.encode(&tpl_stream, &registration.template_events)?,
+            ),
+            StreamWrite::new(
+                b_stream.clone(),
+                ExpectedVersion::NoStream,
+                ctx.encode(&b_stream, &build_events)?,
+            ),
+        ])
+    })
+    .await?;
+    Ok((chosen.into_inner().expect("not poisoned"), build_id))
+}
+
+/// A short random template id, like E2B's: 20 lowercase letters and digits.
+fn new_template_id() -> TemplateId {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::thread_rng();
+    let id: String = (0..20)
+        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+        .collect();
+    TemplateId::parse(&id).expect("the alphabet is valid for template ids")
+}
