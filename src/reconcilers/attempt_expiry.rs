@@ -4,9 +4,7 @@
 //! A Publishing build with a lapsed lease is not failed: `ExpireAttempt` refuses it, and the
 //! promotion reconciler drives it forward instead.
 
-use uuid::Uuid;
-
-use super::{Pass, ReconcileEnv, ReconcileError, BATCH};
+use super::{Pass, ReconcileEnv, ReconcileError};
 use crate::domain::build::{self, Phase};
 use crate::domain::ids::BuildId;
 use crate::events::command::load;
@@ -14,23 +12,15 @@ use crate::events::{execute, CommandError};
 use crate::streams::{build_stream, database_now, Build};
 
 pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
-    let due: Vec<Uuid> = sqlx::query_scalar(
+    Pass::over_due_builds(
+        env,
         "SELECT build_id FROM builds
          WHERE phase = 'active' AND lease_expires_at < now()
          ORDER BY lease_expires_at LIMIT $1",
+        "attempt expiry",
+        |build| expire(env, build),
     )
-    .bind(BATCH)
-    .fetch_all(env.store.pool())
-    .await?;
-    let mut pass = Pass {
-        candidates: due.len(),
-        ..Pass::default()
-    };
-    for id in due {
-        let build = BuildId::from_uuid(id);
-        pass.add(expire(env, build).await, "attempt expiry", build);
-    }
-    Ok(pass)
+    .await
 }
 
 /// Closes the build's attempt if, on the stream, it is Active with a lease that passed. `false`

@@ -121,6 +121,34 @@ pub struct Pass {
 }
 
 impl Pass {
+    /// One pass over the builds that `due_sql` lists (its only parameter, `$1`, is the batch
+    /// size): each is handed to `act`, which re-reads the build's stream and decides there, so
+    /// a stale row costs a skip, never a wrong transition.
+    async fn over_due_builds<F, Fut>(
+        env: &ReconcileEnv,
+        due_sql: &str,
+        what: &str,
+        mut act: F,
+    ) -> Result<Pass, ReconcileError>
+    where
+        F: FnMut(BuildId) -> Fut,
+        Fut: std::future::Future<Output = Result<bool, ReconcileError>>,
+    {
+        let due: Vec<uuid::Uuid> = sqlx::query_scalar(due_sql)
+            .bind(BATCH)
+            .fetch_all(env.store.pool())
+            .await?;
+        let mut pass = Pass {
+            candidates: due.len(),
+            ..Pass::default()
+        };
+        for id in due {
+            let build = BuildId::from_uuid(id);
+            pass.add(act(build).await, what, build);
+        }
+        Ok(pass)
+    }
+
     fn add(&mut self, outcome: Result<bool, ReconcileError>, what: &str, build: BuildId) {
         match outcome {
             Ok(true) => self.applied += 1,

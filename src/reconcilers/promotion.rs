@@ -4,9 +4,7 @@
 //! ([`PromotionDriver::drive`]), adopting the layers and records the node already wrote, and
 //! ends with the build Ready.
 
-use uuid::Uuid;
-
-use super::{Pass, ReconcileEnv, ReconcileError, BATCH};
+use super::{Pass, ReconcileEnv, ReconcileError};
 use crate::domain::build::Phase;
 use crate::domain::ids::BuildId;
 use crate::events::command::load;
@@ -15,23 +13,15 @@ use crate::worker::promote::PromotionDriver;
 use crate::worker::WorkerError;
 
 pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
-    let due: Vec<Uuid> = sqlx::query_scalar(
+    Pass::over_due_builds(
+        env,
         "SELECT build_id FROM builds
          WHERE phase = 'publishing' AND lease_expires_at < now()
          ORDER BY lease_expires_at LIMIT $1",
+        "promotion",
+        |build| finish(env, build),
     )
-    .bind(BATCH)
-    .fetch_all(env.store.pool())
-    .await?;
-    let mut pass = Pass {
-        candidates: due.len(),
-        ..Pass::default()
-    };
-    for id in due {
-        let build = BuildId::from_uuid(id);
-        pass.add(finish(env, build).await, "promotion", build);
-    }
-    Ok(pass)
+    .await
 }
 
 /// Drives the build's promotion to Ready if, on the stream, it is Publishing. `false` when there

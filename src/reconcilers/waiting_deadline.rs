@@ -2,32 +2,22 @@
 //! past its deadline, by the database clock, ends with `ExpireWaiting`: Error(WaitingExpired or
 //! QueueExpired), its bindings and pending intents released.
 
-use uuid::Uuid;
-
-use super::{Pass, ReconcileEnv, ReconcileError, BATCH};
+use super::{Pass, ReconcileEnv, ReconcileError};
 use crate::domain::build;
 use crate::domain::ids::BuildId;
 use crate::events::{execute, CommandError};
 use crate::streams::{build_stream, database_now, Build};
 
 pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
-    let due: Vec<Uuid> = sqlx::query_scalar(
+    Pass::over_due_builds(
+        env,
         "SELECT build_id FROM builds
          WHERE phase IN ('waiting', 'queued') AND deadline < now()
          ORDER BY deadline LIMIT $1",
+        "waiting-deadline expiry",
+        |build| expire(env, build),
     )
-    .bind(BATCH)
-    .fetch_all(env.store.pool())
-    .await?;
-    let mut pass = Pass {
-        candidates: due.len(),
-        ..Pass::default()
-    };
-    for id in due {
-        let build = BuildId::from_uuid(id);
-        pass.add(expire(env, build).await, "waiting-deadline expiry", build);
-    }
-    Ok(pass)
+    .await
 }
 
 /// Fails the build if, on the stream, it is Waiting or Queued past its deadline.

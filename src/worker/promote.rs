@@ -38,6 +38,44 @@ fn rejected<E: std::fmt::Display>(e: E) -> CommandError<String> {
     CommandError::Rejected(e.to_string())
 }
 
+/// Decides `commands(now)` (a build command and a promotion command, at the database's clock)
+/// on fresh state of the build and its `(build, epoch)` outbox, and appends both in one
+/// transaction, deciding again on a version conflict. A refusal from either decision comes back
+/// as `Rejected` with its message, for the caller to turn into its fencing error. Entering
+/// Publishing (with the staged plan) and finishing (Ready with the outbox done) are both this.
+pub(crate) async fn decide_build_and_promotion(
+    store: &EventStore,
+    ctx: &CommandContext,
+    build: BuildId,
+    epoch: Epoch,
+    commands: impl Fn(chrono::DateTime<chrono::Utc>) -> (build::Command, promotion::Command),
+) -> Result<usize, CommandError<String>> {
+    let (bstream, pstream) = (build_stream(&build), promotion_stream(&build, epoch));
+    let (bstream, pstream, commands) = (&bstream, &pstream, &commands);
+    let outcome = execute_writes(store, MAX_ROUNDS, move || async move {
+        let now = database_now(store.pool()).await.map_err(rejected)?;
+        let (build_command, promotion_command) = commands(now);
+        let b = load::<Build>(store, bstream).await.map_err(rejected)?;
+        let b_events = build::decide(&b.state, &build_command).map_err(rejected)?;
+        let p = load::<Promotion>(store, pstream).await.map_err(rejected)?;
+        let p_events = promotion::decide(&p.state, &promotion_command).map_err(rejected)?;
+        Ok(vec![
+            StreamWrite::new(
+                bstream.clone(),
+                b.expected(),
+                ctx.encode(bstream, &b_events)?,
+            ),
+            StreamWrite::new(
+                pstream.clone(),
+                p.expected(),
+                ctx.encode(pstream, &p_events)?,
+            ),
+        ])
+    })
+    .await?;
+    Ok(outcome.events.len())
+}
+
 /// Who drives, and where the layers are.
 pub struct PromotionDriver<'a> {
     pub store: &'a EventStore,
@@ -133,41 +171,17 @@ impl PromotionDriver<'_> {
     /// The build's `MarkReady` and the outbox's `done`, in one append: there is no moment where
     /// the build is Ready and its outbox is not done, so nothing needs to find and finish those.
     async fn finish(&self, build: BuildId, epoch: Epoch) -> Result<usize, WorkerError> {
-        let ctx = self.context();
-        let (pstream, bstream) = (promotion_stream(&build, epoch), build_stream(&build));
-        let outcome = execute_writes(self.store, MAX_ROUNDS, || {
-            let (store, ctx) = (self.store.clone(), ctx.clone());
-            let (pstream, bstream) = (pstream.clone(), bstream.clone());
-            async move {
-                let now = database_now(store.pool()).await.map_err(rejected)?;
-                let b = load::<Build>(&store, &bstream).await.map_err(rejected)?;
-                let b_events = build::decide(&b.state, &build::Command::MarkReady { epoch, now })
-                    .map_err(rejected)?;
-                let p = load::<Promotion>(&store, &pstream)
-                    .await
-                    .map_err(rejected)?;
-                let p_events = promotion::decide(&p.state, &promotion::Command::Finish { now })
-                    .map_err(rejected)?;
-                Ok(vec![
-                    StreamWrite::new(
-                        bstream.clone(),
-                        b.expected(),
-                        ctx.encode(&bstream, &b_events)?,
-                    ),
-                    StreamWrite::new(
-                        pstream.clone(),
-                        p.expected(),
-                        ctx.encode(&pstream, &p_events)?,
-                    ),
-                ])
-            }
+        decide_build_and_promotion(self.store, &self.context(), build, epoch, |now| {
+            (
+                build::Command::MarkReady { epoch, now },
+                promotion::Command::Finish { now },
+            )
         })
-        .await;
-        match outcome {
-            Ok(outcome) => Ok(outcome.events.len()),
-            Err(CommandError::Rejected(reason)) => Err(Self::fenced(build, epoch, reason)),
-            Err(e) => Err(WorkerError::store(e)),
-        }
+        .await
+        .map_err(|e| match e {
+            CommandError::Rejected(reason) => Self::fenced(build, epoch, reason),
+            e => WorkerError::store(e),
+        })
     }
 
     /// `visible` on the outbox and the tags on the template, in one append guarded by the build

@@ -19,27 +19,14 @@ use super::attempt::Attempt;
 use super::build_log::BuildLog;
 use super::error::WorkerError;
 use super::executor::BuildOutput;
-use super::promote::PromotionDriver;
+use super::promote::{decide_build_and_promotion, PromotionDriver};
 use crate::domain::build::{self, BuildResult};
 use crate::domain::build_spec::Tag;
 use crate::domain::ids::{self, SnapshotId, TemplateId};
 use crate::domain::promotion::{self, PromotionPlan};
 use crate::domain::snapshot::{Purpose, SnapshotRecord};
-use crate::events::command::load;
-use crate::events::{execute_writes, CommandError, StreamId, StreamWrite};
-use crate::streams::build_stream;
-use crate::streams::{Build, Promotion};
+use crate::events::CommandError;
 use crate::vmm::BlobStore;
-
-const MAX_ROUNDS: u32 = 32;
-
-fn promotion_stream(attempt: &Attempt) -> StreamId {
-    crate::streams::promotion_stream(&attempt.build, attempt.epoch)
-}
-
-fn rejected<E: std::fmt::Display>(e: E) -> CommandError<String> {
-    CommandError::Rejected(e.to_string())
-}
 
 /// Takes a built result to Ready. Returns the result snapshot's id.
 pub async fn publish(
@@ -99,60 +86,38 @@ pub async fn publish(
 
 /// The irreversible commit: Publishing on the build and the staged plan, in one append.
 async fn begin_publishing(attempt: &Attempt, plan: &PromotionPlan) -> Result<(), WorkerError> {
-    let ctx = attempt.context();
     let result = BuildResult {
         candidate: plan.source,
         build_base_checkpoint: plan.build_base_checkpoint,
     };
-    let outcome = execute_writes(&attempt.store, MAX_ROUNDS, || {
-        let (store, ctx, plan, result) = (
-            attempt.store.clone(),
-            ctx.clone(),
-            plan.clone(),
-            result.clone(),
-        );
-        let (bstream, pstream, epoch) = (
-            build_stream(&attempt.build),
-            promotion_stream(attempt),
-            attempt.epoch,
-        );
-        async move {
-            let now = super::attempt::db_now(store.pool())
-                .await
-                .map_err(rejected)?;
-            let b = load::<Build>(&store, &bstream).await.map_err(rejected)?;
-            let b_events = build::decide(
-                &b.state,
-                &build::Command::BeginPublishing { epoch, result, now },
+    let epoch = attempt.epoch;
+    decide_build_and_promotion(
+        &attempt.store,
+        &attempt.context(),
+        attempt.build,
+        epoch,
+        |now| {
+            (
+                build::Command::BeginPublishing {
+                    epoch,
+                    result: result.clone(),
+                    now,
+                },
+                promotion::Command::Stage {
+                    plan: plan.clone(),
+                    now,
+                },
             )
-            .map_err(rejected)?;
-            let p = load::<Promotion>(&store, &pstream)
-                .await
-                .map_err(rejected)?;
-            let p_events = promotion::decide(&p.state, &promotion::Command::Stage { plan, now })
-                .map_err(rejected)?;
-            Ok(vec![
-                StreamWrite::new(
-                    bstream.clone(),
-                    b.expected(),
-                    ctx.encode(&bstream, &b_events)?,
-                ),
-                StreamWrite::new(
-                    pstream.clone(),
-                    p.expected(),
-                    ctx.encode(&pstream, &p_events)?,
-                ),
-            ])
-        }
-    })
-    .await;
-    match outcome {
-        Ok(_) => Ok(()),
-        Err(CommandError::Rejected(reason)) => Err(WorkerError::Fenced {
+        },
+    )
+    .await
+    .map(drop)
+    .map_err(|e| match e {
+        CommandError::Rejected(reason) => WorkerError::Fenced {
             build: attempt.build,
-            epoch: attempt.epoch,
+            epoch,
             reason,
-        }),
-        Err(e) => Err(WorkerError::store(e)),
-    }
+        },
+        e => WorkerError::store(e),
+    })
 }
