@@ -121,25 +121,35 @@ where
             result
         }
         None => {
-            let dir = tempfile::Builder::new().prefix("strata-bench-").tempdir()?;
-            let port = std::net::TcpListener::bind("127.0.0.1:0")?
-                .local_addr()?
-                .port();
-            let pg = EmbeddedPostgres::new(dir.path().join("postgres"), port)?;
-            eprintln!(
-                "DATABASE_URL is unset: starting a throwaway Postgres in {}",
-                dir.path().display()
-            );
-            pg.start().await.context("starting the embedded Postgres")?;
-            let result = async {
-                let options = pg.url(DATABASE_NAME).parse::<PgConnectOptions>()?;
-                body(options, "embedded").await
-            }
-            .await;
-            tokio::task::spawn_blocking(move || pg.stop()).await??;
-            result
+            with_throwaway_postgres(|url| async move {
+                body(url.parse::<PgConnectOptions>()?, "embedded").await
+            })
+            .await
         }
     }
+}
+
+/// Runs `body` with the URL of a throwaway embedded Postgres in a temporary directory, stopped
+/// (and removed) afterwards whatever `body` returns: the benchmarks' default when
+/// DATABASE_URL is unset.
+pub(super) async fn with_throwaway_postgres<F, Fut>(body: F) -> anyhow::Result<()>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let dir = tempfile::Builder::new().prefix("strata-bench-").tempdir()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let pg = EmbeddedPostgres::new(dir.path().join("postgres"), port)?;
+    eprintln!(
+        "DATABASE_URL is unset: starting a throwaway Postgres in {}",
+        dir.path().display()
+    );
+    pg.start().await.context("starting the embedded Postgres")?;
+    let result = body(pg.url(DATABASE_NAME)).await;
+    tokio::task::spawn_blocking(move || pg.stop()).await??;
+    result
 }
 
 pub(super) async fn bench_pool(

@@ -22,7 +22,6 @@ use strata::config::StorageArgs;
 use strata::domain::build;
 use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
 use strata::domain::ids::{BuildId, TeamId};
-use strata::embedded_postgres::{EmbeddedPostgres, DATABASE_NAME};
 use strata::events::{execute, Actor, ActorRole, CommandContext, EventStore, Metadata};
 use strata::registration::{register_build, RegisterBuild};
 use strata::streams::{build_stream, Build};
@@ -69,19 +68,8 @@ pub async fn run(args: LifecycleBenchArgs) -> anyhow::Result<()> {
             result
         }
         None => {
-            let dir = tempfile::Builder::new().prefix("strata-bench-").tempdir()?;
-            let port = std::net::TcpListener::bind("127.0.0.1:0")?
-                .local_addr()?
-                .port();
-            let pg = EmbeddedPostgres::new(dir.path().join("postgres"), port)?;
-            eprintln!(
-                "DATABASE_URL is unset: starting a throwaway Postgres in {}",
-                dir.path().display()
-            );
-            pg.start().await.context("starting the embedded Postgres")?;
-            let result = bench(&args, &pg.url(DATABASE_NAME)).await;
-            tokio::task::spawn_blocking(move || pg.stop()).await??;
-            result
+            super::bench::with_throwaway_postgres(|url| async move { bench(&args, &url).await })
+                .await
         }
     }
 }
