@@ -67,7 +67,7 @@ pub async fn run(args: TemplateArgs) -> anyhow::Result<()> {
             command,
         } => {
             let team = TeamId::parse(&team).context("parsing --team")?;
-            let found = template_lookup::resolve(&store, &team, &name)
+            let found = template_lookup::resolve(&store, &team, &name, template_lookup::Checkpoint::Result)
                 .await
                 .with_context(|| format!("looking up template {name:?} in team {team}"))?;
             let code =
@@ -76,7 +76,7 @@ pub async fn run(args: TemplateArgs) -> anyhow::Result<()> {
         }
         TemplateCommand::Export { name, dir, team } => {
             let team = TeamId::parse(&team).context("parsing --team")?;
-            let found = template_lookup::resolve(&store, &team, &name)
+            let found = template_lookup::resolve(&store, &team, &name, template_lookup::Checkpoint::Result)
                 .await
                 .with_context(|| format!("looking up template {name:?} in team {team}"))?;
             let blobs = LocalBlobStore::open(args.storage.data_dir.join("blobs"))

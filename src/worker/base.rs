@@ -1,10 +1,11 @@
 //! The base of a build (step `base`): an image from the node's catalog (`fromImage`) or another
-//! template's result (`fromTemplate`), as a layer stack and the command context to start from.
+//! template's build-base checkpoint (`fromTemplate`: its steps, not what its start command did),
+//! as a layer stack and the command context to start from.
 
 use std::collections::BTreeMap;
 
 use super::error::WorkerError;
-use super::template_lookup::{self, LookupError};
+use super::template_lookup::{self, Checkpoint, LookupError};
 use crate::domain::build_spec::{BaseSource, CommandContext};
 use crate::domain::ids::{self, TeamId};
 use crate::events::EventStore;
@@ -16,7 +17,8 @@ pub struct ResolvedBase {
     /// Bottom first.
     pub layers: Vec<Digest>,
     /// The context before any user step. For an image: its config (root and `/` unless it says
-    /// otherwise); the implicit default-user step comes after. For a template: its final context.
+    /// otherwise); the implicit default-user step comes after. For a template: its final context
+    /// (finalization does not change it).
     pub context: CommandContext,
     pub image_digest: Option<ids::Digest>,
     /// `fromTemplate` bases already have the default user; the implicit step is skipped.
@@ -86,7 +88,7 @@ pub async fn resolve(
             })
         }
         BaseSource::Template { reference } => {
-            let found = template_lookup::resolve(store, team, reference)
+            let found = template_lookup::resolve(store, team, reference, Checkpoint::BuildBase)
                 .await
                 .map_err(|e| match e {
                     LookupError::NotFound(m) => BaseError::Unavailable(m),

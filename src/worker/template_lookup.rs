@@ -4,7 +4,10 @@
 //! A reference is a name (looked up through the team's `templatename-{team}-{name}` claim) or a
 //! template id, either with an optional `:tag`. The tag (default `default`) points at the build
 //! that last became Ready with it (promotion assigns a build's tags when it makes the build
-//! visible), and that build's result names the snapshot.
+//! visible), and that build's result names the snapshot: the template itself
+//! ([`Checkpoint::Result`], what export and `template exec` show) or, for `fromTemplate`, the
+//! build-base checkpoint before finalization ([`Checkpoint::BuildBase`]), so a parent's start
+//! command never runs into a child.
 
 use super::error::WorkerError;
 use crate::domain::build::Phase;
@@ -14,6 +17,18 @@ use crate::domain::snapshot::SnapshotRecord;
 use crate::events::command::load;
 use crate::events::{EventStore, StreamId};
 use crate::streams::{build_stream, snapshot_stream, Build, Snapshot, Template, TemplateName};
+
+/// Which snapshot of a template's Ready build a lookup returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checkpoint {
+    /// The result: the template as it runs, after finalization (start command stopped,
+    /// filesystem sealed with whatever it wrote).
+    Result,
+    /// What a derived template extends (RFC, `fromTemplate`): the stack after the parent's steps
+    /// and before its finalization. A parent without a start command has no finalization, so
+    /// this is its result.
+    BuildBase,
+}
 
 /// A template's current result.
 #[derive(Debug, Clone)]
@@ -42,11 +57,12 @@ fn read_err<E: std::fmt::Display>(e: crate::events::CommandError<E>) -> LookupEr
     LookupError::Worker(WorkerError::store(e))
 }
 
-/// Resolves `reference` within `team` to the snapshot of its tagged Ready build.
+/// Resolves `reference` within `team` to the `which` snapshot of its tagged Ready build.
 pub async fn resolve(
     store: &EventStore,
     team: &TeamId,
     reference: &str,
+    which: Checkpoint,
 ) -> Result<TemplateSnapshot, LookupError> {
     let (name, tag) = parse_name_and_tag(reference)
         .map_err(|e| LookupError::NotFound(format!("template reference {reference:?}: {e}")))?;
@@ -85,7 +101,10 @@ pub async fn resolve(
         .map_err(read_err)?
         .state;
     let snapshot = match (&state.phase, &state.result) {
-        (Phase::Ready { .. }, Some(result)) => result.candidate,
+        (Phase::Ready { .. }, Some(result)) => match which {
+            Checkpoint::Result => result.candidate,
+            Checkpoint::BuildBase => result.build_base_checkpoint.unwrap_or(result.candidate),
+        },
         _ => {
             return Err(LookupError::NotFound(format!(
                 "build {build} of template {reference:?} is not ready"
@@ -100,7 +119,7 @@ pub async fn resolve(
         .ok_or_else(|| {
             LookupError::Worker(WorkerError::Corrupt {
                 build,
-                message: format!("its result snapshot {snapshot} has no record"),
+                message: format!("its snapshot {snapshot} ({which:?}) has no record"),
             })
         })?;
     Ok(TemplateSnapshot {

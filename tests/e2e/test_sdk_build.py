@@ -122,6 +122,34 @@ def test_from_dockerfile_and_from_template(strata, team, context_dir):
     assert out == "plain 3000 production\nconfig-v1\n3000\n"
 
 
+def test_from_template_extends_the_parents_steps_not_what_its_start_command_did(strata, team):
+    """A derived template extends the parent's build-base checkpoint (RFC, DESIGN.md): the
+    parent's steps are in the child, the files its start command wrote while finalizing are
+    not."""
+    team_name, opts = team
+    parent = (
+        Template()
+        .from_image("busybox")
+        .run_cmd("echo from-step > /home/user/step.txt")
+        .set_start_cmd("echo side-effect > /home/user/started.txt; sleep 600", "test -f /home/user/started.txt")
+    )
+    Template.build(parent, "started-parent", **opts)
+    # The parent itself is what finalization left: its start command's file is there.
+    assert exec_in(strata, team_name, "started-parent", "cat /home/user/step.txt /home/user/started.txt") == (
+        "from-step\nside-effect\n"
+    )
+
+    child = Template().from_template("started-parent").run_cmd("ls /home/user > /tmp/listing")
+    Template.build(child, "started-child", **opts)
+    out = exec_in(
+        strata,
+        team_name,
+        "started-child",
+        "cat /home/user/step.txt; test -e /home/user/started.txt && echo leaked || echo clean",
+    )
+    assert out == "from-step\nclean\n"
+
+
 def test_skip_cache_and_force_upload(strata, team, context_dir):
     team_name, opts = team
     def tpl(force):
