@@ -8,7 +8,11 @@
 //!
 //! Points: `worker:before-first-step`, `worker:mid-copy` (archive extracted, checkpoint not yet
 //! sealed), `worker:after-last-step`, `worker:after-publishing`,
-//! `promotion:after-layers-committed`, `promotion:after-visible`.
+//! `promotion:after-layers-committed`, `promotion:before-visible`, `promotion:after-visible`.
+//!
+//! Stop points: a process that reaches the point named by `STRATA_FAULT_STOP_AT` stops itself
+//! with SIGSTOP, once, so a test can change the world at exactly that moment (take the database
+//! away, delete a template) and then resume it with SIGCONT.
 
 /// The environment variable naming the one crash point that fires.
 pub const CRASH_AT_ENV: &str = "STRATA_FAULT_CRASH_AT";
@@ -20,6 +24,24 @@ pub fn crash_point(point: &str) {
         // SAFETY: kill(2) on our own pid; SIGKILL cannot be caught, nothing runs after it.
         unsafe {
             libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
+/// The environment variable naming the one stop point that fires (once per process).
+pub const STOP_AT_ENV: &str = "STRATA_FAULT_STOP_AT";
+
+/// Stops this process with SIGSTOP the first time it reaches `point` while
+/// `STRATA_FAULT_STOP_AT` is `point`; it runs on when it receives SIGCONT.
+pub fn stop_point(point: &str) {
+    static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if std::env::var(STOP_AT_ENV).is_ok_and(|p| p == point)
+        && !STOPPED.swap(true, std::sync::atomic::Ordering::SeqCst)
+    {
+        eprintln!("fault injection: stopping at {point} ({STOP_AT_ENV})");
+        // SAFETY: kill(2) on our own pid; the process resumes on SIGCONT.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGSTOP);
         }
     }
 }

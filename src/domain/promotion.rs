@@ -11,6 +11,10 @@
 //! is the pointer flip that makes the target snapshot and tags resolvable; the build's
 //! `MarkReady` follows it; `done` records that the build stream says Ready.
 //!
+//! A promotion that can never become visible (its template was deleted before the flip) is
+//! `abandoned` instead, in one append with the build's `error`: the outbox is closed and no step
+//! is taken after it. Once visible, a promotion always finishes.
+//!
 //! Writes outside the event store (layer objects, the target snapshot record) happen at
 //! immutable, intent-qualified places. A crashed predecessor may have written some of them; a
 //! successor adopts a layer because content addressing proves it identical, and adopts a target
@@ -67,6 +71,8 @@ pub enum Stage {
 pub struct State {
     pub stage: Stage,
     pub plan: Option<PromotionPlan>,
+    /// Closed without becoming visible; `stage` is where it stopped.
+    pub abandoned: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -84,6 +90,9 @@ pub enum Command {
     MakeVisible { now: DateTime<Utc> },
     /// The build stream records Ready.
     Finish { now: DateTime<Utc> },
+    /// The target can never become visible (its template was deleted): close the outbox; the
+    /// build ends in error in the same append.
+    Abandon { now: DateTime<Utc> },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -104,6 +113,8 @@ pub enum Event {
     },
     #[serde(rename = "PromotionDone.v1")]
     PromotionDone { done_at: DateTime<Utc> },
+    #[serde(rename = "PromotionAbandoned.v1")]
+    PromotionAbandoned { abandoned_at: DateTime<Utc> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -120,6 +131,12 @@ pub enum Error {
         "layer {missing} of the plan is not committed; upload or adopt it before committing layers"
     )]
     LayerMissing { missing: Digest },
+    #[error("the promotion was abandoned (its template was deleted); no step follows")]
+    Abandoned,
+    #[error("the promotion is already {at:?}: a visible promotion finishes, it is never abandoned")]
+    AlreadyVisible { at: Stage },
+    #[error("nothing is staged; only a staged promotion can be abandoned")]
+    NothingStaged,
 }
 
 fn step(state: &State, step: Stage, now_emit: impl FnOnce() -> Event) -> Result<Vec<Event>, Error> {
@@ -142,7 +159,20 @@ fn step(state: &State, step: Stage, now_emit: impl FnOnce() -> Event) -> Result<
 }
 
 pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
+    if state.abandoned {
+        return match command {
+            Command::Abandon { .. } => Ok(vec![]),
+            _ => Err(Error::Abandoned),
+        };
+    }
     match command {
+        Command::Abandon { now } => match state.stage {
+            Stage::Unstaged => Err(Error::NothingStaged),
+            Stage::Staged | Stage::LayersCommitted => Ok(vec![Event::PromotionAbandoned {
+                abandoned_at: *now,
+            }]),
+            at => Err(Error::AlreadyVisible { at }),
+        },
         Command::Stage { plan, now } => match &state.plan {
             Some(existing) if existing == plan => Ok(vec![]),
             Some(_) => Err(Error::PlanConflict),
@@ -186,6 +216,7 @@ pub fn evolve(mut state: State, event: &Event) -> State {
         Event::PromotionLayersCommitted { .. } => state.stage = Stage::LayersCommitted,
         Event::PromotionVisible { .. } => state.stage = Stage::Visible,
         Event::PromotionDone { .. } => state.stage = Stage::Done,
+        Event::PromotionAbandoned { .. } => state.abandoned = true,
     }
     state
 }
@@ -308,6 +339,27 @@ mod tests {
             ),
             Err(Error::PlanConflict)
         );
+    }
+
+    #[test]
+    fn only_a_promotion_not_yet_visible_is_abandoned_and_nothing_follows_it() {
+        let abandon = Command::Abandon { now: now() };
+        let mut s = State::default();
+        assert_eq!(decide(&s, &abandon), Err(Error::NothingStaged));
+        for (i, cmd) in commands().iter().enumerate() {
+            s = decide(&s, cmd).unwrap().iter().fold(s, evolve);
+            let closed = decide(&s, &abandon).map(|e| e.iter().fold(s.clone(), evolve));
+            if i < 2 {
+                let closed = closed.unwrap();
+                assert!(closed.abandoned, "abandoned at {:?}", s.stage);
+                assert!(decide(&closed, &abandon).unwrap().is_empty());
+                for later in &commands()[i + 1..] {
+                    assert_eq!(decide(&closed, later), Err(Error::Abandoned));
+                }
+            } else {
+                assert!(matches!(closed, Err(Error::AlreadyVisible { .. })), "{:?}", s.stage);
+            }
+        }
     }
 
     #[test]

@@ -123,7 +123,28 @@ pub enum CommandError<E> {
     Encode(#[from] EncodeError),
 }
 
+/// A database error while deciding (reading the clock, a lookup) is a read of the store that
+/// failed, never the domain refusing: it must not become [`CommandError::Rejected`].
+impl<E> From<sqlx::Error> for CommandError<E> {
+    fn from(err: sqlx::Error) -> Self {
+        CommandError::Read(ReadError::Database(err))
+    }
+}
+
 impl<E> CommandError<E> {
+    /// Whether this is the store being unreachable or overloaded (a failed read, a failed or
+    /// exhausted append), which a caller may retry, as opposed to a refusal, a lost race or a
+    /// defect.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            CommandError::Read(ReadError::Database(_))
+                | CommandError::Append(
+                    AppendError::Database(_) | AppendError::SerializationRetriesExhausted { .. }
+                )
+        )
+    }
+
     /// The error of a [`load`] as another command's: loading never rejects, so only read,
     /// decode, encode, append and contention errors pass through unchanged.
     pub fn into_other<F>(self) -> CommandError<F> {

@@ -2,14 +2,15 @@
 //! the irreversible commit, so it is not failed: the promotion outbox is driven forward from
 //! wherever the node left it, with the very function the worker runs
 //! ([`PromotionDriver::drive`]), adopting the layers and records the node already wrote, and
-//! ends with the build Ready.
+//! ends with the build Ready, or in `error` when its template was deleted before the flip to
+//! visible.
 
 use super::{Pass, ReconcileEnv, ReconcileError};
 use crate::domain::build::Phase;
 use crate::domain::ids::BuildId;
 use crate::events::command::load;
 use crate::streams::{build_stream, Build};
-use crate::worker::promote::PromotionDriver;
+use crate::worker::promote::{Ending, PromotionDriver};
 use crate::worker::WorkerError;
 
 pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
@@ -41,10 +42,18 @@ pub async fn finish(env: &ReconcileEnv, build: BuildId) -> Result<bool, Reconcil
     match driver.drive(build, epoch).await {
         Ok(driven) => {
             if driven.appended > 0 {
-                tracing::info!(%build, %epoch, from = ?driven.from, "promotion finished for a lost node");
+                match &driven.ending {
+                    Ending::Ready => {
+                        tracing::info!(%build, %epoch, from = ?driven.from, "promotion finished for a lost node")
+                    }
+                    Ending::TemplateDeleted { template } => {
+                        tracing::info!(%build, %epoch, %template, "the template was deleted before the build was published; the build ended in error")
+                    }
+                }
             }
             Ok(driven.appended > 0)
         }
+        // Only the build refusing this epoch is nothing to do; a store error fails the pass.
         Err(WorkerError::Fenced { reason, .. }) => {
             tracing::debug!(%build, %reason, "promotion not driven");
             Ok(false)

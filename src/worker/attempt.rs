@@ -1,7 +1,9 @@
 //! One attempt on one build, seen from the node that holds it: acquiring it, renewing its lease,
 //! and every write it makes to the build stream. Each write names the epoch (in the command and
-//! in the event metadata); a rejection means the attempt is closed or its lease passed, and is
-//! reported as [`WorkerError::Fenced`]: the caller stops and writes nothing more.
+//! in the event metadata); the build refusing it means the attempt is closed or its lease passed,
+//! and is reported as [`WorkerError::Fenced`]: the caller stops and writes nothing more. A store
+//! that cannot be reached is not that: the write is retried within the lease
+//! ([`store_retry`](super::store_retry)).
 //!
 //! Time is the database's (`SELECT now()`), so every node judges leases by one clock.
 
@@ -9,7 +11,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::error::WorkerError;
+use super::error::{Fence, Refusal, WorkerError};
+use super::store_retry::retrying;
 use crate::domain::build::{self, AttemptGrant, FailedStep, StepOutcome};
 use crate::domain::ids::{BuildId, Epoch, NodeId, SnapshotId};
 use crate::domain::snapshot::{self, SnapshotRecord};
@@ -56,6 +59,7 @@ pub async fn acquire(
                 build,
                 epoch,
                 node: node.to_owned(),
+                lease,
             })),
             _ => Ok(None),
         },
@@ -74,6 +78,8 @@ pub struct Attempt {
     pub build: BuildId,
     pub epoch: Epoch,
     pub node: String,
+    /// The lease duration: how long a write is retried while the store is unavailable.
+    pub lease: Duration,
 }
 
 impl Attempt {
@@ -94,27 +100,53 @@ impl Attempt {
         Ok(db_now(self.store.pool()).await?)
     }
 
-    fn fenced(&self, reason: impl std::fmt::Display) -> WorkerError {
-        WorkerError::Fenced {
-            build: self.build,
-            epoch: self.epoch,
-            reason: reason.to_string(),
-        }
+    /// Runs `op`, retrying while the store is unavailable, for at most the lease.
+    pub async fn retrying<T, F, Fut>(&self, what: &str, op: F) -> Result<T, WorkerError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, WorkerError>>,
+    {
+        retrying(what, self.build, self.lease, op).await
     }
 
-    /// Runs a build command of this attempt; a rejection is [`WorkerError::Fenced`].
-    pub async fn command(&self, command: build::Command) -> Result<build::State, WorkerError> {
-        match execute::<Build>(&self.store, &self.stream(), &command, &self.context()).await {
+    /// Runs a build command of this attempt once; a refusal is [`WorkerError::Fenced`].
+    async fn command_once(&self, command: &build::Command) -> Result<build::State, WorkerError> {
+        match execute::<Build>(&self.store, &self.stream(), command, &self.context()).await {
             Ok(done) => Ok(done.state),
-            Err(CommandError::Rejected(reason)) => Err(self.fenced(reason)),
+            Err(CommandError::Rejected(reason)) => Err(WorkerError::Fenced {
+                build: self.build,
+                epoch: self.epoch,
+                reason: Fence::Refused(reason),
+            }),
             Err(err) => Err(WorkerError::store(err)),
         }
     }
 
-    /// Extends the lease to `lease` from now.
+    /// Runs a build command of this attempt; a refusal is [`WorkerError::Fenced`], an
+    /// unavailable store is retried within the lease.
+    pub async fn command(&self, command: build::Command) -> Result<build::State, WorkerError> {
+        self.retrying("build command", || self.command_once(&command))
+            .await
+    }
+
+    /// Runs the command that `make(now)` builds at the database's clock, retrying while the
+    /// store is unavailable (each try reads the clock again).
+    async fn command_at(
+        &self,
+        what: &str,
+        make: impl Fn(DateTime<Utc>) -> build::Command,
+    ) -> Result<build::State, WorkerError> {
+        self.retrying(what, || async {
+            let now = self.now().await?;
+            self.command_once(&make(now)).await
+        })
+        .await
+    }
+
+    /// Extends the lease to `lease` from now. Tried once: the renewal loop is the retry.
     pub async fn renew(&self, lease: Duration) -> Result<(), WorkerError> {
         let now = self.now().await?;
-        self.command(build::Command::RenewLease {
+        self.command_once(&build::Command::RenewLease {
             epoch: self.epoch,
             now,
             lease_expires_at: now + lease,
@@ -130,11 +162,11 @@ impl Attempt {
 
     /// Records a step's outcome that references no new snapshot (executed, or cached).
     pub async fn record_outcome(&self, step: u32, outcome: StepOutcome) -> Result<(), WorkerError> {
-        let now = self.now().await?;
-        self.command(build::Command::RecordStepProgress {
-            epoch: self.epoch,
+        let epoch = self.epoch;
+        self.command_at("recording a step", |now| build::Command::RecordStepProgress {
+            epoch,
             step,
-            outcome,
+            outcome: outcome.clone(),
             now,
         })
         .await
@@ -149,18 +181,30 @@ impl Attempt {
         record: &SnapshotRecord,
         step: Option<u32>,
     ) -> Result<(), WorkerError> {
+        // One command id across the retries: a try whose reply was lost is recognised.
         let ctx = self.context();
-        let result = execute_writes(&self.store, MAX_ROUNDS, || {
+        self.retrying("recording a snapshot", || {
+            self.record_snapshot_once(&ctx, id, record, step)
+        })
+        .await
+    }
+
+    async fn record_snapshot_once(
+        &self,
+        ctx: &CommandContext,
+        id: SnapshotId,
+        record: &SnapshotRecord,
+        step: Option<u32>,
+    ) -> Result<(), WorkerError> {
+        let result = execute_writes::<Refusal, _, _>(&self.store, MAX_ROUNDS, || {
             let (store, ctx, record) = (self.store.clone(), ctx.clone(), record.clone());
             let (build_stream, snap_stream, epoch) =
                 (self.stream(), snapshot_stream(&id), self.epoch);
             async move {
-                let now = crate::worker::attempt::db_now(store.pool())
-                    .await
-                    .map_err(|e| CommandError::Rejected(format!("reading the clock: {e}")))?;
+                let now = db_now(store.pool()).await?;
                 let build = load::<Build>(&store, &build_stream)
                     .await
-                    .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                    .map_err(CommandError::into_other)?;
                 let build_events = match step {
                     Some(step) => build::decide(
                         &build.state,
@@ -171,21 +215,21 @@ impl Attempt {
                             now,
                         },
                     )
-                    .map_err(|e| CommandError::Rejected(e.to_string()))?,
+                    .map_err(|e| CommandError::Rejected(e.into()))?,
                     None => {
                         // No step to record: the build stream is only guarded, after the same
                         // fencing check.
                         build::check_open_attempt(&build.state, epoch, now)
-                            .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                            .map_err(|e| CommandError::Rejected(e.into()))?;
                         Vec::new()
                     }
                 };
                 let snap = load::<Snapshot>(&store, &snap_stream)
                     .await
-                    .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                    .map_err(CommandError::into_other)?;
                 let snap_events =
                     snapshot::decide(&snap.state, &snapshot::Command::Record { record, now })
-                        .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                        .map_err(|e| CommandError::Rejected(e.into()))?;
                 Ok(vec![
                     StreamWrite::new(
                         build_stream.clone(),
@@ -201,18 +245,16 @@ impl Attempt {
             }
         })
         .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(CommandError::Rejected(reason)) => Err(self.fenced(reason)),
-            Err(err) => Err(WorkerError::store(err)),
-        }
+        result
+            .map(drop)
+            .map_err(|e| WorkerError::from_command(self.build, self.epoch, e))
     }
 
     /// Ends the build in `error` with the reason the user sees.
     pub async fn fail(&self, step: FailedStep, message: &str) -> Result<(), WorkerError> {
-        let now = self.now().await?;
-        self.command(build::Command::FailBuild {
-            epoch: self.epoch,
+        let epoch = self.epoch;
+        self.command_at("failing the build", |now| build::Command::FailBuild {
+            epoch,
             message: message.to_owned(),
             step: Some(step),
             now,

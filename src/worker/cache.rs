@@ -21,8 +21,8 @@ use std::sync::Arc;
 use super::attempt::Attempt;
 use super::base::{self, ResolvedBase};
 use super::build_log::BuildLog;
+use super::error::Refusal;
 use super::executor::BuildJob;
-use crate::domain::build::Phase;
 use crate::domain::build_spec::{fold_contexts, home_of, CommandContext, Step, DEFAULT_USER};
 use crate::domain::cache_entry::{
     self, Entry, EntryKind, Invalid, ParentEdge, Target, Validity, CACHE_FORMAT_VERSION,
@@ -516,7 +516,7 @@ impl Writer {
         let stream = cache_key_stream(&self.plan.scope, &key);
         let repair = self.repair.get(&key).copied();
         let ctx = attempt.context();
-        let outcome = execute_writes(&attempt.store, MAX_ROUNDS, || {
+        let outcome = execute_writes::<Refusal, _, _>(&attempt.store, MAX_ROUNDS, || {
             let (store, ctx, entry, stream) = (
                 attempt.store.clone(),
                 ctx.clone(),
@@ -525,27 +525,18 @@ impl Writer {
             );
             let (bstream, epoch) = (build_stream(&attempt.build), attempt.epoch);
             async move {
-                let now = super::attempt::db_now(store.pool())
-                    .await
-                    .map_err(|e| CommandError::Rejected(format!("reading the clock: {e}")))?;
+                let now = super::attempt::db_now(store.pool()).await?;
                 let b = load::<Build>(&store, &bstream)
                     .await
-                    .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                    .map_err(CommandError::into_other)?;
                 match guard {
-                    Guard::Open => crate::domain::build::check_open_attempt(&b.state, epoch, now)
-                        .map_err(|e| CommandError::Rejected(e.to_string()))?,
-                    Guard::Ready => match b.state.phase {
-                        Phase::Ready { epoch: e } if e == epoch => {}
-                        ref other => {
-                            return Err(CommandError::Rejected(format!(
-                                "the build is not ready in this epoch ({other:?})"
-                            )))
-                        }
-                    },
+                    Guard::Open => crate::domain::build::check_open_attempt(&b.state, epoch, now),
+                    Guard::Ready => crate::domain::build::check_ready(&b.state, epoch),
                 }
+                .map_err(|e| CommandError::Rejected(e.into()))?;
                 let c = load::<CacheEntry>(&store, &stream)
                     .await
-                    .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                    .map_err(CommandError::into_other)?;
                 let command = match c.state.live() {
                     Some((existing, _)) if *existing == entry => {
                         return Ok(vec![]);
@@ -560,7 +551,7 @@ impl Writer {
                     _ => cache_entry::Command::Publish { entry, now },
                 };
                 let events = cache_entry::decide(&c.state, &command)
-                    .map_err(|e| CommandError::Rejected(e.to_string()))?;
+                    .map_err(|e| CommandError::Rejected(e.into()))?;
                 Ok(vec![
                     StreamWrite::new(bstream.clone(), b.expected(), Vec::new()),
                     StreamWrite::new(stream.clone(), c.expected(), ctx.encode(&stream, &events)?),
@@ -596,7 +587,9 @@ impl Writer {
                 None
             }
             Err(e) => {
-                tracing::warn!(build = %attempt.build, error = %e, "writing a cache entry failed; this build writes no more entries");
+                // The store, not a refusal: the build goes on (the cache only saves work), but
+                // this is an outage to look at, not a lost race.
+                tracing::error!(build = %attempt.build, error = %e, "writing a cache entry failed; this build writes no more entries");
                 self.stopped = true;
                 None
             }

@@ -5,8 +5,14 @@
 //! What went wrong *in* a build (a failing step, an unknown base image) is a
 //! [`StepFailure`](super::executor::StepFailure) and ends the build in `error` with a reason the
 //! user sees. [`WorkerError::Fenced`] is the normal way a closed attempt stops its worker.
+//!
+//! Fencing and outages are kept apart by type: a worker's multi-stream decisions fail with
+//! [`CommandError<Refusal>`], whose `Rejected` can only hold a domain refusal, so a failed clock
+//! read or load stays a store error ([`WorkerError::is_unavailable`]), is retried within the
+//! lease, and never stops an attempt as if it had been fenced.
 
-use crate::domain::ids::{BuildId, Epoch};
+use crate::domain::ids::{BuildId, Epoch, TemplateId};
+use crate::domain::{build, cache_entry, promotion, snapshot, template};
 use crate::events::{CommandError, ReadError};
 use crate::vmm::VmmError;
 
@@ -16,16 +22,21 @@ pub enum WorkerError {
     Database(#[from] sqlx::Error),
     #[error(transparent)]
     Read(#[from] ReadError),
+    /// The event store could not be reached or was overloaded: retryable.
+    #[error("event store unavailable: {0}")]
+    Unavailable(String),
     #[error("event store: {0}")]
     Store(String),
-    #[error(
-        "attempt {epoch} of build {build} is closed ({reason}); stopping without further writes"
-    )]
+    #[error("attempt {epoch} of build {build} is closed ({reason}); stopping without further writes")]
     Fenced {
         build: BuildId,
         epoch: Epoch,
-        reason: String,
+        reason: Fence,
     },
+    /// The build's template was deleted; the build was ended in `error` saying so (by this
+    /// write or an earlier one).
+    #[error("template {template} of build {build} was deleted; the build ended in error")]
+    TemplateDeleted { build: BuildId, template: TemplateId },
     #[error(transparent)]
     Sandbox(#[from] VmmError),
     #[error("build {build}: {message}")]
@@ -38,10 +49,67 @@ pub enum WorkerError {
     },
 }
 
+/// Why an attempt stopped as fenced. Only these two: the build stream refusing this epoch's
+/// write, or the node stopping the attempt itself (its lease could not be kept, or shutdown).
+#[derive(Debug, thiserror::Error)]
+pub enum Fence {
+    #[error(transparent)]
+    Refused(build::Error),
+    #[error("the attempt was stopped on this node: its lease was lost or the node is shutting down")]
+    Stopped,
+}
+
+/// What the domain may refuse in a worker's multi-stream write. Deliberately no string and no
+/// store error: a refusal here is an answer from state, never a failure to read it.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error(transparent)]
+    Build(#[from] build::Error),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::Error),
+    #[error(transparent)]
+    Promotion(#[from] promotion::Error),
+    #[error(transparent)]
+    Template(#[from] template::Error),
+    #[error(transparent)]
+    CacheEntry(#[from] cache_entry::Error),
+}
+
 impl WorkerError {
     /// A store failure that is not the domain refusing the command.
     pub fn store<E: std::fmt::Display>(err: CommandError<E>) -> WorkerError {
-        WorkerError::Store(err.to_string())
+        match err {
+            CommandError::Read(e @ ReadError::Database(_)) => WorkerError::Read(e),
+            e if e.is_unavailable() => WorkerError::Unavailable(e.to_string()),
+            e => WorkerError::Store(e.to_string()),
+        }
+    }
+
+    /// A worker write's outcome: the build refusing the epoch is fencing; another stream refusing
+    /// is a broken invariant of this build; everything else is the store's.
+    pub fn from_command(build: BuildId, epoch: Epoch, err: CommandError<Refusal>) -> WorkerError {
+        match err {
+            CommandError::Rejected(Refusal::Build(e)) => WorkerError::Fenced {
+                build,
+                epoch,
+                reason: Fence::Refused(e),
+            },
+            CommandError::Rejected(other) => WorkerError::Corrupt {
+                build,
+                message: format!("attempt {epoch}: {other}"),
+            },
+            e => WorkerError::store(e),
+        }
+    }
+
+    /// The database or event store could not be reached (or was overloaded): the same write may
+    /// succeed a moment later. Never true of fencing, a refusal or a defect.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            WorkerError::Database(e) => !matches!(e, sqlx::Error::RowNotFound),
+            WorkerError::Read(ReadError::Database(_)) | WorkerError::Unavailable(_) => true,
+            _ => false,
+        }
     }
 
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> WorkerError {

@@ -24,7 +24,7 @@ use super::attempt::Attempt;
 use super::base::{self, BaseError, ResolvedBase};
 use super::build_log::{BuildLog, LogLine};
 use super::cache::{self, Flights, Found};
-use super::error::WorkerError;
+use super::error::{Fence, WorkerError};
 use super::settings::WorkerSettings;
 use super::shell;
 use crate::domain::build::status::LogLevel;
@@ -219,8 +219,7 @@ impl Executor<'_> {
         WorkerError::Fenced {
             build: self.attempt.build,
             epoch: self.attempt.epoch,
-            reason: "the attempt was stopped: its lease was lost or the node is shutting down"
-                .into(),
+            reason: Fence::Stopped,
         }
     }
 

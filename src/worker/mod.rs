@@ -26,6 +26,7 @@ pub mod promote;
 pub mod publish;
 pub mod settings;
 pub mod shell;
+pub mod store_retry;
 pub mod template_lookup;
 
 pub use error::WorkerError;

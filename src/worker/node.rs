@@ -21,11 +21,11 @@ use uuid::Uuid;
 
 use super::attempt::{self, Attempt};
 use super::build_log::{write_logs, BuildLog};
-use super::error::WorkerError;
+use super::error::{Fence, WorkerError};
 use super::executor::{BuildJob, Executor, Outcome};
 use super::publish;
 use super::settings::WorkerSettings;
-use crate::domain::build::Phase;
+use crate::domain::build;
 use crate::domain::ids::BuildId;
 use crate::events::command::load;
 use crate::events::{EventStore, FeedWakeups};
@@ -155,7 +155,9 @@ impl Worker {
         ));
         match self.execute(&attempt, &log, &cancel).await {
             Ok(()) => {}
-            Err(e @ WorkerError::Fenced { .. }) => tracing::info!(build = %attempt.build, "{e}"),
+            Err(e @ (WorkerError::Fenced { .. } | WorkerError::TemplateDeleted { .. })) => {
+                tracing::info!(build = %attempt.build, "{e}")
+            }
             Err(e) => {
                 tracing::error!(build = %attempt.build, epoch = %attempt.epoch, error = %e, "build abandoned")
             }
@@ -171,20 +173,20 @@ impl Worker {
         log: &BuildLog,
         cancel: &CancellationToken,
     ) -> Result<(), WorkerError> {
-        let state = load::<Build>(&self.store, &attempt.stream())
-            .await
-            .map_err(WorkerError::store)?
+        let state = attempt
+            .retrying("loading the build", || async {
+                load::<Build>(&self.store, &attempt.stream())
+                    .await
+                    .map_err(WorkerError::store)
+            })
+            .await?
             .state;
-        match &state.phase {
-            Phase::Active { epoch, .. } if *epoch == attempt.epoch => {}
-            other => {
-                return Err(WorkerError::Fenced {
-                    build: attempt.build,
-                    epoch: attempt.epoch,
-                    reason: format!("the build is no longer active in this epoch ({other:?})"),
-                })
-            }
-        }
+        let now = attempt.retrying("reading the clock", || attempt.now()).await?;
+        build::check_open_attempt(&state, attempt.epoch, now).map_err(|e| WorkerError::Fenced {
+            build: attempt.build,
+            epoch: attempt.epoch,
+            reason: Fence::Refused(e),
+        })?;
         let (registration, freeze) = match (&state.registration, &state.freeze) {
             (Some(r), Some(f)) => (r, f),
             _ => {
@@ -224,7 +226,7 @@ impl Worker {
             return Err(WorkerError::Fenced {
                 build: attempt.build,
                 epoch: attempt.epoch,
-                reason: "the attempt was stopped".into(),
+                reason: Fence::Stopped,
             });
         }
         match outcome {

@@ -12,14 +12,20 @@
 //!    already Ready in it), in one append.
 //!
 //! The build never leaves Publishing except forward: nothing here can demote Ready, and a
-//! promotion of another epoch is another stream, refused by the build's epoch check.
+//! promotion of another epoch is another stream, refused by the build's epoch check. The one
+//! exit that is not Ready: the template was deleted before the flip to visible, so the template
+//! refuses the tags; then the outbox is abandoned and the build ends in `error` saying so, in one
+//! append ([`build::end_for_deleted_template`]).
+//!
+//! Errors are typed ([`Refusal`]): the build refusing this epoch is fencing; a failed clock read
+//! or load is the store's, which the reconciler counts as a failed pass and the worker retries.
 
 use std::sync::Arc;
 
 use super::base;
-use super::error::WorkerError;
-use crate::domain::build::{self, Phase};
-use crate::domain::ids::{BuildId, Epoch};
+use super::error::{Refusal, WorkerError};
+use crate::domain::build;
+use crate::domain::ids::{BuildId, Epoch, TemplateId};
 use crate::domain::promotion::{self, Stage};
 use crate::domain::template;
 use crate::events::command::load;
@@ -34,14 +40,15 @@ use crate::vmm::BlobStore;
 
 const MAX_ROUNDS: u32 = 32;
 
-fn rejected<E: std::fmt::Display>(e: E) -> CommandError<String> {
-    CommandError::Rejected(e.to_string())
+fn refused<E: Into<Refusal>>(e: E) -> CommandError<Refusal> {
+    CommandError::Rejected(e.into())
 }
 
 /// Decides `commands(now)` (a build command and a promotion command, at the database's clock)
 /// on fresh state of the build and its `(build, epoch)` outbox, and appends both in one
 /// transaction, deciding again on a version conflict. A refusal from either decision comes back
-/// as `Rejected` with its message, for the caller to turn into its fencing error. Entering
+/// as `Rejected` with the domain's error ([`WorkerError::from_command`] makes the build's
+/// refusal fencing); a store failure stays a store error. Entering
 /// Publishing (with the staged plan) and finishing (Ready with the outbox done) are both this.
 pub(crate) async fn decide_build_and_promotion(
     store: &EventStore,
@@ -49,16 +56,20 @@ pub(crate) async fn decide_build_and_promotion(
     build: BuildId,
     epoch: Epoch,
     commands: impl Fn(chrono::DateTime<chrono::Utc>) -> (build::Command, promotion::Command),
-) -> Result<usize, CommandError<String>> {
+) -> Result<usize, CommandError<Refusal>> {
     let (bstream, pstream) = (build_stream(&build), promotion_stream(&build, epoch));
     let (bstream, pstream, commands) = (&bstream, &pstream, &commands);
     let outcome = execute_writes(store, MAX_ROUNDS, move || async move {
-        let now = database_now(store.pool()).await.map_err(rejected)?;
+        let now = database_now(store.pool()).await?;
         let (build_command, promotion_command) = commands(now);
-        let b = load::<Build>(store, bstream).await.map_err(rejected)?;
-        let b_events = build::decide(&b.state, &build_command).map_err(rejected)?;
-        let p = load::<Promotion>(store, pstream).await.map_err(rejected)?;
-        let p_events = promotion::decide(&p.state, &promotion_command).map_err(rejected)?;
+        let b = load::<Build>(store, bstream)
+            .await
+            .map_err(CommandError::into_other)?;
+        let b_events = build::decide(&b.state, &build_command).map_err(refused)?;
+        let p = load::<Promotion>(store, pstream)
+            .await
+            .map_err(CommandError::into_other)?;
+        let p_events = promotion::decide(&p.state, &promotion_command).map_err(refused)?;
         Ok(vec![
             StreamWrite::new(
                 bstream.clone(),
@@ -85,12 +96,23 @@ pub struct PromotionDriver<'a> {
 }
 
 /// What one drive did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Driven {
     /// The outbox stage found before driving.
     pub from: Stage,
     /// Events this drive appended (0 when everything was already done).
     pub appended: usize,
+    pub ending: Ending,
+}
+
+/// Where a driven promotion ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// Visible, done, and the build Ready.
+    Ready,
+    /// The template was deleted before the flip: the outbox is abandoned and the build is in
+    /// `error` with a reason that says so.
+    TemplateDeleted { template: TemplateId },
 }
 
 impl PromotionDriver<'_> {
@@ -98,24 +120,31 @@ impl PromotionDriver<'_> {
         CommandContext::new(self.metadata.clone()).with_max_attempts(MAX_ROUNDS)
     }
 
-    fn fenced(build: BuildId, epoch: Epoch, reason: impl std::fmt::Display) -> WorkerError {
-        WorkerError::Fenced {
-            build,
-            epoch,
-            reason: reason.to_string(),
-        }
-    }
-
     /// Takes the promotion of `build` in `epoch` from its current stage to `done`, with the build
-    /// Ready. A refusal by the build stream (another epoch, a terminal Error) is
-    /// [`WorkerError::Fenced`]; a layer missing from the blob store is [`WorkerError::Store`]
-    /// and leaves the outbox where it was, to be retried.
+    /// Ready, or to abandoned with the build in `error` when its template was deleted first. A
+    /// refusal by the build stream (another epoch, a terminal Error) is [`WorkerError::Fenced`];
+    /// a layer missing from the blob store is [`WorkerError::Store`] and leaves the outbox where
+    /// it was, to be retried; a store that cannot be reached is [`WorkerError::is_unavailable`].
     pub async fn drive(&self, build: BuildId, epoch: Epoch) -> Result<Driven, WorkerError> {
         let pstream = promotion_stream(&build, epoch);
         let loaded = load::<Promotion>(self.store, &pstream)
             .await
             .map_err(WorkerError::store)?;
         let from = loaded.state.stage;
+        if loaded.state.abandoned {
+            let template = loaded.state.plan.map(|p| p.template);
+            return match template {
+                Some(template) => Ok(Driven {
+                    from,
+                    appended: 0,
+                    ending: Ending::TemplateDeleted { template },
+                }),
+                None => Err(WorkerError::Corrupt {
+                    build,
+                    message: format!("{pstream} is abandoned but was never staged"),
+                }),
+            };
+        }
         let Some(plan) = loaded.state.plan else {
             return Err(WorkerError::Corrupt {
                 build,
@@ -160,12 +189,71 @@ impl PromotionDriver<'_> {
         }
 
         if from <= Stage::LayersCommitted {
-            appended += self.make_visible(build, epoch, &plan).await?;
+            crate::fault::stop_point("promotion:before-visible");
+            match self.make_visible(build, epoch, &plan).await? {
+                Visibility::Visible(n) => appended += n,
+                Visibility::TemplateDeleted => {
+                    appended += self.abandon(build, epoch, &plan.template).await?;
+                    return Ok(Driven {
+                        from,
+                        appended,
+                        ending: Ending::TemplateDeleted {
+                            template: plan.template,
+                        },
+                    });
+                }
+            }
             crash_point("promotion:after-visible");
         }
 
         appended += self.finish(build, epoch).await?;
-        Ok(Driven { from, appended })
+        Ok(Driven {
+            from,
+            appended,
+            ending: Ending::Ready,
+        })
+    }
+
+    /// The outbox abandoned and the build in `error` (template deleted), in one append guarded
+    /// by the template stream at the version that says deleted.
+    async fn abandon(
+        &self,
+        build: BuildId,
+        epoch: Epoch,
+        template: &TemplateId,
+    ) -> Result<usize, WorkerError> {
+        let ctx = self.context();
+        let (pstream, tstream, bstream) = (
+            promotion_stream(&build, epoch),
+            template_stream(template),
+            build_stream(&build),
+        );
+        let (store, ctx, pstream, tstream, bstream) = (self.store, &ctx, &pstream, &tstream, &bstream);
+        let outcome = execute_writes(store, MAX_ROUNDS, move || async move {
+            let now = database_now(store.pool()).await?;
+            let t = load::<Template>(store, tstream)
+                .await
+                .map_err(CommandError::into_other)?;
+            let b = load::<Build>(store, bstream)
+                .await
+                .map_err(CommandError::into_other)?;
+            let b_events =
+                build::end_for_deleted_template(&b.state, &t.state, now).map_err(refused)?;
+            let p = load::<Promotion>(store, pstream)
+                .await
+                .map_err(CommandError::into_other)?;
+            let p_events =
+                promotion::decide(&p.state, &promotion::Command::Abandon { now }).map_err(refused)?;
+            Ok(vec![
+                StreamWrite::guard(tstream.clone(), t.expected()),
+                StreamWrite::new(bstream.clone(), b.expected(), ctx.encode(bstream, &b_events)?),
+                StreamWrite::new(pstream.clone(), p.expected(), ctx.encode(pstream, &p_events)?),
+            ])
+        })
+        .await
+        .map_err(|e| WorkerError::from_command(build, epoch, e))?;
+        tracing::info!(%build, %epoch, %template, "the template was deleted before the build was published; the build ended in error");
+        Ok(outcome.events.len())
     }
 
     /// The build's `MarkReady` and the outbox's `done`, in one append: there is no moment where
@@ -178,20 +266,18 @@ impl PromotionDriver<'_> {
             )
         })
         .await
-        .map_err(|e| match e {
-            CommandError::Rejected(reason) => Self::fenced(build, epoch, reason),
-            e => WorkerError::store(e),
-        })
+        .map_err(|e| WorkerError::from_command(build, epoch, e))
     }
 
     /// `visible` on the outbox and the tags on the template, in one append guarded by the build
-    /// still publishing (or ready) in this epoch.
+    /// still publishing (or ready) in this epoch. [`Visibility::TemplateDeleted`] when the
+    /// template refuses the tags because it was deleted: nothing is written then.
     async fn make_visible(
         &self,
         build: BuildId,
         epoch: Epoch,
         plan: &promotion::PromotionPlan,
-    ) -> Result<usize, WorkerError> {
+    ) -> Result<Visibility, WorkerError> {
         let ctx = self.context();
         let (pstream, tstream, bstream) = (
             promotion_stream(&build, epoch),
@@ -202,28 +288,24 @@ impl PromotionDriver<'_> {
             let (store, ctx, plan) = (self.store.clone(), ctx.clone(), plan.clone());
             let (pstream, tstream, bstream) = (pstream.clone(), tstream.clone(), bstream.clone());
             async move {
-                let now = database_now(store.pool()).await.map_err(rejected)?;
-                let b = load::<Build>(&store, &bstream).await.map_err(rejected)?;
-                match &b.state.phase {
-                    Phase::Publishing { epoch: e, .. } | Phase::Ready { epoch: e }
-                        if *e == epoch => {}
-                    other => {
-                        return Err(CommandError::Rejected(format!(
-                            "the build is not publishing in epoch {epoch} ({other:?})"
-                        )))
-                    }
-                }
+                let now = database_now(store.pool()).await?;
+                let b = load::<Build>(&store, &bstream)
+                    .await
+                    .map_err(CommandError::into_other)?;
+                build::check_publishing(&b.state, epoch).map_err(refused)?;
                 let p = load::<Promotion>(&store, &pstream)
                     .await
-                    .map_err(rejected)?;
+                    .map_err(CommandError::into_other)?;
                 let p_events =
                     promotion::decide(&p.state, &promotion::Command::MakeVisible { now })
-                        .map_err(rejected)?;
+                        .map_err(refused)?;
                 if p_events.is_empty() {
                     // Already visible: a guard alone, so the append is valid and writes nothing.
                     return Ok(vec![StreamWrite::guard(pstream.clone(), p.expected())]);
                 }
-                let t = load::<Template>(&store, &tstream).await.map_err(rejected)?;
+                let t = load::<Template>(&store, &tstream)
+                    .await
+                    .map_err(CommandError::into_other)?;
                 let t_events = template::decide(
                     &t.state,
                     &template::Command::PromoteBuild {
@@ -232,7 +314,7 @@ impl PromotionDriver<'_> {
                         now,
                     },
                 )
-                .map_err(rejected)?;
+                .map_err(refused)?;
                 Ok(vec![
                     StreamWrite::guard(bstream.clone(), b.expected()),
                     StreamWrite::new(
@@ -250,9 +332,19 @@ impl PromotionDriver<'_> {
         })
         .await;
         match outcome {
-            Ok(outcome) => Ok(outcome.events.len()),
-            Err(CommandError::Rejected(reason)) => Err(Self::fenced(build, epoch, reason)),
-            Err(e) => Err(WorkerError::store(e)),
+            Ok(outcome) => Ok(Visibility::Visible(outcome.events.len())),
+            Err(CommandError::Rejected(Refusal::Template(template::Error::Deleted))) => {
+                Ok(Visibility::TemplateDeleted)
+            }
+            Err(e) => Err(WorkerError::from_command(build, epoch, e)),
         }
     }
+}
+
+/// What the flip to visible found.
+enum Visibility {
+    /// Visible now (this many events appended; 0 when it already was).
+    Visible(usize),
+    /// The template was deleted: the promotion can never become visible.
+    TemplateDeleted,
 }

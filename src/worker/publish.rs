@@ -11,7 +11,8 @@
 //!
 //! Until step 2 commits, a lost lease fences every write. From step 2 on, the build converges
 //! forward: each step is idempotent, so the promotion reconciler can finish what a dead node
-//! started.
+//! started. Every step is retried within the lease while the store is unavailable; a template
+//! deleted before step 3's flip ends the build in `error` instead of Ready.
 
 use std::sync::Arc;
 
@@ -19,13 +20,13 @@ use super::attempt::Attempt;
 use super::build_log::BuildLog;
 use super::error::WorkerError;
 use super::executor::BuildOutput;
-use super::promote::{decide_build_and_promotion, PromotionDriver};
+use super::promote::{decide_build_and_promotion, Ending, PromotionDriver};
 use crate::domain::build::{self, BuildResult};
 use crate::domain::build_spec::Tag;
 use crate::domain::ids::{self, SnapshotId, TemplateId};
 use crate::domain::promotion::{self, PromotionPlan};
 use crate::domain::snapshot::{Purpose, SnapshotRecord};
-use crate::events::CommandError;
+use crate::events::CommandContext;
 use crate::vmm::BlobStore;
 
 /// Takes a built result to Ready. Returns the result snapshot's id.
@@ -71,7 +72,12 @@ pub async fn publish(
         layers: output.layers.clone(),
         tags: tags.to_vec(),
     };
-    begin_publishing(attempt, &plan).await?;
+    crate::fault::stop_point("worker:before-publishing");
+    // One command id across the retries: a try whose reply was lost is recognised.
+    let ctx = attempt.context();
+    attempt
+        .retrying("entering publishing", || begin_publishing(attempt, &ctx, &plan))
+        .await?;
     crate::fault::crash_point("worker:after-publishing");
     log.info(None, "Template created");
     log.flush().await;
@@ -80,44 +86,43 @@ pub async fn publish(
         blobs,
         metadata: attempt.metadata(),
     };
-    driver.drive(attempt.build, attempt.epoch).await?;
-    Ok(candidate)
+    let driven = attempt
+        .retrying("promoting", || driver.drive(attempt.build, attempt.epoch))
+        .await?;
+    match driven.ending {
+        Ending::Ready => Ok(candidate),
+        Ending::TemplateDeleted { template } => Err(WorkerError::TemplateDeleted {
+            build: attempt.build,
+            template,
+        }),
+    }
 }
 
 /// The irreversible commit: Publishing on the build and the staged plan, in one append.
-async fn begin_publishing(attempt: &Attempt, plan: &PromotionPlan) -> Result<(), WorkerError> {
+async fn begin_publishing(
+    attempt: &Attempt,
+    ctx: &CommandContext,
+    plan: &PromotionPlan,
+) -> Result<(), WorkerError> {
     let result = BuildResult {
         candidate: plan.source,
         build_base_checkpoint: plan.build_base_checkpoint,
     };
     let epoch = attempt.epoch;
-    decide_build_and_promotion(
-        &attempt.store,
-        &attempt.context(),
-        attempt.build,
-        epoch,
-        |now| {
-            (
-                build::Command::BeginPublishing {
-                    epoch,
-                    result: result.clone(),
-                    now,
-                },
-                promotion::Command::Stage {
-                    plan: plan.clone(),
-                    now,
-                },
-            )
-        },
-    )
+    decide_build_and_promotion(&attempt.store, ctx, attempt.build, epoch, |now| {
+        (
+            build::Command::BeginPublishing {
+                epoch,
+                result: result.clone(),
+                now,
+            },
+            promotion::Command::Stage {
+                plan: plan.clone(),
+                now,
+            },
+        )
+    })
     .await
     .map(drop)
-    .map_err(|e| match e {
-        CommandError::Rejected(reason) => WorkerError::Fenced {
-            build: attempt.build,
-            epoch,
-            reason,
-        },
-        e => WorkerError::store(e),
-    })
+    .map_err(|e| WorkerError::from_command(attempt.build, epoch, e))
 }

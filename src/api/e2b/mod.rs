@@ -10,6 +10,7 @@
 //! compare-and-set; the helpers below map the outcome to the SDK's error shape.
 
 pub mod auth;
+pub mod deleted_template_builds;
 pub mod files_link;
 pub mod register;
 pub mod start;

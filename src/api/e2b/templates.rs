@@ -154,8 +154,9 @@ fn e2b_status(phase: &str) -> &'static str {
     }
 }
 
-/// `DELETE /templates/{templateID}`: the template rejects new builds and its names are released
-/// for reuse, in one transaction.
+/// `DELETE /templates/{templateID}`: the template rejects new builds, its names are released for
+/// reuse, and its builds that are not yet publishing end in `error` saying the template was
+/// deleted, in one transaction.
 pub async fn delete_template(
     State(state): State<AppState>,
     team: Team,
@@ -178,6 +179,11 @@ pub async fn delete_template(
             tpl.expected(),
             ctx.encode(&t_stream, &events)?,
         )];
+        let deleted = events.iter().fold(tpl.state.clone(), template::evolve);
+        writes.extend(
+            super::deleted_template_builds::end_builds(&st.events, ctx, tid, &deleted, now)
+                .await?,
+        );
         for name in &tpl.state.names {
             let n_stream = template_name_stream(team_id, name);
             let claim = load::<TemplateName>(&st.events, &n_stream)

@@ -168,6 +168,10 @@ pub enum Error {
     },
     #[error("the reason message must not be empty: it is what the user sees")]
     EmptyMessage,
+    #[error("the build's template is not deleted; a build ends for that reason only once it is")]
+    TemplateNotDeleted,
+    #[error("the build is not ready in epoch {epoch} (it is {status})")]
+    NotReady { epoch: Epoch, status: &'static str },
 }
 
 /// The E2B status word of a phase, for error messages.
@@ -401,6 +405,34 @@ fn open_attempt(
 /// the version it checked.
 pub fn check_open_attempt(state: &State, epoch: Epoch, now: DateTime<Utc>) -> Result<(), Error> {
     open_attempt(state, epoch, now, true, false)
+}
+
+/// The guard of a promotion's flip to visible: the build is Publishing in `epoch`, or already
+/// Ready in it (the flip is being repeated).
+pub fn check_publishing(state: &State, epoch: Epoch) -> Result<(), Error> {
+    match &state.phase {
+        Phase::Publishing { epoch: e, .. } | Phase::Ready { epoch: e } if *e == epoch => Ok(()),
+        Phase::Publishing { epoch: current, .. } => {
+            Err(stale_or_unknown(state, epoch, Some(*current)))
+        }
+        Phase::Ready { .. } | Phase::Error { .. } => Err(Error::Terminal {
+            status: status_word(&state.phase),
+        }),
+        other => Err(Error::NotPublishing {
+            status: status_word(other),
+        }),
+    }
+}
+
+/// The guard of writes that need the build Ready in `epoch` (its final cache entry).
+pub fn check_ready(state: &State, epoch: Epoch) -> Result<(), Error> {
+    match &state.phase {
+        Phase::Ready { epoch: e } if *e == epoch => Ok(()),
+        other => Err(Error::NotReady {
+            epoch,
+            status: status_word(other),
+        }),
+    }
 }
 
 fn stale_or_unknown(state: &State, epoch: Epoch, current: Option<Epoch>) -> Error {
@@ -653,7 +685,7 @@ fn expire_intent(state: &State, intent: IntentId, now: DateTime<Utc>) -> Result<
 }
 
 /// The terminal release: every binding (live or frozen) and every pending intent.
-fn release(state: &State) -> Option<Event> {
+pub(super) fn release(state: &State) -> Option<Event> {
     if state.context_released {
         return None;
     }

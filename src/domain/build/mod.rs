@@ -3,6 +3,8 @@
 //! Layout:
 //! * this file: [`State`] and [`Phase`], the [`Event`]s and [`evolve`];
 //! * [`decide`](mod@decide): the single-stream [`Command`]s, their [`Error`]s and [`decide()`];
+//! * [`template_deleted`]: ending a build whose template was deleted, over the build and its
+//!   template;
 //! * [`upload`]: the two transitions that span the build and its `files-…` stream (reserving an
 //!   upload link, completing an upload), as pure functions over both states;
 //! * [`status`]: the E2B view (`waiting|building|ready|error`, `reason`) and log paging.
@@ -15,6 +17,7 @@
 //! Active  --BeginPublishing(epoch, lease valid)--> Publishing{epoch} --MarkReady(epoch)--> Ready
 //! Active  --FailBuild(epoch) | ExpireAttempt(lease passed)--> Error
 //! Waiting | Queued --ExpireWaiting(deadline passed)--> Error
+//! Waiting | Queued | Active | Publishing (not yet visible) --template deleted--> Error
 //! ```
 //!
 //! Fencing lives here: every worker command names its epoch; only the one open attempt's epoch is
@@ -28,6 +31,7 @@
 
 pub mod decide;
 pub mod status;
+pub mod template_deleted;
 pub mod upload;
 
 #[cfg(test)]
@@ -38,7 +42,9 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-pub use decide::{check_open_attempt, decide, AttemptGrant, Command, Error};
+pub use decide::{
+    check_open_attempt, check_publishing, check_ready, decide, AttemptGrant, Command, Error};
+pub use template_deleted::end_for_deleted_template;
 
 use super::build_spec::{Resources, Tag, TemplateBuildStartV2};
 use super::ids::{
@@ -96,6 +102,9 @@ pub enum FailureKind {
     QueueExpired,
     /// Promotion hit an authoritative, permanent error.
     PromotionFailed,
+    /// The build's template was deleted before the build was published
+    /// ([`template_deleted`]).
+    TemplateDeleted,
 }
 
 /// Where a build failed, as E2B reports it in `reason.step`.
