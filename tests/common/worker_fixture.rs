@@ -123,9 +123,14 @@ impl Fixture {
         .unwrap()
     }
 
-    /// The template's result, as `fromTemplate` and export see it.
+    /// The template's result, as export sees it.
     pub async fn result(&self, name: &str) -> template_lookup::TemplateSnapshot {
-        template_lookup::resolve(&self.store, &self.api.team, name)
+        template_lookup::resolve(
+            &self.store,
+            &self.api.team,
+            name,
+            template_lookup::Checkpoint::Result,
+        )
             .await
             .unwrap()
     }
