@@ -150,6 +150,31 @@ def test_from_template_extends_the_parents_steps_not_what_its_start_command_did(
     assert out == "from-step\nclean\n"
 
 
+def test_deleting_a_template_ends_its_running_build_in_error_with_the_reason(strata, team):
+    _, opts = team
+    tpl = Template().from_image("busybox").run_cmd("sleep 60")
+    info = Template.build_in_background(tpl, "deleted-mid-build", **opts)
+    deadline = time.time() + 120
+    while True:
+        status = Template.get_build_status(info, logs_offset=0, **opts)
+        if status.status.value != "waiting" or time.time() > deadline:
+            break
+        time.sleep(0.3)
+    assert status.status.value == "building"
+
+    req = urllib.request.Request(
+        f"{strata.url}/templates/{info.template_id}",
+        method="DELETE",
+        headers={"X-API-KEY": opts["api_key"]},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 204
+
+    status = Template.get_build_status(info, logs_offset=0, **opts)
+    assert status.status.value == "error"
+    assert f"template {info.template_id} was deleted" in status.reason.message
+
+
 def test_skip_cache_and_force_upload(strata, team, context_dir):
     team_name, opts = team
     def tpl(force):
