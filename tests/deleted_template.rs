@@ -36,7 +36,11 @@ impl Http {
             .output()
             .await
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Http {
             base: api.base.clone(),
             _api: api,
@@ -54,7 +58,12 @@ impl Http {
             .send()
             .await
             .unwrap();
-        assert_eq!(resp.status().as_u16(), 204, "{}", resp.text().await.unwrap());
+        assert_eq!(
+            resp.status().as_u16(),
+            204,
+            "{}",
+            resp.text().await.unwrap()
+        );
     }
 
     /// The E2B status poll the SDK makes.
@@ -95,7 +104,12 @@ fn count(events: &[RecordedEvent], event_type: &str) -> usize {
 
 /// The status poll says `error`, with a reason naming the deleted template, and the stream says
 /// why in its own terms.
-async fn assert_ended_for_deletion(fx: &Fixture, http: &Http, template: &TemplateId, build: BuildId) {
+async fn assert_ended_for_deletion(
+    fx: &Fixture,
+    http: &Http,
+    template: &TemplateId,
+    build: BuildId,
+) {
     let status = http.status(template, build).await;
     assert_eq!(status["status"], "error", "{status}");
     let message = status["reason"]["message"].as_str().unwrap_or_default();
@@ -107,7 +121,10 @@ async fn assert_ended_for_deletion(fx: &Fixture, http: &Http, template: &Templat
         Phase::Error { reason, .. } => assert_eq!(reason.kind, FailureKind::TemplateDeleted),
         other => panic!("{other:?}"),
     }
-    assert!(fx.state(build).await.context_released, "bindings and intents are released");
+    assert!(
+        fx.state(build).await.context_released,
+        "bindings and intents are released"
+    );
 }
 
 async fn wait_for<F, Fut>(what: &str, limit: Duration, mut check: F)
@@ -168,14 +185,22 @@ async fn a_running_build_of_a_deleted_template_ends_in_error_and_its_node_stops_
     fx.api.start(next, recipe(vec![run("true")])).await;
     let started = Instant::now();
     let state = fx.wait_terminal(next).await;
-    assert!(matches!(state.phase, Phase::Ready { .. }), "{:?}", state.phase);
+    assert!(
+        matches!(state.phase, Phase::Ready { .. }),
+        "{:?}",
+        state.phase
+    );
     assert!(
         started.elapsed() < Duration::from_secs(40),
         "the node kept running the deleted template's build for {:?}",
         started.elapsed()
     );
     let doomed = events(&fx, build).await;
-    assert_eq!(count(&doomed, "StepCompleted.v1"), 1, "step 2 never completes");
+    assert_eq!(
+        count(&doomed, "StepCompleted.v1"),
+        1,
+        "step 2 never completes"
+    );
     assert_eq!(doomed.last().unwrap().event_type, "ContextReleased.v1");
 }
 
@@ -184,7 +209,9 @@ async fn a_publishing_build_of_a_deleted_template_is_ended_by_the_promotion_reco
     let fx = Fixture::with_worker(None).await;
     let http = Http::new(&fx).await;
     let (template, build) = fx.api.register("publishing-then-deleted").await;
-    fx.api.start(build, recipe(vec![run("echo hi > /tmp/hi")])).await;
+    fx.api
+        .start(build, recipe(vec![run("echo hi > /tmp/hi")]))
+        .await;
     let mut worker = Proc::worker(
         &fx.db.url,
         "dies-publishing",
@@ -213,7 +240,11 @@ async fn a_publishing_build_of_a_deleted_template_is_ended_by_the_promotion_reco
         tokio::time::sleep(Duration::from_millis(200)).await;
         pass = strata::reconcilers::promotion::pass(&env).await.unwrap();
     }
-    assert_eq!((pass.candidates, pass.applied, pass.failed), (1, 1, 0), "{pass:?}");
+    assert_eq!(
+        (pass.candidates, pass.applied, pass.failed),
+        (1, 1, 0),
+        "{pass:?}"
+    );
     assert_ended_for_deletion(&fx, &http, &template, build).await;
     let promotion = fx
         .store

@@ -93,7 +93,10 @@ async fn a_brief_store_outage_while_publishing_does_not_abandon_the_build() {
         log.contains("the store is unavailable; retrying within the lease"),
         "the outage is logged as an error and retried:\n{log}"
     );
-    assert!(!log.contains("is closed"), "nothing was taken for fencing:\n{log}");
+    assert!(
+        !log.contains("is closed"),
+        "nothing was taken for fencing:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -110,7 +113,10 @@ async fn a_store_outage_in_a_promotion_pass_is_a_failed_pass_not_a_skip() {
         &[(CRASH_AT_ENV, "promotion:after-layers-committed")],
     );
     worker.wait_exit(Duration::from_secs(120)).await;
-    assert!(matches!(phase(&store, build).await, Phase::Publishing { .. }));
+    assert!(matches!(
+        phase(&store, build).await,
+        Phase::Publishing { .. }
+    ));
 
     let mut reconciler = Proc::reconciler(
         &db.url,
@@ -125,7 +131,10 @@ async fn a_store_outage_in_a_promotion_pass_is_a_failed_pass_not_a_skip() {
     outage.end().await;
 
     let phase = wait_terminal(&store, build, Duration::from_secs(30)).await;
-    assert!(matches!(phase, Phase::Ready { epoch: Epoch(1) }), "{phase:?}");
+    assert!(
+        matches!(phase, Phase::Ready { epoch: Epoch(1) }),
+        "{phase:?}"
+    );
     let log = reconciler.stderr();
     assert!(
         log.contains("promotion failed; retrying next pass"),

@@ -190,9 +190,14 @@ async fn a_failing_run_ends_the_build_in_error_at_its_step_with_the_exit_code() 
         )
     );
     assert!(
-        template_lookup::resolve(&fx.store, &fx.api.team, "failing", template_lookup::Checkpoint::Result)
-            .await
-            .is_err(),
+        template_lookup::resolve(
+            &fx.store,
+            &fx.api.team,
+            "failing",
+            template_lookup::Checkpoint::Result
+        )
+        .await
+        .is_err(),
         "a failed build is never the template's result"
     );
 

@@ -67,18 +67,20 @@ pub async fn run(args: TemplateArgs) -> anyhow::Result<()> {
             command,
         } => {
             let team = TeamId::parse(&team).context("parsing --team")?;
-            let found = template_lookup::resolve(&store, &team, &name, template_lookup::Checkpoint::Result)
-                .await
-                .with_context(|| format!("looking up template {name:?} in team {team}"))?;
+            let found =
+                template_lookup::resolve(&store, &team, &name, template_lookup::Checkpoint::Result)
+                    .await
+                    .with_context(|| format!("looking up template {name:?} in team {team}"))?;
             let code =
                 exec_in_template(&args.storage, &found.record, user, timeout_secs, command).await?;
             std::process::exit(code);
         }
         TemplateCommand::Export { name, dir, team } => {
             let team = TeamId::parse(&team).context("parsing --team")?;
-            let found = template_lookup::resolve(&store, &team, &name, template_lookup::Checkpoint::Result)
-                .await
-                .with_context(|| format!("looking up template {name:?} in team {team}"))?;
+            let found =
+                template_lookup::resolve(&store, &team, &name, template_lookup::Checkpoint::Result)
+                    .await
+                    .with_context(|| format!("looking up template {name:?} in team {team}"))?;
             let blobs = LocalBlobStore::open(args.storage.data_dir.join("blobs"))
                 .context("opening the blob store")?;
             let record = found.record.clone();

@@ -133,7 +133,9 @@ pub enum Error {
     LayerMissing { missing: Digest },
     #[error("the promotion was abandoned (its template was deleted); no step follows")]
     Abandoned,
-    #[error("the promotion is already {at:?}: a visible promotion finishes, it is never abandoned")]
+    #[error(
+        "the promotion is already {at:?}: a visible promotion finishes, it is never abandoned"
+    )]
     AlreadyVisible { at: Stage },
     #[error("nothing is staged; only a staged promotion can be abandoned")]
     NothingStaged,
@@ -168,9 +170,9 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
     match command {
         Command::Abandon { now } => match state.stage {
             Stage::Unstaged => Err(Error::NothingStaged),
-            Stage::Staged | Stage::LayersCommitted => Ok(vec![Event::PromotionAbandoned {
-                abandoned_at: *now,
-            }]),
+            Stage::Staged | Stage::LayersCommitted => {
+                Ok(vec![Event::PromotionAbandoned { abandoned_at: *now }])
+            }
             at => Err(Error::AlreadyVisible { at }),
         },
         Command::Stage { plan, now } => match &state.plan {
@@ -357,7 +359,11 @@ mod tests {
                     assert_eq!(decide(&closed, later), Err(Error::Abandoned));
                 }
             } else {
-                assert!(matches!(closed, Err(Error::AlreadyVisible { .. })), "{:?}", s.stage);
+                assert!(
+                    matches!(closed, Err(Error::AlreadyVisible { .. })),
+                    "{:?}",
+                    s.stage
+                );
             }
         }
     }

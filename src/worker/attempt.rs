@@ -163,11 +163,13 @@ impl Attempt {
     /// Records a step's outcome that references no new snapshot (executed, or cached).
     pub async fn record_outcome(&self, step: u32, outcome: StepOutcome) -> Result<(), WorkerError> {
         let epoch = self.epoch;
-        self.command_at("recording a step", |now| build::Command::RecordStepProgress {
-            epoch,
-            step,
-            outcome: outcome.clone(),
-            now,
+        self.command_at("recording a step", |now| {
+            build::Command::RecordStepProgress {
+                epoch,
+                step,
+                outcome: outcome.clone(),
+                now,
+            }
         })
         .await
         .map(drop)

@@ -23,6 +23,7 @@ use super::base::{self, ResolvedBase};
 use super::build_log::BuildLog;
 use super::error::Refusal;
 use super::executor::BuildJob;
+use super::store_retry::retrying_when;
 use crate::domain::build_spec::{fold_contexts, home_of, CommandContext, Step, DEFAULT_USER};
 use crate::domain::cache_entry::{
     self, Entry, EntryKind, Invalid, ParentEdge, Target, Validity, CACHE_FORMAT_VERSION,
@@ -516,48 +517,63 @@ impl Writer {
         let stream = cache_key_stream(&self.plan.scope, &key);
         let repair = self.repair.get(&key).copied();
         let ctx = attempt.context();
-        let outcome = execute_writes::<Refusal, _, _>(&attempt.store, MAX_ROUNDS, || {
-            let (store, ctx, entry, stream) = (
-                attempt.store.clone(),
-                ctx.clone(),
-                entry.clone(),
-                stream.clone(),
-            );
-            let (bstream, epoch) = (build_stream(&attempt.build), attempt.epoch);
-            async move {
-                let now = super::attempt::db_now(store.pool()).await?;
-                let b = load::<Build>(&store, &bstream)
-                    .await
-                    .map_err(CommandError::into_other)?;
-                match guard {
-                    Guard::Open => crate::domain::build::check_open_attempt(&b.state, epoch, now),
-                    Guard::Ready => crate::domain::build::check_ready(&b.state, epoch),
-                }
-                .map_err(|e| CommandError::Rejected(e.into()))?;
-                let c = load::<CacheEntry>(&store, &stream)
-                    .await
-                    .map_err(CommandError::into_other)?;
-                let command = match c.state.live() {
-                    Some((existing, _)) if *existing == entry => {
-                        return Ok(vec![]);
-                    }
-                    Some((_, generation)) if forced || repair == Some(generation) => {
-                        cache_entry::Command::Replace {
-                            entry,
-                            expected_generation: generation,
-                            now,
+        let write_once = || {
+            execute_writes::<Refusal, _, _>(&attempt.store, MAX_ROUNDS, || {
+                let (store, ctx, entry, stream) = (
+                    attempt.store.clone(),
+                    ctx.clone(),
+                    entry.clone(),
+                    stream.clone(),
+                );
+                let (bstream, epoch) = (build_stream(&attempt.build), attempt.epoch);
+                async move {
+                    let now = super::attempt::db_now(store.pool()).await?;
+                    let b = load::<Build>(&store, &bstream)
+                        .await
+                        .map_err(CommandError::into_other)?;
+                    match guard {
+                        Guard::Open => {
+                            crate::domain::build::check_open_attempt(&b.state, epoch, now)
                         }
+                        Guard::Ready => crate::domain::build::check_ready(&b.state, epoch),
                     }
-                    _ => cache_entry::Command::Publish { entry, now },
-                };
-                let events = cache_entry::decide(&c.state, &command)
                     .map_err(|e| CommandError::Rejected(e.into()))?;
-                Ok(vec![
-                    StreamWrite::new(bstream.clone(), b.expected(), Vec::new()),
-                    StreamWrite::new(stream.clone(), c.expected(), ctx.encode(&stream, &events)?),
-                ])
-            }
-        })
+                    let c = load::<CacheEntry>(&store, &stream)
+                        .await
+                        .map_err(CommandError::into_other)?;
+                    let command = match c.state.live() {
+                        Some((existing, _)) if *existing == entry => {
+                            return Ok(vec![]);
+                        }
+                        Some((_, generation)) if forced || repair == Some(generation) => {
+                            cache_entry::Command::Replace {
+                                entry,
+                                expected_generation: generation,
+                                now,
+                            }
+                        }
+                        _ => cache_entry::Command::Publish { entry, now },
+                    };
+                    let events = cache_entry::decide(&c.state, &command)
+                        .map_err(|e| CommandError::Rejected(e.into()))?;
+                    Ok(vec![
+                        StreamWrite::new(bstream.clone(), b.expected(), Vec::new()),
+                        StreamWrite::new(
+                            stream.clone(),
+                            c.expected(),
+                            ctx.encode(&stream, &events)?,
+                        ),
+                    ])
+                }
+            })
+        };
+        let outcome = retrying_when(
+            "writing a cache entry",
+            attempt.build,
+            attempt.lease,
+            CommandError::is_unavailable,
+            write_once,
+        )
         .await;
         let tag = step.map(|s| s.to_string());
         let what = match step {

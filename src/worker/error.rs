@@ -27,7 +27,9 @@ pub enum WorkerError {
     Unavailable(String),
     #[error("event store: {0}")]
     Store(String),
-    #[error("attempt {epoch} of build {build} is closed ({reason}); stopping without further writes")]
+    #[error(
+        "attempt {epoch} of build {build} is closed ({reason}); stopping without further writes"
+    )]
     Fenced {
         build: BuildId,
         epoch: Epoch,
@@ -36,7 +38,10 @@ pub enum WorkerError {
     /// The build's template was deleted; the build was ended in `error` saying so (by this
     /// write or an earlier one).
     #[error("template {template} of build {build} was deleted; the build ended in error")]
-    TemplateDeleted { build: BuildId, template: TemplateId },
+    TemplateDeleted {
+        build: BuildId,
+        template: TemplateId,
+    },
     #[error(transparent)]
     Sandbox(#[from] VmmError),
     #[error("build {build}: {message}")]
@@ -55,7 +60,9 @@ pub enum WorkerError {
 pub enum Fence {
     #[error(transparent)]
     Refused(build::Error),
-    #[error("the attempt was stopped on this node: its lease was lost or the node is shutting down")]
+    #[error(
+        "the attempt was stopped on this node: its lease was lost or the node is shutting down"
+    )]
     Stopped,
 }
 

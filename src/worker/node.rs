@@ -181,7 +181,9 @@ impl Worker {
             })
             .await?
             .state;
-        let now = attempt.retrying("reading the clock", || attempt.now()).await?;
+        let now = attempt
+            .retrying("reading the clock", || attempt.now())
+            .await?;
         build::check_open_attempt(&state, attempt.epoch, now).map_err(|e| WorkerError::Fenced {
             build: attempt.build,
             epoch: attempt.epoch,

@@ -228,7 +228,8 @@ impl PromotionDriver<'_> {
             template_stream(template),
             build_stream(&build),
         );
-        let (store, ctx, pstream, tstream, bstream) = (self.store, &ctx, &pstream, &tstream, &bstream);
+        let (store, ctx, pstream, tstream, bstream) =
+            (self.store, &ctx, &pstream, &tstream, &bstream);
         let outcome = execute_writes(store, MAX_ROUNDS, move || async move {
             let now = database_now(store.pool()).await?;
             let t = load::<Template>(store, tstream)
@@ -242,12 +243,20 @@ impl PromotionDriver<'_> {
             let p = load::<Promotion>(store, pstream)
                 .await
                 .map_err(CommandError::into_other)?;
-            let p_events =
-                promotion::decide(&p.state, &promotion::Command::Abandon { now }).map_err(refused)?;
+            let p_events = promotion::decide(&p.state, &promotion::Command::Abandon { now })
+                .map_err(refused)?;
             Ok(vec![
                 StreamWrite::guard(tstream.clone(), t.expected()),
-                StreamWrite::new(bstream.clone(), b.expected(), ctx.encode(bstream, &b_events)?),
-                StreamWrite::new(pstream.clone(), p.expected(), ctx.encode(pstream, &p_events)?),
+                StreamWrite::new(
+                    bstream.clone(),
+                    b.expected(),
+                    ctx.encode(bstream, &b_events)?,
+                ),
+                StreamWrite::new(
+                    pstream.clone(),
+                    p.expected(),
+                    ctx.encode(pstream, &p_events)?,
+                ),
             ])
         })
         .await

@@ -76,7 +76,9 @@ pub async fn publish(
     // One command id across the retries: a try whose reply was lost is recognised.
     let ctx = attempt.context();
     attempt
-        .retrying("entering publishing", || begin_publishing(attempt, &ctx, &plan))
+        .retrying("entering publishing", || {
+            begin_publishing(attempt, &ctx, &plan)
+        })
         .await?;
     crate::fault::crash_point("worker:after-publishing");
     log.info(None, "Template created");

@@ -22,18 +22,34 @@ pub async fn retrying<T, F, Fut>(
     what: &str,
     build: BuildId,
     budget: Duration,
-    mut op: F,
+    op: F,
 ) -> Result<T, WorkerError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, WorkerError>>,
+{
+    retrying_when(what, build, budget, WorkerError::is_unavailable, op).await
+}
+
+/// [`retrying`] for any error type, with `unavailable` telling which errors are the store's.
+pub async fn retrying_when<T, E, F, Fut>(
+    what: &str,
+    build: BuildId,
+    budget: Duration,
+    unavailable: impl Fn(&E) -> bool,
+    mut op: F,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
 {
     let started = Instant::now();
     let mut delay = FIRST_DELAY;
     let mut tries = 1u32;
     loop {
         match op().await {
-            Err(e) if e.is_unavailable() && started.elapsed() + delay < budget => {
+            Err(e) if unavailable(&e) && started.elapsed() + delay < budget => {
                 tracing::error!(
                     %build, what, tries, error = %e, retry_in_ms = delay.as_millis() as u64,
                     "the store is unavailable; retrying within the lease"
@@ -42,8 +58,8 @@ where
                 delay = (delay * 2).min(MAX_DELAY);
                 tries += 1;
             }
-            Err(e) if e.is_unavailable() => {
-                tracing::error!(%build, what, tries, error = %e, "the store stayed unavailable for the whole lease; giving the attempt up");
+            Err(e) if unavailable(&e) => {
+                tracing::error!(%build, what, tries, error = %e, "the store stayed unavailable for the whole lease; giving up");
                 return Err(e);
             }
             other => return other,

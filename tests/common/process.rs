@@ -67,8 +67,8 @@ impl Proc {
     pub async fn wait_stopped(&mut self, limit: Duration) {
         let start = Instant::now();
         loop {
-            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
-                .unwrap_or_default();
+            let stat =
+                std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
             // The state follows the parenthesised command name.
             let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
             if state == Some(Some('T')) {

@@ -131,8 +131,8 @@ impl Fixture {
             name,
             template_lookup::Checkpoint::Result,
         )
-            .await
-            .unwrap()
+        .await
+        .unwrap()
     }
 }
 

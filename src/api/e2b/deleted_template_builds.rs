@@ -51,7 +51,9 @@ pub(crate) async fn end_builds(
             )),
             // Only a build of another template could be refused here (the read model names the
             // template), and then it is not this deletion's to end.
-            Err(e) => tracing::warn!(%build, template = %template_id, error = %e, "not ending a build listed for a deleted template"),
+            Err(e) => {
+                tracing::warn!(%build, template = %template_id, error = %e, "not ending a build listed for a deleted template")
+            }
         }
     }
     Ok(writes)

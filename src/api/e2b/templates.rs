@@ -181,8 +181,7 @@ pub async fn delete_template(
         )];
         let deleted = events.iter().fold(tpl.state.clone(), template::evolve);
         writes.extend(
-            super::deleted_template_builds::end_builds(&st.events, ctx, tid, &deleted, now)
-                .await?,
+            super::deleted_template_builds::end_builds(&st.events, ctx, tid, &deleted, now).await?,
         );
         for name in &tpl.state.names {
             let n_stream = template_name_stream(team_id, name);

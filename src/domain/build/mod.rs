@@ -43,7 +43,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 pub use decide::{
-    check_open_attempt, check_publishing, check_ready, decide, AttemptGrant, Command, Error};
+    check_open_attempt, check_publishing, check_ready, decide, AttemptGrant, Command, Error,
+};
 pub use template_deleted::end_for_deleted_template;
 
 use super::build_spec::{Resources, Tag, TemplateBuildStartV2};

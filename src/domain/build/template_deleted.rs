@@ -117,7 +117,11 @@ mod tests {
                 Phase::Error { epoch: e, reason } => {
                     assert_eq!(*e, epoch);
                     assert_eq!(reason.kind, FailureKind::TemplateDeleted);
-                    assert!(reason.message.contains("tpl-one was deleted"), "{}", reason.message);
+                    assert!(
+                        reason.message.contains("tpl-one was deleted"),
+                        "{}",
+                        reason.message
+                    );
                 }
                 other => panic!("{other:?}"),
             }
@@ -125,7 +129,10 @@ mod tests {
             // The attempt is fenced: nothing of its epoch is accepted any more.
             assert!(crate::domain::build::check_open_attempt(&after, Epoch(2), t(3)).is_err());
             // And ending it again is nothing to do.
-            assert_eq!(end_for_deleted_template(&after, &deleted(), t(4)), Ok(vec![]));
+            assert_eq!(
+                end_for_deleted_template(&after, &deleted(), t(4)),
+                Ok(vec![])
+            );
         }
     }
 
@@ -138,6 +145,9 @@ mod tests {
                 ready_at: t(5),
             },
         );
-        assert_eq!(end_for_deleted_template(&ready, &deleted(), t(6)), Ok(vec![]));
+        assert_eq!(
+            end_for_deleted_template(&ready, &deleted(), t(6)),
+            Ok(vec![])
+        );
     }
 }
