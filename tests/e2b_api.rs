@@ -503,3 +503,158 @@ async fn a_revoked_key_is_refused_and_the_teams_other_keys_still_work() {
     let wrong = strata(&["keys", "revoke", "--team", "other", key_id]);
     assert!(!wrong.status.success());
 }
+
+/// Points `tags` of `template` at its latest build, as promotion does when a build becomes
+/// Ready (no worker runs in this file), through the template's own command.
+async fn assign_tags_directly(api: &common::api::TestApi, template: &str, build: &str, tags: &[&str]) {
+    use strata::domain::build_spec::Tag;
+    use strata::domain::ids::{BuildId, TemplateId};
+    use strata::domain::template::Command;
+    use strata::events::{execute, Actor, ActorRole, CommandContext, Metadata};
+    use strata::streams::{template_stream, Template};
+    execute::<Template>(
+        &api.state.events,
+        &template_stream(&TemplateId::parse(template).unwrap()),
+        &Command::AssignTags {
+            build: BuildId::parse(build).unwrap(),
+            tags: tags.iter().map(|t| Tag::parse(t).unwrap()).collect(),
+            now: chrono::Utc::now(),
+        },
+        &CommandContext::new(Metadata::new(Actor::new(ActorRole::Api, "test"))),
+    )
+    .await
+    .unwrap();
+}
+
+/// Issue 9, item 1: `templatename-{team}-{name}` made team `acme-corp`'s `x` and team `acme`'s
+/// `corp-x` one stream. Team `acme` then saw acme-corp's template id through the alias check,
+/// could not register `corp-x` (squatted, and the 400 "belongs to another team" told it the
+/// name existed elsewhere), and in the other order squatted acme-corp's `x`.
+#[tokio::test]
+async fn names_of_teams_with_dashes_do_not_collide() {
+    let (db, _data, api) = setup(&[]).await;
+    let acme = client(&api, key_for(&db, "acme").await);
+    let acme_corp = client(&api, key_for(&db, "acme-corp").await);
+
+    let (corp_x, _) = acme_corp.register("x").await;
+    let (status, body) = acme
+        .call(reqwest::Method::GET, "/templates/aliases/corp-x", None)
+        .await;
+    assert_eq!(status, 404, "acme must not see acme-corp's template: {body}");
+    assert!(!body.to_string().contains(&corp_x), "{body}");
+
+    // Registering the name answers exactly as for a name nobody has: no oracle, no squatting.
+    let (acme_corp_x, _) = acme.register("corp-x").await;
+    assert_ne!(acme_corp_x, corp_x);
+    let (status, body) = acme
+        .call(reqwest::Method::GET, "/templates/aliases/corp-x", None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["templateID"], acme_corp_x.as_str());
+    let (status, body) = acme_corp
+        .call(reqwest::Method::GET, "/templates/aliases/x", None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["templateID"], corp_x.as_str());
+
+    // The other order: acme takes `corp-y` first; acme-corp's `y` is still its own.
+    let (acme_corp_y, _) = acme.register("corp-y").await;
+    let (corp_y, _) = acme_corp.register("y").await;
+    assert_ne!(corp_y, acme_corp_y);
+
+    // The name paths of GET and DELETE resolve in the caller's team only.
+    let (status, body) = acme
+        .call(reqwest::Method::GET, "/templates/x", None)
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = acme
+        .call(reqwest::Method::DELETE, &format!("/templates/{corp_x}"), None)
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = acme_corp
+        .call(reqwest::Method::GET, "/templates/x", None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["templateID"], corp_x.as_str());
+}
+
+/// Issue 9, item 1: `DELETE /templates/tags` resolved the name through the shared stream and
+/// removed tags of the other team's template without checking its owner.
+#[tokio::test]
+async fn another_teams_tags_cannot_be_removed_or_moved() {
+    let (db, _data, api) = setup(&[]).await;
+    let acme = client(&api, key_for(&db, "acme").await);
+    let acme_corp = client(&api, key_for(&db, "acme-corp").await);
+    let (corp_x, build) = acme_corp.register("x").await;
+    assign_tags_directly(&api, &corp_x, &build, &["default", "v1"]).await;
+
+    let (status, body) = acme
+        .call(
+            reqwest::Method::DELETE,
+            "/templates/tags",
+            Some(json!({"name": "corp-x", "tags": ["v1"]})),
+        )
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = acme
+        .call(
+            reqwest::Method::POST,
+            "/templates/tags",
+            Some(json!({"target": "corp-x:default", "tags": ["mine"]})),
+        )
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, tags) = acme_corp
+        .call(reqwest::Method::GET, &format!("/templates/{corp_x}/tags"), None)
+        .await;
+    assert_eq!(status, 200, "{tags}");
+    let names: Vec<&str> = tags
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tag"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["default", "v1"], "acme-corp's tags are untouched");
+}
+
+/// Issue 9, item 5: a `DELETE` retried after its reply was lost must succeed, not 404. The lost
+/// reply is the first request's; the retry is the same request again.
+#[tokio::test]
+async fn retried_deletes_succeed() {
+    let (db, _data, api) = setup(&[]).await;
+    let a = client(&api, key_for(&db, "team-a").await);
+    let b = client(&api, key_for(&db, "team-b").await);
+    let (template, build) = a.register("web").await;
+    assign_tags_directly(&api, &template, &build, &["v1"]).await;
+
+    let remove = json!({"name": "web", "tags": ["v1"]});
+    for _ in 0..2 {
+        let (status, body) = a
+            .call(reqwest::Method::DELETE, "/templates/tags", Some(remove.clone()))
+            .await;
+        assert_eq!(status, 204, "{body}");
+    }
+    let (status, body) = a
+        .call(
+            reqwest::Method::DELETE,
+            "/templates/tags",
+            Some(json!({"name": "web", "tags": ["never-assigned"]})),
+        )
+        .await;
+    assert_eq!(status, 404, "a tag the template never had is still unknown: {body}");
+
+    // Another team's delete of it is 404, before and after.
+    let path = format!("/templates/{template}");
+    assert_eq!(b.call(reqwest::Method::DELETE, &path, None).await.0, 404);
+    for _ in 0..2 {
+        let (status, body) = a.call(reqwest::Method::DELETE, &path, None).await;
+        assert_eq!(status, 204, "{body}");
+    }
+    assert_eq!(b.call(reqwest::Method::DELETE, &path, None).await.0, 404);
+    let (status, body) = a.call(reqwest::Method::GET, &path, None).await;
+    assert_eq!(status, 404, "a deleted template is gone: {body}");
+    let (status, _) = a
+        .call(reqwest::Method::DELETE, "/templates/never-existed", None)
+        .await;
+    assert_eq!(status, 404);
+}

@@ -53,7 +53,7 @@ impl Fixture {
 
     /// Every cache entry of the fixture's team, by key.
     async fn entries(&self) -> BTreeMap<CacheKey, cache_entry::State> {
-        let prefix = format!("cachekey-{}-", self.api.team);
+        let prefix = format!("cachekey-{}:", self.api.team);
         let streams: Vec<String> =
             sqlx::query_scalar("SELECT stream_id FROM streams WHERE stream_id LIKE $1 || '%'")
                 .bind(&prefix)

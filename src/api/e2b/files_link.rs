@@ -98,7 +98,7 @@ async fn reserve(state: &AppState, command: &ReserveUpload) -> Result<LinkRespon
     .await
 }
 
-/// Loads a build and the `files-{scope}-{hash}` stream of its scope, runs `decide` over both,
+/// Loads a build and the `files-{scope}:{hash}` stream of its scope, runs `decide` over both,
 /// and appends the decision's events to both streams at the versions read, in one transaction
 /// (deciding again on a version conflict). The upload link and the upload completion are both
 /// this shape.
