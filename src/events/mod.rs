@@ -16,6 +16,7 @@ mod append;
 pub mod command;
 mod domain_event;
 mod error;
+mod fault;
 mod expected_version;
 mod feed;
 mod inline;
