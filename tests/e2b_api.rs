@@ -658,3 +658,40 @@ async fn retried_deletes_succeed() {
         .await;
     assert_eq!(status, 404);
 }
+
+/// Issue 9, item 8: the API judged upload-link expiry and the waiting deadline by its local
+/// clock, the reconcilers by the database's. The local clock is skewed with
+/// `strata::clock::skew_local_clock`, a fault hook that shifts it for this whole process (nextest
+/// runs each test in its own process); it stands for a second API node whose clock drifted
+/// between issuing the link and taking the upload.
+#[tokio::test]
+async fn a_skewed_local_clock_does_not_change_expiry_decisions() {
+    let (db, data, api) = setup(&[]).await;
+    let a = client(&api, key_for(&db, "team-a").await);
+
+    // Ahead: the local clock says the link and the waiting deadline have passed; they have not.
+    let (template, build) = a.register("clock-ahead").await;
+    let (_, url) = a.link(&template, HASH_A).await;
+    strata::clock::skew_local_clock(chrono::Duration::hours(3));
+    let (status, body) = a.put(&url, tar_gz(&[("app/x", b"x")])).await;
+    assert_eq!(status, 200, "a live link is accepted: {body}");
+    let (status, body) = a.start(&template, &build, HASH_A).await;
+    assert_eq!(status, 202, "a build inside its waiting deadline starts: {body}");
+
+    // Behind: the link has expired by the database's clock; the local clock says it has not.
+    strata::clock::skew_local_clock(chrono::Duration::zero());
+    let short = common::api::serve(
+        db.pool.clone(),
+        data.path(),
+        None,
+        &["--upload-url-ttl-secs", "1"],
+    )
+    .await;
+    let b = client(&short, a.key.clone());
+    let (template, _) = b.register("clock-behind").await;
+    let (_, url) = b.link(&template, HASH_B).await;
+    strata::clock::skew_local_clock(-chrono::Duration::hours(3));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (status, body) = b.put(&url, tar_gz(&[("app/y", b"y")])).await;
+    assert_eq!(status, 403, "an expired link is refused: {body}");
+}

@@ -49,7 +49,7 @@ pub async fn upload_link(
     check_team_template(&state, &team.0, &template_id).await?;
     let build = waiting_build(&state, &template_id).await?;
 
-    let now = Utc::now();
+    let now = crate::streams::database_now(&state.pool).await?;
     let url_expires_at = now + state.protocol.upload_url_ttl;
     let command = ReserveUpload {
         build,

@@ -189,7 +189,7 @@ async fn pump(mut reader: impl AsyncRead + Unpin, stream: OutputStream, sink: Ou
     let send = |bytes: &[u8]| {
         let _ = sink.send(OutputLine {
             stream,
-            at: chrono::Utc::now(),
+            at: crate::clock::local_now(),
             line: String::from_utf8_lossy(bytes).into_owned(),
         });
     };
