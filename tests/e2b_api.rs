@@ -506,7 +506,12 @@ async fn a_revoked_key_is_refused_and_the_teams_other_keys_still_work() {
 
 /// Points `tags` of `template` at its latest build, as promotion does when a build becomes
 /// Ready (no worker runs in this file), through the template's own command.
-async fn assign_tags_directly(api: &common::api::TestApi, template: &str, build: &str, tags: &[&str]) {
+async fn assign_tags_directly(
+    api: &common::api::TestApi,
+    template: &str,
+    build: &str,
+    tags: &[&str],
+) {
     use strata::domain::build_spec::Tag;
     use strata::domain::ids::{BuildId, TemplateId};
     use strata::domain::template::Command;
@@ -540,7 +545,10 @@ async fn names_of_teams_with_dashes_do_not_collide() {
     let (status, body) = acme
         .call(reqwest::Method::GET, "/templates/aliases/corp-x", None)
         .await;
-    assert_eq!(status, 404, "acme must not see acme-corp's template: {body}");
+    assert_eq!(
+        status, 404,
+        "acme must not see acme-corp's template: {body}"
+    );
     assert!(!body.to_string().contains(&corp_x), "{body}");
 
     // Registering the name answers exactly as for a name nobody has: no oracle, no squatting.
@@ -563,12 +571,14 @@ async fn names_of_teams_with_dashes_do_not_collide() {
     assert_ne!(corp_y, acme_corp_y);
 
     // The name paths of GET and DELETE resolve in the caller's team only.
-    let (status, body) = acme
-        .call(reqwest::Method::GET, "/templates/x", None)
-        .await;
+    let (status, body) = acme.call(reqwest::Method::GET, "/templates/x", None).await;
     assert_eq!(status, 404, "{body}");
     let (status, body) = acme
-        .call(reqwest::Method::DELETE, &format!("/templates/{corp_x}"), None)
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/templates/{corp_x}"),
+            None,
+        )
         .await;
     assert_eq!(status, 404, "{body}");
     let (status, body) = acme_corp
@@ -605,7 +615,11 @@ async fn another_teams_tags_cannot_be_removed_or_moved() {
         .await;
     assert_eq!(status, 404, "{body}");
     let (status, tags) = acme_corp
-        .call(reqwest::Method::GET, &format!("/templates/{corp_x}/tags"), None)
+        .call(
+            reqwest::Method::GET,
+            &format!("/templates/{corp_x}/tags"),
+            None,
+        )
         .await;
     assert_eq!(status, 200, "{tags}");
     let names: Vec<&str> = tags
@@ -630,7 +644,11 @@ async fn retried_deletes_succeed() {
     let remove = json!({"name": "web", "tags": ["v1"]});
     for _ in 0..2 {
         let (status, body) = a
-            .call(reqwest::Method::DELETE, "/templates/tags", Some(remove.clone()))
+            .call(
+                reqwest::Method::DELETE,
+                "/templates/tags",
+                Some(remove.clone()),
+            )
             .await;
         assert_eq!(status, 204, "{body}");
     }
@@ -641,7 +659,10 @@ async fn retried_deletes_succeed() {
             Some(json!({"name": "web", "tags": ["never-assigned"]})),
         )
         .await;
-    assert_eq!(status, 404, "a tag the template never had is still unknown: {body}");
+    assert_eq!(
+        status, 404,
+        "a tag the template never had is still unknown: {body}"
+    );
 
     // Another team's delete of it is 404, before and after.
     let path = format!("/templates/{template}");
@@ -676,7 +697,10 @@ async fn a_skewed_local_clock_does_not_change_expiry_decisions() {
     let (status, body) = a.put(&url, tar_gz(&[("app/x", b"x")])).await;
     assert_eq!(status, 200, "a live link is accepted: {body}");
     let (status, body) = a.start(&template, &build, HASH_A).await;
-    assert_eq!(status, 202, "a build inside its waiting deadline starts: {body}");
+    assert_eq!(
+        status, 202,
+        "a build inside its waiting deadline starts: {body}"
+    );
 
     // Behind: the link has expired by the database's clock; the local clock says it has not.
     strata::clock::skew_local_clock(chrono::Duration::zero());

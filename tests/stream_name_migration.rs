@@ -71,9 +71,18 @@ async fn old_stream_names_are_moved_to_the_unambiguous_encoding() {
     let hash = "91fcd38c8d8bb7ffb7b2ae7d3c741880d0183bf2f36d1f60c727fedc44066c93";
     let build = "f161152a-580a-4ee8-9038-73dd65665234";
     let others = [
-        (format!("files-acme-corp-{hash}"), format!("files-acme-corp:{hash}")),
-        (format!("cachekey-acme-{hash}"), format!("cachekey-acme:{hash}")),
-        (format!("promotion-{build}-12"), format!("promotion-{build}:12")),
+        (
+            format!("files-acme-corp-{hash}"),
+            format!("files-acme-corp:{hash}"),
+        ),
+        (
+            format!("cachekey-acme-{hash}"),
+            format!("cachekey-acme:{hash}"),
+        ),
+        (
+            format!("promotion-{build}-12"),
+            format!("promotion-{build}:12"),
+        ),
     ];
     for (old, _) in &others {
         append_old(&store, old, &[registered("acme", "filler")]).await;
@@ -93,7 +102,10 @@ async fn old_stream_names_are_moved_to_the_unambiguous_encoding() {
             .fetch_all(&db.pool)
             .await
             .unwrap();
-    assert_eq!(before, after, "events keep their positions, ids and payloads");
+    assert_eq!(
+        before, after,
+        "events keep their positions, ids and payloads"
+    );
 
     let corp = load::<TemplateName>(
         &store,

@@ -20,9 +20,11 @@ impl Faults {
     /// The error to answer instead of the outcome, if a fault is armed for one of `writes`.
     pub(crate) fn lost_reply(&self, writes: &[StreamWrite]) -> Option<AppendError> {
         let mut armed = self.lose_reply.lock().expect("not poisoned");
-        let hit = armed
-            .iter()
-            .position(|c| writes.iter().any(|w| !w.is_guard() && w.stream.category() == c))?;
+        let hit = armed.iter().position(|c| {
+            writes
+                .iter()
+                .any(|w| !w.is_guard() && w.stream.category() == c)
+        })?;
         armed.remove(hit);
         Some(AppendError::Database(sqlx::Error::Io(std::io::Error::new(
             std::io::ErrorKind::ConnectionReset,

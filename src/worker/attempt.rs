@@ -128,13 +128,15 @@ where
     loop {
         tries += 1;
         let outcome = op().await;
-        let retryable = match &outcome {
-            Err(WorkerError::Database(_)) => true,
-            Ok(Err(CommandError::Append(AppendError::Database(_))))
-            | Ok(Err(CommandError::Append(AppendError::SerializationRetriesExhausted { .. })))
-            | Ok(Err(CommandError::Read(ReadError::Database(_)))) => true,
-            _ => false,
-        };
+        let retryable = matches!(
+            &outcome,
+            Err(WorkerError::Database(_))
+                | Ok(Err(CommandError::Append(AppendError::Database(_))))
+                | Ok(Err(CommandError::Append(
+                    AppendError::SerializationRetriesExhausted { .. }
+                )))
+                | Ok(Err(CommandError::Read(ReadError::Database(_))))
+        );
         if !retryable || tries >= STORE_TRIES {
             return outcome;
         }

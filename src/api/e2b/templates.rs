@@ -9,9 +9,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::auth::Team;
-use super::{
-    api_metadata, check_team_template, command_error, load_team_template,
-};
+use super::{api_metadata, check_team_template, command_error, load_team_template};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::domain::build_spec::parse_name_and_tag;
@@ -19,9 +17,7 @@ use crate::domain::ids::{TeamId, TemplateId};
 use crate::domain::template::{self, NameEvent};
 use crate::events::command::{execute_writes, load, CommandContext};
 use crate::events::{CommandError, StreamWrite};
-use crate::streams::{
-    database_now, template_name_stream, template_stream, Template, TemplateName,
-};
+use crate::streams::{database_now, template_name_stream, template_stream, Template, TemplateName};
 
 /// Whether `template_id` is `team`'s template and deleted (read from the exact `templates` read
 /// model); another team's template is `false`, exactly like a missing one.
@@ -30,13 +26,12 @@ async fn team_template_deleted(
     team: &TeamId,
     template_id: &TemplateId,
 ) -> Result<bool, ApiError> {
-    let deleted: Option<bool> = sqlx::query_scalar(
-        "SELECT deleted FROM templates WHERE template_id = $1 AND team_id = $2",
-    )
-    .bind(template_id.as_str())
-    .bind(team.as_str())
-    .fetch_optional(&state.pool)
-    .await?;
+    let deleted: Option<bool> =
+        sqlx::query_scalar("SELECT deleted FROM templates WHERE template_id = $1 AND team_id = $2")
+            .bind(template_id.as_str())
+            .bind(team.as_str())
+            .fetch_optional(&state.pool)
+            .await?;
     Ok(deleted == Some(true))
 }
 
