@@ -67,18 +67,20 @@ pub async fn acquire(
     .await?;
     match executed {
         Ok(done) => match done.state.phase {
+            // Appended now: the state after our event is ours. Replayed: only the epoch this
+            // command opened is ours (the id names it).
             build::Phase::Active {
                 epoch: held,
                 node: ref n,
                 ..
-            } if n.as_str() == node && held == epoch => {
+            } if n.as_str() == node && (!done.replay || held == epoch) => {
                 if done.replay {
-                    tracing::info!(%build, %epoch, "acquire replayed after a lost reply; keeping the claim");
+                    tracing::info!(%build, epoch = %held, "acquire replayed after a lost reply; keeping the claim");
                 }
                 Ok(Some(Attempt {
                     store: store.clone(),
                     build,
-                    epoch,
+                    epoch: held,
                     node: node.to_owned(),
                 }))
             }
