@@ -172,22 +172,28 @@ impl Attempt {
     }
 
     /// The context of a command with a derived id (see [`command_id`]): step completion is
-    /// named by its epoch and step, so any retry of it is a replay.
+    /// named by its epoch, step and outcome, so any retry of it is a replay.
     fn context_for(&self, command: &build::Command) -> CommandContext {
         match command {
-            build::Command::RecordStepProgress { epoch, step, .. } if *epoch == self.epoch => {
-                self.step_context(*step)
-            }
+            build::Command::RecordStepProgress {
+                epoch,
+                step,
+                outcome,
+                ..
+            } if *epoch == self.epoch => self.step_context(*step, outcome),
             _ => self.context(),
         }
     }
 
-    /// The context of completing `step` in this attempt.
-    fn step_context(&self, step: u32) -> CommandContext {
+    /// The context of recording `outcome` for `step` in this attempt. The outcome is part of
+    /// the id, so a different outcome for the same step is a new command (which the domain
+    /// refuses as a conflict), never mistaken for a replay.
+    fn step_context(&self, step: u32, outcome: &StepOutcome) -> CommandContext {
+        let outcome = serde_json::to_string(outcome).expect("a step outcome serializes");
         CommandContext::with_id(
             command_id(
                 self.build,
-                &["step", &self.epoch.to_string(), &step.to_string()],
+                &["step", &self.epoch.to_string(), &step.to_string(), &outcome],
             ),
             self.metadata(),
         )
@@ -266,7 +272,7 @@ impl Attempt {
     ) -> Result<(), WorkerError> {
         // Named by its step, like [`Self::command`]'s step completion: a retry is a replay.
         let ctx = match step {
-            Some(step) => self.step_context(step),
+            Some(step) => self.step_context(step, &StepOutcome::Checkpointed { snapshot: id }),
             None => self.context(),
         };
         let result = retry_store_errors(self.build, "recording a snapshot", || async {
