@@ -256,8 +256,9 @@ impl LayerCache {
                 digest.hex(),
                 uuid::Uuid::new_v4().simple()
             ));
-            fs::rename(&dest, &aside)
-                .map_err(VmmError::io(format!("moving aside incomplete layer {digest}")))?;
+            fs::rename(&dest, &aside).map_err(VmmError::io(format!(
+                "moving aside incomplete layer {digest}"
+            )))?;
             tracing::warn!(%digest, "an extracted layer was never marked complete (a crash during extraction?); extracted it again");
             torn = Some(aside);
         }
@@ -356,16 +357,21 @@ mod tests {
         // place, a file in it empty, no completion mark.
         fs::write(tree.join("a/b/file"), b"").unwrap();
         fs::remove_file(tree.join("z")).unwrap();
-        fs::remove_file(store_dir.path().join("layers").join(format!(
-            "{}.complete",
-            layer.digest.hex()
-        )))
+        fs::remove_file(
+            store_dir
+                .path()
+                .join("layers")
+                .join(format!("{}.complete", layer.digest.hex())),
+        )
         .unwrap();
         let again = cache.ensure(&blobs, &layer.digest).unwrap();
         assert_eq!(again, tree);
         assert_eq!(fs::read(tree.join("a/b/file")).unwrap(), b"content");
         assert_eq!(fs::read(tree.join("z")).unwrap(), b"z");
-        assert_eq!(fs::read_link(tree.join("link")).unwrap(), Path::new("a/b/file"));
+        assert_eq!(
+            fs::read_link(tree.join("link")).unwrap(),
+            Path::new("a/b/file")
+        );
         // Nothing is left beside it but the tree, its mark and the lock.
         let mut names: Vec<String> = fs::read_dir(store_dir.path().join("layers"))
             .unwrap()
