@@ -412,9 +412,8 @@ async fn a_re_upload_of_the_same_bytes_repairs_a_torn_blob() {
     let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&archive));
     let blob = data.path().join("blobs/sha256").join(&digest);
     let intact = || {
-        std::fs::read(&blob).is_ok_and(|b| {
-            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&b)) == digest
-        })
+        std::fs::read(&blob)
+            .is_ok_and(|b| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&b)) == digest)
     };
     for (team, tear) in [("acme", "truncated"), ("globex", "bit-flipped")] {
         let c = client(&api, key_for(&db, team).await);

@@ -182,9 +182,8 @@ async fn a_checkpoint_of_the_same_content_repairs_a_torn_blob() {
     let base = busybox(&backend).await;
     let nonce = uuid::Uuid::new_v4();
     // Fixed mtimes, so two sandboxes seal byte-identical layers.
-    let write = format!(
-        "mkdir /torn && echo {nonce} > /torn/f && touch -t 202301010000 /torn/f /torn"
-    );
+    let write =
+        format!("mkdir /torn && echo {nonce} > /torn/f && touch -t 202301010000 /torn/f /torn");
     let mut digest = None;
     for tear in ["first checkpoint", "truncated", "bit-flipped"] {
         if let Some(d) = &digest {

@@ -513,7 +513,11 @@ async fn a_torn_checkpoint_blob_is_unapplied_and_the_build_succeeds() {
         .await;
     let lines = fx.messages(b2).await;
     assert_ready(&s2);
-    assert_eq!(executed_steps(&s2), [3, 4], "resumed from step 2: {lines:#?}");
+    assert_eq!(
+        executed_steps(&s2),
+        [3, 4],
+        "resumed from step 2: {lines:#?}"
+    );
     assert!(
         lines
             .iter()
