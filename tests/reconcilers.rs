@@ -617,6 +617,68 @@ async fn a_worker_killed_at_any_point_leaves_no_build_unfinished() {
     }
 }
 
+/// Two workers on one node, one on another data directory and one on the same: starting them
+/// sweeps nothing of a live worker's sandbox. Once that worker is killed, its sandbox dies with
+/// it, and the next start on its data directory removes what is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
+    let db = common::test_db().await;
+    let store = EventStore::new(db.pool.clone());
+    let api = new_api(&store);
+    let (_, build) = api.register("sweep").await;
+    api.start(build, recipe(vec![step("RUN", &["sleep 60"])]))
+        .await;
+    let mut first = Proc::worker(&db.url, "sweep-a", None);
+    wait_for("the build to run", Duration::from_secs(60), || {
+        let running = !first.running_sandboxes().is_empty();
+        async move { running }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let running = first.running_sandboxes();
+    assert_eq!(running.len(), 1, "{running:?}");
+    let id = running.into_iter().next().unwrap();
+    let alive = |what: &str| {
+        let left = leftovers_of(&node_dir(), &id);
+        assert!(
+            left.iter().any(|l| l.starts_with("directory "))
+                && left.iter().any(|l| l.contains("sleep 60")),
+            "{what}: the live worker's sandbox was swept: {left:#?}"
+        );
+    };
+    alive("before");
+
+    let elsewhere = common::data_dir();
+    let worker_env = [
+        ("STRATA_DATA_DIR", elsewhere.path().to_str().unwrap()),
+        ("STRATA_QUEUE_POLL_MS", "200"),
+    ];
+    let mut other_dir = Proc::spawn(&["worker"], &db.url, "sweep-b", &worker_env);
+    other_dir.wait_started().await;
+    let mut same_dir = Proc::worker(&db.url, "sweep-c", None);
+    same_dir.wait_started().await;
+    alive("after two more workers started");
+
+    first.signal(libc::SIGKILL);
+    let _ = first.child.wait();
+    wait_for(
+        "the killed worker's sandbox processes to exit",
+        Duration::from_secs(10),
+        || {
+            let procs = leftovers_of(&node_dir(), &id)
+                .iter()
+                .any(|l| l.starts_with("process "));
+            async move { !procs }
+        },
+    )
+    .await;
+    let mut next = Proc::worker(&db.url, "sweep-a", None);
+    next.wait_started().await;
+    let left = leftovers_of(&node_dir(), &id);
+    assert!(left.is_empty(), "{left:#?}");
+    drop((other_dir, same_dir, next));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fencing
 // ---------------------------------------------------------------------------------------------
