@@ -111,7 +111,8 @@ impl Proc {
         let mut ids = BTreeSet::new();
         let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid()));
         for task in tasks.into_iter().flatten().flatten() {
-            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
             for child in children.split_whitespace() {
                 ids.extend(sandbox_of_process(child));
             }
@@ -127,7 +128,10 @@ impl Proc {
             .flatten()
             .find_map(|e| {
                 let name = e.file_name().into_string().ok()?;
-                let owner = name.strip_prefix(".owner-")?.strip_suffix(".lock")?.to_owned();
+                let owner = name
+                    .strip_prefix(".owner-")?
+                    .strip_suffix(".lock")?
+                    .to_owned();
                 (std::fs::read_to_string(e.path()).ok()?.trim() == pid).then_some(owner)
             })
     }
@@ -155,7 +159,10 @@ fn sandbox_of_process(pid: &str) -> Option<String> {
 /// directory under `data_dir`, its cgroups, its mounts, its processes.
 fn leftovers_of(data_dir: &std::path::Path, prefix: &str) -> Vec<String> {
     let mut found = Vec::new();
-    for e in std::fs::read_dir(data_dir.join("sandboxes")).unwrap().flatten() {
+    for e in std::fs::read_dir(data_dir.join("sandboxes"))
+        .unwrap()
+        .flatten()
+    {
         let name = e.file_name().to_string_lossy().into_owned();
         if name.starts_with(prefix) {
             found.push(format!("directory {}", e.path().display()));

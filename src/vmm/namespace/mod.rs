@@ -13,8 +13,9 @@
 //! `id = sbx-<owner>-<random>` and the owner's lock `sandboxes/.owner-<owner>.lock`. The overlay
 //! is only ever mounted inside the sandbox's mount namespace, so nothing stays mounted on the
 //! host once its processes are gone; the processes die with the strata process that started
-//! them, and what is left on disk is swept by the next backend started on the data directory. A checkpoint stops the sandbox, seals `upper-N`, and
-//! boots it again on the longer stack with a fresh `upper-N+1`.
+//! them, and what is left on disk is swept by the next backend started on the data directory.
+//! A checkpoint stops the sandbox, seals `upper-N`, and boots it again on the longer stack with
+//! a fresh `upper-N+1`.
 
 pub mod agent;
 pub mod cgroup;
