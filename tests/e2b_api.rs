@@ -402,6 +402,39 @@ async fn concurrent_identical_uploads_store_the_content_once() {
     assert_eq!(stored.len(), 1, "one blob for one content");
 }
 
+/// A host crash can leave a blob torn under its digest name. An upload of the same bytes must
+/// replace it, not "succeed" against it (RFC: a digest-mismatched object is absent and
+/// repairable, never permanently present).
+#[tokio::test]
+async fn a_re_upload_of_the_same_bytes_repairs_a_torn_blob() {
+    let (db, data, api) = setup(&[]).await;
+    let archive = tar_gz(&[("app/big.bin", &vec![9u8; 300_000])]);
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&archive));
+    let blob = data.path().join("blobs/sha256").join(&digest);
+    let intact = || {
+        std::fs::read(&blob)
+            .is_ok_and(|b| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&b)) == digest)
+    };
+    for (team, tear) in [("acme", "truncated"), ("globex", "bit-flipped")] {
+        let c = client(&api, key_for(&db, team).await);
+        let (template, _) = c.register("torn").await;
+        let (_, url) = c.link(&template, HASH_A).await;
+        assert_eq!(c.put(&url, archive.clone()).await.0, 200);
+        assert!(intact());
+        let mut bytes = std::fs::read(&blob).unwrap();
+        match tear {
+            "truncated" => bytes.truncate(bytes.len() / 2),
+            _ => bytes[40] ^= 0x20,
+        }
+        std::fs::write(&blob, bytes).unwrap();
+        assert!(!intact());
+        // The SDK's retry: the same bytes on the same URL.
+        let (status, body) = c.put(&url, archive.clone()).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(intact(), "{tear}: the re-upload repaired the blob");
+    }
+}
+
 #[tokio::test]
 async fn status_pages_logs_by_offset_and_level() {
     let (db, _data, api) = setup(&[]).await;
