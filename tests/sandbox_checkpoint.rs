@@ -4,7 +4,7 @@
 mod common;
 
 use common::sandbox::*;
-use strata::vmm::{CopyRequest, Sandbox};
+use strata::vmm::{BlobStore, CopyRequest, Sandbox};
 
 /// A gzip COPY context like the SDK's: `ctx/` with a nested tree, a symlink and an executable.
 fn context_archive(dir: &std::path::Path) -> std::path::PathBuf {
@@ -172,4 +172,44 @@ async fn every_checkpoint_restores_the_live_filesystem() {
     assert_eq!(sb.layers().len(), base.len() + 5);
     sb.destroy().await.unwrap();
     assert_no_trace(&id);
+}
+
+/// A host crash can leave a checkpoint's blob torn under its digest name. Sealing the same
+/// content again must replace it, not keep the torn file because the name exists.
+#[tokio::test]
+async fn a_checkpoint_of_the_same_content_repairs_a_torn_blob() {
+    let backend = backend();
+    let base = busybox(&backend).await;
+    let nonce = uuid::Uuid::new_v4();
+    // Fixed mtimes, so two sandboxes seal byte-identical layers.
+    let write =
+        format!("mkdir /torn && echo {nonce} > /torn/f && touch -t 202301010000 /torn/f /torn");
+    let mut digest = None;
+    for tear in ["first checkpoint", "truncated", "bit-flipped"] {
+        if let Some(d) = &digest {
+            let path = backend.blobs().path_of(d);
+            let mut bytes = std::fs::read(&path).unwrap();
+            match tear {
+                "truncated" => bytes.truncate(bytes.len() / 2),
+                _ => bytes[600] ^= 0x04,
+            }
+            std::fs::write(&path, bytes).unwrap();
+            assert!(backend.blobs().verify(d).is_err(), "{tear}: torn");
+        }
+        let mut sb = boot(&backend, spec(base.clone())).await;
+        sh(&mut sb, &write).await;
+        let layer = sb.checkpoint().await.expect("checkpoint");
+        assert_eq!(
+            sh(&mut sb, "cat /torn/f").await,
+            format!("{nonce}\n"),
+            "{tear}"
+        );
+        sb.destroy().await.unwrap();
+        assert_eq!(*digest.get_or_insert(layer.digest.clone()), layer.digest);
+        assert_eq!(
+            backend.blobs().verify(&layer.digest).unwrap(),
+            layer.size,
+            "{tear}: the blob is whole again"
+        );
+    }
 }

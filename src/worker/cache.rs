@@ -5,7 +5,7 @@
 //! * [`Plan`]: the fingerprint, base identity and key chain, computed before any sandbox exists,
 //!   and where `force` starts.
 //! * [`lookup`]: the final key first, then checkpoints deepest first; each probe is validated
-//!   (kind, versions, lineage, target snapshot, layers in the blob store) and reported in the
+//!   (kind, versions, lineage, target snapshot, layers intact in the blob store) and reported in the
 //!   build log as `cache hit`, `cache miss` or `cache unapplied`. A read failure is transient: it
 //!   bypasses the cache for the build, which then neither reads nor writes it.
 //! * [`Writer`]: publishes checkpoint entries after their snapshot is recorded, and the final
@@ -344,7 +344,7 @@ async fn probe(
         }
         if let Some(missing) = missing_layer(blobs, &record.layers).await? {
             return Ok(Probe::Unapplied(format!(
-                "layer {missing} of snapshot {id} is not in the blob store"
+                "layer {missing} of snapshot {id} is missing from the blob store or does not match its digest"
             )));
         }
         first.get_or_insert(record);
@@ -379,7 +379,10 @@ async fn missing_layer(
     let (blobs, layers) = (blobs.clone(), layers.to_vec());
     tokio::task::spawn_blocking(move || {
         for layer in layers {
-            match blobs.size(&base::to_vmm(&layer)) {
+            // Verified, not only present: a layer torn by a crash must be a miss here, not a
+            // hit that then fails every build at `base`. A stat per layer once this process
+            // has verified it; a full hash the first time.
+            match blobs.intact_size(&base::to_vmm(&layer)) {
                 Ok(Some(_)) => {}
                 Ok(None) => return Ok(Some(layer)),
                 Err(e) => return Err(Transient(format!("reading the blob store: {e}"))),

@@ -199,7 +199,7 @@ def test_skip_cache_and_force_upload(strata, team, context_dir):
                 timeout=10,
             )
         )["streams"]
-        if s["stream_id"].startswith(f"files-{team_name}-")
+        if s["stream_id"].startswith(f"files-{team_name}:")
     ]
     assert len(files_streams) == 1, files_streams
     published = [e for e in admin_events(strata, files_streams[0]) if e["type"] == "GenerationPublished.v1"]
@@ -235,4 +235,4 @@ def test_two_teams_building_the_same_content_stay_isolated(strata, context_dir):
                 timeout=10,
             )
         )["streams"]
-        assert any(s["stream_id"].startswith(f"files-{name}-") for s in streams)
+        assert any(s["stream_id"].startswith(f"files-{name}:") for s in streams)
