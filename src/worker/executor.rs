@@ -694,7 +694,8 @@ impl Executor<'_> {
         .map_err(|e| format!("archive task: {e}"))?
     }
 
-    /// Seals the sandbox's changes as a layer (no step record).
+    /// Seals the sandbox's changes as a layer (no step record). A step that changed nothing
+    /// adds no layer: its checkpoint is its parent's stack (ADR 0012).
     async fn seal(&self, run: &mut Run, at: FailedStep) -> Result<(), Stop> {
         self.guarded(run.sandbox.checkpoint())
             .await?
