@@ -509,7 +509,8 @@ impl Executor<'_> {
         match step {
             Step::Env { vars, .. } => {
                 for (key, value) in vars {
-                    let evaluated = match self.eval_env(value, run).await {
+                    let user = run.context.user.clone();
+                    let evaluated = match self.eval_env(value, &user, run).await {
                         Ok(v) => v,
                         Err(EnvError::Stop(stop)) => return Err(stop),
                         Err(EnvError::Message(m)) => {
@@ -526,7 +527,23 @@ impl Executor<'_> {
                 }
             }
             Step::Workdir { path, .. } => {
-                let target = resolve_path(&run.context.workdir, path);
+                // As E2B: a relative path joins the current workdir, then the shell expands
+                // variables (`WORKDIR $APP`) as root with the build's environment (ADR 0012).
+                let joined = resolve_path(&run.context.workdir, path);
+                let target = if joined.contains('$') {
+                    match self.eval_env(&joined, "root", run).await {
+                        Ok(v) => resolve_path("/", &v),
+                        Err(EnvError::Stop(stop)) => return Err(stop),
+                        Err(EnvError::Message(m)) => {
+                            return Err(fail(
+                                at,
+                                format!("WORKDIR {path}: expanding {joined:?} failed: {m}"),
+                            ))
+                        }
+                    }
+                } else {
+                    joined
+                };
                 let request = ExecRequest::shell(shell::WORKDIR_SCRIPT)
                     .user("root")
                     .cwd("/")
@@ -621,12 +638,13 @@ impl Executor<'_> {
         Ok(())
     }
 
-    /// Evaluates one ENV value in the sandbox as the current user, in the current workdir, with
-    /// the environment so far (so `$HOME` is that user's home).
-    async fn eval_env(&self, value: &str, run: &mut Run) -> Result<String, EnvError> {
+    /// Evaluates one value (an ENV value, a WORKDIR path) in the sandbox as `user`, with the
+    /// environment so far (so `$HOME` is that user's home). Runs in `/`: the current workdir
+    /// may be gone.
+    async fn eval_env(&self, value: &str, user: &str, run: &mut Run) -> Result<String, EnvError> {
         let request = ExecRequest::shell(shell::env_eval_command(value))
-            .user(run.context.user.clone())
-            .cwd(run.context.workdir.clone());
+            .user(user.to_owned())
+            .cwd("/");
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let outcome = self
             .guarded(run.sandbox.exec(request, tx))
