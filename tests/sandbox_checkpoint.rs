@@ -210,7 +210,10 @@ async fn the_same_layer_twice_in_a_stack_boots() {
     sb.checkpoint().await.expect("checkpoint").expect("a layer");
     sh(&mut sb, write).await;
     let again = sb.checkpoint().await.expect("checkpoint").expect("a layer");
-    assert_eq!(first.digest, again.digest, "identical diffs give one digest");
+    assert_eq!(
+        first.digest, again.digest,
+        "identical diffs give one digest"
+    );
     assert_eq!(sh(&mut sb, "cat /same").await, "x\n");
     let mut fresh = boot(&backend, spec(sb.layers().to_vec())).await;
     assert_eq!(sh(&mut fresh, "cat /same").await, "x\n");

@@ -76,20 +76,32 @@ mod tests {
     #[test]
     fn either_command_alone_finalizes_with_e2b_defaults() {
         let both = effective(Some("serve"), Some("check"), None).unwrap();
-        assert_eq!((both.start_cmd.as_deref(), both.ready()), (Some("serve"), "check"));
+        assert_eq!(
+            (both.start_cmd.as_deref(), both.ready()),
+            (Some("serve"), "check")
+        );
         let start = effective(Some("serve"), None, None).unwrap();
-        assert_eq!((start.start_cmd.as_deref(), start.ready()), (Some("serve"), "sleep 20"));
+        assert_eq!(
+            (start.start_cmd.as_deref(), start.ready()),
+            (Some("serve"), "sleep 20")
+        );
         let ready = effective(None, Some("check"), None).unwrap();
         assert_eq!((ready.start_cmd.as_deref(), ready.ready()), (None, "check"));
         assert_eq!(effective(None, None, None), None);
         assert_eq!(effective(Some(""), Some(""), None), None);
-        assert_eq!(effective(Some(""), Some("check"), None), Some(cmds(None, Some("check"))));
+        assert_eq!(
+            effective(Some(""), Some("check"), None),
+            Some(cmds(None, Some("check")))
+        );
     }
 
     #[test]
     fn a_derived_build_keeps_its_parents_commands_unless_it_sets_its_own() {
         let parent = cmds(Some("serve"), Some("check"));
-        assert_eq!(effective(None, None, Some(parent.clone())), Some(parent.clone()));
+        assert_eq!(
+            effective(None, None, Some(parent.clone())),
+            Some(parent.clone())
+        );
         assert_eq!(
             effective(None, Some("mine"), Some(parent)),
             Some(cmds(None, Some("mine"))),

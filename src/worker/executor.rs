@@ -434,16 +434,14 @@ impl Executor<'_> {
         if let Some(commands) = &start {
             // A build's own commands run in its final context; inherited ones in the parent's
             // (E2B keeps the context with the commands).
-            let context = if StartCommands::of(
-                job.spec.start_cmd.as_deref(),
-                job.spec.ready_cmd.as_deref(),
-            )
-            .is_some()
-            {
-                run.context.clone()
-            } else {
-                base.context.clone()
-            };
+            let context =
+                if StartCommands::of(job.spec.start_cmd.as_deref(), job.spec.ready_cmd.as_deref())
+                    .is_some()
+                {
+                    run.context.clone()
+                } else {
+                    base.context.clone()
+                };
             self.finalize(commands, &context, run).await?;
             self.seal(run, FailedStep::Finalize).await?;
             build_base_layers = Some(before_finalize);

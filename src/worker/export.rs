@@ -57,7 +57,11 @@ pub fn write_oci_layout(
         "WorkingDir": runtime.workdir,
     });
     if let Some(start) = record.start_cmd.as_deref().filter(|s| !s.is_empty()) {
-        config["Cmd"] = json!(["/bin/sh", "-c", start_command_line(&record.context.env, start)]);
+        config["Cmd"] = json!([
+            "/bin/sh",
+            "-c",
+            start_command_line(&record.context.env, start)
+        ]);
     }
     let image_config = json!({
         "architecture": oci_arch(),

@@ -127,7 +127,11 @@ mod tests {
         let (failed, err) = finalize("exit 3", "sleep 30; false");
         assert_eq!(failed.code(), Some(START_FAILED_EXIT), "{err}");
         assert!(err.contains("exited with code 3"), "{err}");
-        assert!(t.elapsed() < std::time::Duration::from_secs(10), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            t.elapsed()
+        );
         // A start command that exits 0 leaves the ready command to decide.
         assert!(finalize("true", "sleep 1").0.success());
     }
