@@ -107,6 +107,8 @@ def test_every_js_builder_method_has_its_effect(strata, team, context_dir):
         "/srv/js\n/srv/js\n/srv/js\nno-literal\n"
     )
     assert exec_in(strata, team_name, "js-base", "cat /home/user/sudo-as; test -e /home/user/up && echo up") == "root\nup\n"
+    # defaultBuildLogger printed that build's steps.
+    assert "RUN sudo -n id -un > /home/user/sudo-as" in out.stdout + out.stderr, out.stdout
     assert "[finalize] READY sleep 1" in got["debianLogs"], got
     assert exec_in(strata, team_name, "js-debian", "cat /home/user/codename") == "bookworm\n"
     assert got["againExecuted"] == [1], got
