@@ -189,8 +189,8 @@ pub async fn get_template(
 
 fn e2b_status(phase: &str) -> &'static str {
     match phase {
-        "waiting" | "queued" => "waiting",
-        "active" | "publishing" => "building",
+        "waiting" => "waiting",
+        "queued" | "active" | "publishing" => "building",
         "ready" => "ready",
         _ => "error",
     }
