@@ -141,12 +141,45 @@ async fn current_build(
     .await?)
 }
 
-/// `GET /templates`: the team's templates, each a `Template` of the upstream schema. `buildID`
-/// and the resources are those of the template's current build (see [`current_build`]);
-/// `buildStatus` is the status of its newest build, so a failed rebuild shows as `error` while
-/// `buildID` still names the build in use. strata records no creator, spawns, disk size or envd
-/// version: `createdBy` and `lastSpawnedAt` are null, `spawnCount` and `diskSizeMB` 0,
-/// `envdVersion` empty, as E2B answers when it has none.
+/// A `Template` of the upstream schema. `buildID` and the resources are those of the
+/// template's current build (see [`current_build`]); `buildStatus` is the status of its newest
+/// build, so a failed rebuild shows as `error` while `buildID` still names the build in use.
+/// strata records no creator, spawns, disk size or envd version: `createdBy` and
+/// `lastSpawnedAt` are null, `spawnCount` and `diskSizeMB` 0, `envdVersion` empty, as E2B
+/// answers when it has none.
+async fn template_json(state: &AppState, row: &TemplateRow) -> Result<Value, ApiError> {
+    let template_id = TemplateId::parse(&row.template_id)
+        .map_err(|e| ApiError::internal("templates read model", &e))?;
+    let current = current_build(state, &template_id).await?;
+    let ids: Vec<Uuid> = current.iter().chain(row.latest_build.iter()).copied().collect();
+    let builds = build_rows(state, &ids).await?;
+    let find = |id: Option<Uuid>| id.and_then(|id| builds.iter().find(|b| b.build_id == id));
+    let latest = find(row.latest_build);
+    let resources = find(current)
+        .or(latest)
+        .map(BuildRow::resources)
+        .unwrap_or_default();
+    Ok(json!({
+        "templateID": row.template_id,
+        "buildID": current.map(|b| b.to_string()).unwrap_or_else(|| NO_BUILD.to_owned()),
+        "buildStatus": latest.map_or("waiting", |b| e2b_status(&b.phase)),
+        "cpuCount": resources.effective_cpu_count(),
+        "memoryMB": resources.effective_memory_mb(),
+        "diskSizeMB": 0,
+        "public": false,
+        "aliases": row.names,
+        "names": row.names,
+        "createdAt": row.created_at,
+        "updatedAt": row.updated_at,
+        "createdBy": null,
+        "lastSpawnedAt": null,
+        "spawnCount": 0,
+        "buildCount": row.build_count,
+        "envdVersion": "",
+    }))
+}
+
+/// `GET /templates`: the team's templates, oldest first.
 pub async fn list_templates(
     State(state): State<AppState>,
     team: Team,
@@ -160,41 +193,14 @@ pub async fn list_templates(
     .await?;
     let mut templates = Vec::with_capacity(rows.len());
     for row in &rows {
-        let template_id = TemplateId::parse(&row.template_id)
-            .map_err(|e| ApiError::internal("templates read model", &e))?;
-        let current = current_build(&state, &template_id).await?;
-        let ids: Vec<Uuid> = current.iter().chain(row.latest_build.iter()).copied().collect();
-        let builds = build_rows(&state, &ids).await?;
-        let find = |id: Option<Uuid>| id.and_then(|id| builds.iter().find(|b| b.build_id == id));
-        let latest = find(row.latest_build);
-        let resources = find(current)
-            .or(latest)
-            .map(BuildRow::resources)
-            .unwrap_or_default();
-        templates.push(json!({
-            "templateID": row.template_id,
-            "buildID": current.map(|b| b.to_string()).unwrap_or_else(|| NO_BUILD.to_owned()),
-            "buildStatus": latest.map_or("waiting", |b| e2b_status(&b.phase)),
-            "cpuCount": resources.effective_cpu_count(),
-            "memoryMB": resources.effective_memory_mb(),
-            "diskSizeMB": 0,
-            "public": false,
-            "aliases": row.names,
-            "names": row.names,
-            "createdAt": row.created_at,
-            "updatedAt": row.updated_at,
-            "createdBy": null,
-            "lastSpawnedAt": null,
-            "spawnCount": 0,
-            "buildCount": row.build_count,
-            "envdVersion": "",
-        }));
+        templates.push(template_json(&state, row).await?);
     }
     Ok(Json(templates))
 }
 
-/// `GET /templates/{templateID}`: one template with its builds, newest first (a
-/// `TemplateWithBuilds` of the upstream schema).
+/// `GET /templates/{templateID}`: one template with its builds, newest first. The upstream
+/// schema is `TemplateWithBuilds`; the Python SDK's generated model of it also requires every
+/// field of `Template`, so the answer carries both.
 pub async fn get_template(
     State(state): State<AppState>,
     team: Team,
@@ -215,17 +221,9 @@ pub async fn get_template(
     .bind(template_id.as_str())
     .fetch_all(&state.pool)
     .await?;
-    Ok(Json(json!({
-        "templateID": row.template_id,
-        "public": false,
-        "aliases": row.names,
-        "names": row.names,
-        "createdAt": row.created_at,
-        "updatedAt": row.updated_at,
-        "lastSpawnedAt": null,
-        "spawnCount": 0,
-        "builds": builds.iter().map(BuildRow::to_json).collect::<Vec<_>>(),
-    })))
+    let mut template = template_json(&state, &row).await?;
+    template["builds"] = builds.iter().map(BuildRow::to_json).collect();
+    Ok(Json(template))
 }
 
 fn e2b_status(phase: &str) -> &'static str {
