@@ -461,6 +461,58 @@ pub async fn ensure_e2b_base(
     Ok(manifest)
 }
 
+/// Copies every image of the catalog in `from` (another node directory, only read) that the
+/// catalog in `to` lacks: each blob the image names is streamed into `blobs` and checked against
+/// its digest (blobs already present are skipped). A name `to` already has is kept as it is,
+/// whatever `from` holds under it. Tests seed their own node directories from the node's
+/// prebuilt base images this way without writing there.
+pub fn copy_images(from: &Path, to: &Path, blobs: &dyn BlobStore) -> Result<Vec<ImageManifest>> {
+    let source = from.join("images");
+    let entries = match fs::read_dir(&source) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(VmmError::io(format!("listing {}", source.display()))(e)),
+    };
+    let catalog = ImageCatalog::open(to)?;
+    let mut copied = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(VmmError::io(format!("listing {}", source.display())))?
+            .path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let bytes = fs::read(&path).map_err(VmmError::io(format!("reading {}", path.display())))?;
+        let manifest: ImageManifest = serde_json::from_slice(&bytes)
+            .map_err(|e| VmmError::Image(format!("{}: {e}", path.display())))?;
+        if catalog.get(&manifest.name).is_ok() {
+            continue;
+        }
+        let digests = manifest.digests().into_iter().chain(manifest.license_notice.clone());
+        for digest in digests {
+            if blobs.size(&digest)?.is_some() {
+                continue;
+            }
+            let blob = from.join("blobs/sha256").join(digest.hex());
+            let mut file =
+                fs::File::open(&blob).map_err(VmmError::io(format!("opening {}", blob.display())))?;
+            let mut w = blobs.writer()?;
+            std::io::copy(&mut file, &mut w)
+                .map_err(VmmError::io(format!("copying {}", blob.display())))?;
+            let (actual, _) = w.commit()?;
+            if actual != digest {
+                return Err(VmmError::DigestMismatch {
+                    expected: digest.to_string(),
+                    actual: actual.to_string(),
+                });
+            }
+        }
+        catalog.put(&manifest)?;
+        copied.push(manifest);
+    }
+    Ok(copied)
+}
+
 /// Imports an OCI image layout directory or a `docker save` archive under `name`. Layers are
 /// stored uncompressed and each is checked against the config's `rootfs.diff_ids`.
 pub fn import(
