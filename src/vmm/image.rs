@@ -27,6 +27,17 @@ pub const BUSYBOX: &str = "busybox";
 pub const DEBIAN: &str = "debian:bookworm";
 pub const E2B_BASE: &str = "e2bdev/base";
 
+/// What an operator runs to get image `name` into a node's catalog, for "not available" errors.
+pub fn how_to_get(name: &str) -> String {
+    match name {
+        BUSYBOX => "build it with `strata image build-base --busybox-only`".to_owned(),
+        DEBIAN | E2B_BASE => "build it with `strata image build-base`".to_owned(),
+        _ => format!(
+            "import it with `strata image import <docker save archive or OCI layout> --name {name}`"
+        ),
+    }
+}
+
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ImageConfig {
     pub env: Vec<(String, String)>,
@@ -669,4 +680,18 @@ fn check_file_digest(path: &Path, digest: &str) -> Result<()> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn how_to_get_names_the_command_that_makes_the_image() {
+        assert!(how_to_get(E2B_BASE).contains("`strata image build-base`"));
+        assert!(how_to_get(DEBIAN).contains("`strata image build-base`"));
+        assert!(how_to_get(BUSYBOX).contains("`strata image build-base --busybox-only`"));
+        assert!(how_to_get("acme/app:1").contains("`strata image import"));
+        assert!(how_to_get("acme/app:1").contains("--name acme/app:1`"));
+    }
 }
