@@ -93,10 +93,9 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
         }
         ImageCommand::Copy { from } => {
             let d = data_dir.clone();
-            let copied = tokio::task::spawn_blocking(move || {
-                image::copy_images(&from, &d, blobs.as_ref())
-            })
-            .await??;
+            let copied =
+                tokio::task::spawn_blocking(move || image::copy_images(&from, &d, blobs.as_ref()))
+                    .await??;
             for m in copied {
                 println!("{}\t{}", m.name, m.digest());
             }

@@ -391,7 +391,10 @@ pub const E2B_BASE_PACKAGES: &[&str] = &[
 const E2B_BASE_RECIPE: &str = "e2bdev/base recipe 2";
 
 fn e2b_base_source() -> String {
-    format!("{DEBIAN} + {} ({E2B_BASE_RECIPE})", E2B_BASE_PACKAGES.join(" "))
+    format!(
+        "{DEBIAN} + {} ({E2B_BASE_RECIPE})",
+        E2B_BASE_PACKAGES.join(" ")
+    )
 }
 
 /// The install script of `e2bdev/base`. Debian marks its Python as externally managed (PEP
@@ -436,7 +439,7 @@ pub async fn ensure_e2b_base(
     let mut sandbox: Box<dyn Sandbox> = backend.boot(spec).await?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let outcome = sandbox
-        .exec(ExecRequest::shell(&e2b_base_script()), tx)
+        .exec(ExecRequest::shell(e2b_base_script()), tx)
         .await;
     let outcome = match outcome {
         Ok(o) => o,
@@ -499,14 +502,17 @@ pub fn copy_images(from: &Path, to: &Path, blobs: &dyn BlobStore) -> Result<Vec<
         if catalog.get(&manifest.name).is_ok() {
             continue;
         }
-        let digests = manifest.digests().into_iter().chain(manifest.license_notice.clone());
+        let digests = manifest
+            .digests()
+            .into_iter()
+            .chain(manifest.license_notice.clone());
         for digest in digests {
             if blobs.size(&digest)?.is_some() {
                 continue;
             }
             let blob = from.join("blobs/sha256").join(digest.hex());
-            let mut file =
-                fs::File::open(&blob).map_err(VmmError::io(format!("opening {}", blob.display())))?;
+            let mut file = fs::File::open(&blob)
+                .map_err(VmmError::io(format!("opening {}", blob.display())))?;
             let mut w = blobs.writer()?;
             std::io::copy(&mut file, &mut w)
                 .map_err(VmmError::io(format!("copying {}", blob.display())))?;

@@ -151,7 +151,11 @@ async fn template_json(state: &AppState, row: &TemplateRow) -> Result<Value, Api
     let template_id = TemplateId::parse(&row.template_id)
         .map_err(|e| ApiError::internal("templates read model", &e))?;
     let current = current_build(state, &template_id).await?;
-    let ids: Vec<Uuid> = current.iter().chain(row.latest_build.iter()).copied().collect();
+    let ids: Vec<Uuid> = current
+        .iter()
+        .chain(row.latest_build.iter())
+        .copied()
+        .collect();
     let builds = build_rows(state, &ids).await?;
     let find = |id: Option<Uuid>| id.and_then(|id| builds.iter().find(|b| b.build_id == id));
     let latest = find(row.latest_build);
