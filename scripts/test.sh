@@ -6,6 +6,7 @@
 # directory is mounted read-only, so a test that writes there fails instead of leaving files
 # behind (STRATA_TEST_NODE_WRITABLE=1 skips this, for debugging only).
 set -euo pipefail
+script="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/.."
 node_dir=/var/lib/strata
 
@@ -15,7 +16,7 @@ if [ -z "${STRATA_TEST_IN_NAMESPACE:-}" ]; then
     mkdir -p "$node_dir"
     exec unshare --mount --propagation private env STRATA_TEST_IN_NAMESPACE=1 bash -c \
       'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"' \
-      _ "$node_dir" "$0" "$@"
+      _ "$node_dir" "$script" "$@"
   fi
 fi
 if [ -n "${STRATA_TEST_IN_NAMESPACE:-}" ] && touch "$node_dir/.write-probe" 2>/dev/null; then
