@@ -198,11 +198,7 @@ async fn a_checkpoint_of_the_same_content_repairs_a_torn_blob() {
         }
         let mut sb = boot(&backend, spec(base.clone())).await;
         sh(&mut sb, &write).await;
-        let layer = sb
-            .checkpoint()
-            .await
-            .expect("checkpoint")
-            .expect("a layer");
+        let layer = sb.checkpoint().await.expect("checkpoint").expect("a layer");
         assert_eq!(
             sh(&mut sb, "cat /torn/f").await,
             format!("{nonce}\n"),

@@ -63,8 +63,9 @@ pub async fn resolve(
                         .map(|m| m.name)
                         .collect::<Vec<_>>();
                     return Err(BaseError::Unavailable(format!(
-                        "base image {reference:?} is not available on this build node; available images: {}. Use one of them, or import the image with `strata image import`",
-                        if available.is_empty() { "none".to_owned() } else { available.join(", ") }
+                        "base image {reference:?} is not available on this build node; available images: {}. Use one of them, or {} on the node",
+                        if available.is_empty() { "none".to_owned() } else { available.join(", ") },
+                        crate::vmm::image::how_to_get(reference)
                     )));
                 }
                 Err(e) => return Err(BaseError::Worker(e.into())),

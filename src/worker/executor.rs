@@ -331,8 +331,8 @@ impl Executor<'_> {
     ) -> Result<Box<dyn Sandbox>, VmmError> {
         let mut spec = BootSpec::new(layers);
         spec.limits = Limits {
-            cpus: job.resources.cpu_count.map(f64::from),
-            memory_bytes: job.resources.memory_mb.map(|m| u64::from(m) << 20),
+            cpus: Some(f64::from(job.resources.effective_cpu_count())),
+            memory_bytes: Some(u64::from(job.resources.effective_memory_mb()) << 20),
             timeout: self.settings.step_timeout,
             ..Limits::default()
         };
