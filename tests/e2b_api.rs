@@ -197,6 +197,9 @@ async fn registration_upload_start_and_status_follow_the_protocol() {
     assert_eq!(status, 409, "{body}");
     // Starting again with the same request is idempotent; with another, a conflict.
     assert_eq!(c.start(&template, &second_build, HASH_A).await.0, 202);
+    // Started and queued (no node runs here): E2B answers `building` from the start on.
+    let status = c.status(&template, &second_build, 0).await;
+    assert_eq!(status["status"], "building", "{status}");
     let (code, body) = c.start(&template, &second_build, HASH_B).await;
     assert_eq!(code, 409, "{body}");
 

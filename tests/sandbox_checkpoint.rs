@@ -72,7 +72,7 @@ async fn checkpoint_and_compare(
     step: &str,
 ) {
     let live = manifest(sb).await;
-    let layer = sb.checkpoint().await.expect("checkpoint");
+    let layer = sb.checkpoint().await.expect("checkpoint").expect("a layer");
     assert!(layer.size > 0);
     let mut fresh = boot(backend, spec(sb.layers().to_vec())).await;
     let restored = manifest(&mut fresh).await;
@@ -198,7 +198,7 @@ async fn a_checkpoint_of_the_same_content_repairs_a_torn_blob() {
         }
         let mut sb = boot(&backend, spec(base.clone())).await;
         sh(&mut sb, &write).await;
-        let layer = sb.checkpoint().await.expect("checkpoint");
+        let layer = sb.checkpoint().await.expect("checkpoint").expect("a layer");
         assert_eq!(
             sh(&mut sb, "cat /torn/f").await,
             format!("{nonce}\n"),
@@ -212,4 +212,52 @@ async fn a_checkpoint_of_the_same_content_repairs_a_torn_blob() {
             "{tear}: the blob is whole again"
         );
     }
+}
+
+/// A step that changes nothing (`echo`, a WORKDIR that exists) seals no layer: the stack stays
+/// as it was and the sandbox keeps running on it.
+#[tokio::test]
+async fn a_checkpoint_of_no_change_adds_no_layer() {
+    let backend = backend();
+    let base = busybox(&backend).await;
+    let mut sb = boot(&backend, spec(base.clone())).await;
+    let id = sb.id().to_string();
+    assert_eq!(sh(&mut sb, "echo one").await, "one\n");
+    assert_eq!(sb.checkpoint().await.expect("checkpoint"), None);
+    assert_eq!(sh(&mut sb, "echo two").await, "two\n");
+    assert_eq!(sb.checkpoint().await.expect("checkpoint"), None);
+    assert_eq!(sb.layers(), base.as_slice());
+    sh(&mut sb, "echo changed > /changed").await;
+    let layer = sb.checkpoint().await.expect("checkpoint").expect("a layer");
+    assert_eq!(sb.layers().last(), Some(&layer.digest));
+    assert_eq!(sh(&mut sb, "cat /changed").await, "changed\n");
+    sb.destroy().await.unwrap();
+    assert_no_trace(&id);
+}
+
+/// Two steps with byte-identical diffs give the same layer twice in one stack: it boots, and
+/// the upper occurrence decides (a deletion between the two is undone by the second).
+#[tokio::test]
+async fn the_same_layer_twice_in_a_stack_boots() {
+    let backend = backend();
+    let base = busybox(&backend).await;
+    let mut sb = boot(&backend, spec(base.clone())).await;
+    let id = sb.id().to_string();
+    let write = "printf x > /same && touch -d @1700000000 /same";
+    sh(&mut sb, write).await;
+    let first = sb.checkpoint().await.expect("checkpoint").expect("a layer");
+    sh(&mut sb, "rm /same").await;
+    sb.checkpoint().await.expect("checkpoint").expect("a layer");
+    sh(&mut sb, write).await;
+    let again = sb.checkpoint().await.expect("checkpoint").expect("a layer");
+    assert_eq!(
+        first.digest, again.digest,
+        "identical diffs give one digest"
+    );
+    assert_eq!(sh(&mut sb, "cat /same").await, "x\n");
+    let mut fresh = boot(&backend, spec(sb.layers().to_vec())).await;
+    assert_eq!(sh(&mut fresh, "cat /same").await, "x\n");
+    fresh.destroy().await.unwrap();
+    sb.destroy().await.unwrap();
+    assert_no_trace(&id);
 }

@@ -42,6 +42,12 @@ enum ImageCommand {
         #[arg(long)]
         name: String,
     },
+    /// Copy the images of another node directory (only read) that this one lacks, blobs checked
+    /// against their digests.
+    Copy {
+        #[arg(long)]
+        from: PathBuf,
+    },
     /// List images: name, manifest digest, layers, size.
     Ls,
 }
@@ -84,6 +90,15 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             })
             .await??;
             println!("{}\t{}\t{} layers", m.name, m.digest(), m.layers.len());
+        }
+        ImageCommand::Copy { from } => {
+            let d = data_dir.clone();
+            let copied =
+                tokio::task::spawn_blocking(move || image::copy_images(&from, &d, blobs.as_ref()))
+                    .await??;
+            for m in copied {
+                println!("{}\t{}", m.name, m.digest());
+            }
         }
         ImageCommand::Ls => {
             println!(

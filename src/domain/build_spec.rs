@@ -195,6 +195,21 @@ pub struct Resources {
 }
 
 impl Resources {
+    /// E2B's template defaults, used when a build asks for no CPU count or memory: the build
+    /// runs with them and the API reports them, as E2B does.
+    pub const DEFAULT_CPU_COUNT: u32 = 2;
+    pub const DEFAULT_MEMORY_MB: u32 = 1024;
+
+    /// The CPU count the build runs with.
+    pub fn effective_cpu_count(&self) -> u32 {
+        self.cpu_count.unwrap_or(Self::DEFAULT_CPU_COUNT)
+    }
+
+    /// The memory (MiB) the build runs with.
+    pub fn effective_memory_mb(&self) -> u32 {
+        self.memory_mb.unwrap_or(Self::DEFAULT_MEMORY_MB)
+    }
+
     fn validate(self) -> Result<Self, SpecError> {
         if let Some(cpu) = self.cpu_count {
             if !(1..=64).contains(&cpu) {

@@ -46,13 +46,14 @@ async fn apply_one(
         Event::BuildRegistered {
             template,
             team,
+            resources,
             registered_at,
             waiting_deadline,
             ..
         } => {
             sqlx::query(
-                "INSERT INTO builds (build_id, template_id, team_id, phase, deadline, registered_at, updated_at, stream_version)
-                 VALUES ($1, $2, $3, 'waiting', $4, $5, $6, $7)",
+                "INSERT INTO builds (build_id, template_id, team_id, phase, deadline, registered_at, updated_at, stream_version, cpu_count, memory_mb)
+                 VALUES ($1, $2, $3, 'waiting', $4, $5, $6, $7, $8, $9)",
             )
             .bind(build_id)
             .bind(template.as_str())
@@ -61,6 +62,8 @@ async fn apply_one(
             .bind(registered_at)
             .bind(at)
             .bind(version)
+            .bind(resources.cpu_count.map(|c| c as i32))
+            .bind(resources.memory_mb.map(|m| m as i32))
             .execute(&mut *conn)
             .await?;
             return Ok(());
@@ -106,17 +109,29 @@ async fn apply_one(
         }
         Event::BuildReady { .. } => {
             sqlx::query(
-                "UPDATE builds SET phase = 'ready', lease_expires_at = NULL, deadline = NULL WHERE build_id = $1",
+                "UPDATE builds SET phase = 'ready', lease_expires_at = NULL, deadline = NULL, finished_at = $2
+                 WHERE build_id = $1",
+            )
+            .bind(build_id)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Event::AttemptExpired { .. } => {
+            sqlx::query(
+                "UPDATE builds SET phase = 'error', lease_expires_at = NULL, deadline = NULL WHERE build_id = $1",
             )
             .bind(build_id)
             .execute(&mut *conn)
             .await?;
         }
-        Event::AttemptExpired { .. } | Event::BuildFailed { .. } => {
+        Event::BuildFailed { .. } => {
             sqlx::query(
-                "UPDATE builds SET phase = 'error', lease_expires_at = NULL, deadline = NULL WHERE build_id = $1",
+                "UPDATE builds SET phase = 'error', lease_expires_at = NULL, deadline = NULL, finished_at = $2
+                 WHERE build_id = $1",
             )
             .bind(build_id)
+            .bind(at)
             .execute(&mut *conn)
             .await?;
         }

@@ -62,7 +62,7 @@ pub enum VmmError {
     )]
     NotRoot,
 
-    #[error("image {0:?} is not in the local catalog; run `strata image build-base` or `strata image import`")]
+    #[error("image {0:?} is not in the local catalog; {how}", how = super::image::how_to_get(.0))]
     ImageNotFound(String),
 
     #[error("image: {0}")]

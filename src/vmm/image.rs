@@ -8,8 +8,9 @@
 //! * `busybox`: busybox-static from Debian (`apt-get download` + `dpkg -x`), one symlink per
 //!   applet; tiny and fast, for tests.
 //! * `debian:bookworm`: `debootstrap --variant=minbase bookworm`, apt caches removed.
-//! * `e2bdev/base`: the Debian base plus what E2B's default user needs (sudo), installed by a
-//!   RUN in a real sandbox and checkpointed as a second layer.
+//! * `e2bdev/base`: the Debian base plus what users of E2B's default image expect (sudo, curl,
+//!   git, ca-certificates, python3 with pip, node with npm, ...), installed by a RUN in a real
+//!   sandbox and checkpointed as a second layer.
 
 use std::fs;
 use std::io::Read;
@@ -25,6 +26,17 @@ use super::layer::{self, LayerRef};
 pub const BUSYBOX: &str = "busybox";
 pub const DEBIAN: &str = "debian:bookworm";
 pub const E2B_BASE: &str = "e2bdev/base";
+
+/// What an operator runs to get image `name` into a node's catalog, for "not available" errors.
+pub fn how_to_get(name: &str) -> String {
+    match name {
+        BUSYBOX => "build it with `strata image build-base --busybox-only`".to_owned(),
+        DEBIAN | E2B_BASE => "build it with `strata image build-base`".to_owned(),
+        _ => format!(
+            "import it with `strata image import <docker save archive or OCI layout> --name {name}`"
+        ),
+    }
+}
 
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ImageConfig {
@@ -352,14 +364,73 @@ pub fn ensure_debian(
     Ok(manifest)
 }
 
-/// Builds `e2bdev/base` (Debian + sudo) in a sandbox if the catalog lacks it.
+/// What `e2bdev/base` carries on top of `debian:bookworm`: the packages E2B's own provisioning
+/// puts on every Debian base (sudo, curl, ca-certificates, git, iproute2 for `ss`, procps for
+/// `pgrep`, jq, socat, less) and the toolchains users of E2B's default image rely on (`pip`,
+/// `npm`), so the SDK's `apt_install`, `pip_install`, `npm_install`, `git_clone` and its
+/// ready-command helpers work on it unchanged.
+pub const E2B_BASE_PACKAGES: &[&str] = &[
+    "ca-certificates",
+    "curl",
+    "git",
+    "sudo",
+    "python3",
+    "python3-pip",
+    "python3-venv",
+    "nodejs",
+    "npm",
+    "iproute2",
+    "procps",
+    "jq",
+    "socat",
+    "less",
+];
+
+/// Names the recipe of `e2bdev/base`; an image made by another recipe is rebuilt by
+/// `strata image build-base`, so nodes set up before a recipe change catch up on the next setup.
+const E2B_BASE_RECIPE: &str = "e2bdev/base recipe 2";
+
+fn e2b_base_source() -> String {
+    format!(
+        "{DEBIAN} + {} ({E2B_BASE_RECIPE})",
+        E2B_BASE_PACKAGES.join(" ")
+    )
+}
+
+/// The install script of `e2bdev/base`. dpkg skips its fsyncs (the result is sealed into a
+/// layer afterwards, so they buy nothing and cost minutes on a busy disk). Debian marks its
+/// Python as externally managed (PEP 668), which makes a plain `pip install` fail; E2B's image
+/// lets it install, so pip is told to do so system-wide.
+fn e2b_base_script() -> String {
+    format!(
+        "set -e; apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+         -o Dpkg::Options::=--force-unsafe-io --no-install-recommends {} && apt-get clean && rm -rf /var/lib/apt/lists/* \
+         && printf '[global]\\nbreak-system-packages = true\\n' > /etc/pip.conf",
+        E2B_BASE_PACKAGES.join(" ")
+    )
+}
+
+/// Whether the catalog's `e2bdev/base` is missing, broken or made by an older recipe.
+fn e2b_base_current(catalog: &ImageCatalog, blobs: &dyn BlobStore) -> Option<ImageManifest> {
+    catalog
+        .verify(E2B_BASE, blobs)
+        .ok()
+        .filter(|m| m.source == e2b_base_source())
+}
+
+/// Builds `e2bdev/base` (the Debian base plus [`E2B_BASE_PACKAGES`]) in a sandbox, unless the
+/// catalog already has one made by the current recipe.
 pub async fn ensure_e2b_base(
     data_dir: &Path,
     backend: &dyn SandboxBackend,
     blobs: &dyn BlobStore,
 ) -> Result<ImageManifest> {
     let catalog = ImageCatalog::open(data_dir)?;
-    if let Ok(m) = catalog.verify(E2B_BASE, blobs) {
+    if let Some(m) = e2b_base_current(&catalog, blobs) {
+        return Ok(m);
+    }
+    let _guard = lock(data_dir)?;
+    if let Some(m) = e2b_base_current(&catalog, blobs) {
         return Ok(m);
     }
     let debian = catalog.get(DEBIAN)?;
@@ -369,13 +440,7 @@ pub async fn ensure_e2b_base(
     let mut sandbox: Box<dyn Sandbox> = backend.boot(spec).await?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let outcome = sandbox
-        .exec(
-            ExecRequest::shell(
-                "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-                 --no-install-recommends sudo && apt-get clean && rm -rf /var/lib/apt/lists/*",
-            ),
-            tx,
-        )
+        .exec(ExecRequest::shell(e2b_base_script()), tx)
         .await;
     let outcome = match outcome {
         Ok(o) => o,
@@ -391,23 +456,79 @@ pub async fn ensure_e2b_base(
         }
         sandbox.destroy().await?;
         return Err(VmmError::Image(format!(
-            "installing sudo into {E2B_BASE} failed ({outcome:?}): {}",
+            "installing {} into {E2B_BASE} failed ({outcome:?}); the node needs network access to its Debian mirror: {}",
+            E2B_BASE_PACKAGES.join(" "),
             log.join("\n")
         )));
     }
     let added = sandbox.checkpoint().await?;
     sandbox.destroy().await?;
     let mut layers = debian.layers.clone();
-    layers.push(added);
+    layers.extend(added);
     let manifest = ImageManifest {
         name: E2B_BASE.into(),
         layers,
         config: debian.config.clone(),
         license_notice: debian.license_notice.clone(),
-        source: format!("{DEBIAN} + sudo (E2B default user prerequisites)"),
+        source: e2b_base_source(),
     };
     catalog.put(&manifest)?;
     Ok(manifest)
+}
+
+/// Copies every image of the catalog in `from` (another node directory, only read) that the
+/// catalog in `to` lacks: each blob the image names is streamed into `blobs` and checked against
+/// its digest (blobs already present are skipped). A name `to` already has is kept as it is,
+/// whatever `from` holds under it. Tests seed their own node directories from the node's
+/// prebuilt base images this way without writing there.
+pub fn copy_images(from: &Path, to: &Path, blobs: &dyn BlobStore) -> Result<Vec<ImageManifest>> {
+    let source = from.join("images");
+    let entries = match fs::read_dir(&source) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(VmmError::io(format!("listing {}", source.display()))(e)),
+    };
+    let catalog = ImageCatalog::open(to)?;
+    let mut copied = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(VmmError::io(format!("listing {}", source.display())))?
+            .path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let bytes = fs::read(&path).map_err(VmmError::io(format!("reading {}", path.display())))?;
+        let manifest: ImageManifest = serde_json::from_slice(&bytes)
+            .map_err(|e| VmmError::Image(format!("{}: {e}", path.display())))?;
+        if catalog.get(&manifest.name).is_ok() {
+            continue;
+        }
+        let digests = manifest
+            .digests()
+            .into_iter()
+            .chain(manifest.license_notice.clone());
+        for digest in digests {
+            if blobs.size(&digest)?.is_some() {
+                continue;
+            }
+            let blob = from.join("blobs/sha256").join(digest.hex());
+            let mut file = fs::File::open(&blob)
+                .map_err(VmmError::io(format!("opening {}", blob.display())))?;
+            let mut w = blobs.writer()?;
+            std::io::copy(&mut file, &mut w)
+                .map_err(VmmError::io(format!("copying {}", blob.display())))?;
+            let (actual, _) = w.commit()?;
+            if actual != digest {
+                return Err(VmmError::DigestMismatch {
+                    expected: digest.to_string(),
+                    actual: actual.to_string(),
+                });
+            }
+        }
+        catalog.put(&manifest)?;
+        copied.push(manifest);
+    }
+    Ok(copied)
 }
 
 /// Imports an OCI image layout directory or a `docker save` archive under `name`. Layers are
@@ -566,4 +687,18 @@ fn check_file_digest(path: &Path, digest: &str) -> Result<()> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn how_to_get_names_the_command_that_makes_the_image() {
+        assert!(how_to_get(E2B_BASE).contains("`strata image build-base`"));
+        assert!(how_to_get(DEBIAN).contains("`strata image build-base`"));
+        assert!(how_to_get(BUSYBOX).contains("`strata image build-base --busybox-only`"));
+        assert!(how_to_get("acme/app:1").contains("`strata image import"));
+        assert!(how_to_get("acme/app:1").contains("--name acme/app:1`"));
+    }
 }

@@ -51,6 +51,13 @@ pub fn write_layer_tar(dir: &Path, out: impl Write) -> Result<()> {
     Ok(())
 }
 
+/// Whether an overlay upper directory holds no change at all (no entry, not even a whiteout).
+pub fn is_empty_dir(dir: &Path) -> Result<bool> {
+    let mut entries =
+        fs::read_dir(dir).map_err(VmmError::io(format!("reading {}", dir.display())))?;
+    Ok(entries.next().is_none())
+}
+
 /// Seals `dir` into the blob store and returns the layer.
 pub fn seal_dir(dir: &Path, blobs: &dyn BlobStore) -> Result<LayerRef> {
     let mut writer = blobs.writer()?;

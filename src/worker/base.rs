@@ -8,6 +8,7 @@ use super::error::WorkerError;
 use super::template_lookup::{self, Checkpoint, LookupError};
 use crate::domain::build_spec::{BaseSource, CommandContext};
 use crate::domain::ids::{self, TeamId};
+use crate::domain::start::StartCommands;
 use crate::events::EventStore;
 use crate::vmm::image::ImageCatalog;
 use crate::vmm::{Digest, VmmError};
@@ -23,6 +24,9 @@ pub struct ResolvedBase {
     pub image_digest: Option<ids::Digest>,
     /// `fromTemplate` bases already have the default user; the implicit step is skipped.
     pub from_template: bool,
+    /// The parent template's start and ready commands: a `fromTemplate` build that sets
+    /// neither finalizes with these, in the parent's final context, as E2B does.
+    pub inherited_start: Option<StartCommands>,
 }
 
 /// Why the base could not be resolved.
@@ -61,8 +65,9 @@ pub async fn resolve(
                         .map(|m| m.name)
                         .collect::<Vec<_>>();
                     return Err(BaseError::Unavailable(format!(
-                        "base image {reference:?} is not available on this build node; available images: {}. Use one of them, or import the image with `strata image import`",
-                        if available.is_empty() { "none".to_owned() } else { available.join(", ") }
+                        "base image {reference:?} is not available on this build node; available images: {}. Use one of them, or {} on the node",
+                        if available.is_empty() { "none".to_owned() } else { available.join(", ") },
+                        crate::vmm::image::how_to_get(reference)
                     )));
                 }
                 Err(e) => return Err(BaseError::Worker(e.into())),
@@ -85,6 +90,7 @@ pub async fn resolve(
                 },
                 image_digest: Some(to_domain(&manifest.digest())),
                 from_template: false,
+                inherited_start: None,
             })
         }
         BaseSource::Template { reference } => {
@@ -99,6 +105,10 @@ pub async fn resolve(
                 context: found.record.context.clone(),
                 image_digest: found.record.base_image_digest,
                 from_template: true,
+                inherited_start: StartCommands::of(
+                    found.record.start_cmd.as_deref(),
+                    found.record.ready_cmd.as_deref(),
+                ),
             })
         }
     }

@@ -42,10 +42,11 @@ use crate::streams::{
 use crate::vmm::BlobStore;
 
 /// Bumped whenever step execution semantics change (how USER, ENV, WORKDIR, COPY behave), so
-/// checkpoints made under older semantics are never resumed.
-pub const BUILDER_SEMANTICS_VERSION: u64 = 1;
-/// Bumped whenever start/ready handling changes.
-pub const FINALIZATION_SEMANTICS_VERSION: u64 = 1;
+/// checkpoints made under older semantics are never resumed. 2: steps that change nothing add
+/// no layer; WORKDIR expands variables (ADR 0012).
+pub const BUILDER_SEMANTICS_VERSION: u64 = 2;
+/// Bumped whenever start/ready handling changes. 2: E2B's finalize rules (ADR 0012).
+pub const FINALIZATION_SEMANTICS_VERSION: u64 = 2;
 
 const MAX_ROUNDS: u32 = 32;
 
@@ -99,9 +100,16 @@ impl Plan {
             .last()
             .map(|s| s.after.clone())
             .unwrap_or(start);
+        // The commands finalization will run, inherited ones included: a parent rebuilt with
+        // other commands but the same layers must not hit this build's final entry.
+        let start = crate::domain::start::effective(
+            job.spec.start_cmd.as_deref(),
+            job.spec.ready_cmd.as_deref(),
+            resolved.inherited_start.clone(),
+        );
         let finalization = Finalization {
-            start_cmd: job.spec.start_cmd.clone(),
-            ready_cmd: job.spec.ready_cmd.clone(),
+            start_cmd: start.as_ref().and_then(|s| s.start_cmd.clone()),
+            ready_cmd: start.as_ref().and_then(|s| s.ready_cmd.clone()),
             context,
             semantics_version: FINALIZATION_SEMANTICS_VERSION,
         };

@@ -1,8 +1,10 @@
-//! Sandbox helpers: the node directory (shared by every sandbox test, content-addressed, so
-//! concurrent tests are safe), the busybox base (built on first use), and ways to look at a
+//! Sandbox helpers: the test node directory (shared by every sandbox test, content-addressed,
+//! so concurrent tests are safe), the busybox base (built on first use), and ways to look at a
 //! sandbox from inside and from the host.
 
-use std::path::PathBuf;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use strata::vmm::image;
 use strata::vmm::{
@@ -10,11 +12,59 @@ use strata::vmm::{
     OutputLine, OutputStream, Sandbox, SandboxBackend,
 };
 
-/// `$STRATA_DATA_DIR`, else `/var/lib/strata` (where `scripts/setup.sh` builds the bases).
-pub fn node_dir() -> PathBuf {
-    std::env::var_os("STRATA_DATA_DIR")
+/// The node's own data directory. Tests never write there (`scripts/test.sh` runs them with it
+/// mounted read-only); they only read its prebuilt base images.
+pub const NODE_STORE: &str = "/var/lib/strata";
+
+/// Where the prebuilt base images are read from: `$STRATA_IMAGE_STORE`, else [`NODE_STORE`]
+/// (where `scripts/setup.sh` builds them).
+pub fn image_store() -> PathBuf {
+    std::env::var_os("STRATA_IMAGE_STORE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/lib/strata"))
+        .unwrap_or_else(|| PathBuf::from(NODE_STORE))
+}
+
+/// The test node directory: `$STRATA_TEST_NODE_DIR`, else `/tmp/strata-test-node`, kept
+/// between runs like the test Postgres. On first use in a process it gets a copy of every
+/// image of [`image_store`] it lacks (blobs checked against their digests), so tests boot the
+/// prebuilt bases without ever writing to the node's own directory.
+pub fn node_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::var_os("STRATA_TEST_NODE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/tmp/strata-test-node"));
+        assert!(
+            !dir.starts_with(NODE_STORE),
+            "STRATA_TEST_NODE_DIR={} is the node's own data directory; tests use their own",
+            dir.display()
+        );
+        std::fs::create_dir_all(&dir).expect("create the test node directory");
+        seed_images(&dir);
+        dir
+    })
+    .clone()
+}
+
+/// Copies the prebuilt base images into `dir`, one process at a time.
+fn seed_images(dir: &Path) {
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(".seed.lock"))
+        .expect("open the test node seed lock");
+    // SAFETY: flock on a descriptor we own; released when `lock` is dropped.
+    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+    let blobs = strata::vmm::LocalBlobStore::open(dir.join("blobs")).expect("test blob store");
+    image::copy_images(&image_store(), dir, &blobs).unwrap_or_else(|e| {
+        panic!(
+            "copying the base images from {} into {}: {e}",
+            image_store().display(),
+            dir.display()
+        )
+    });
+    drop(lock);
 }
 
 pub fn backend() -> NamespaceBackend {

@@ -1,8 +1,8 @@
 """Runs the real E2B Python SDK against a real strata.
 
 One `strata up` per test session: embedded Postgres in a fresh data directory, the built-in
-base images linked in from the node's image store (built by scripts/setup.sh), API on a free
-loopback port. Each test gets its own team and API key from `strata keys create`.
+base images copied in from the node's image store (built by scripts/setup.sh; only read, never
+written), API on a free loopback port. Each test gets its own team and API key from `strata keys create`.
 """
 
 import os
@@ -40,7 +40,9 @@ class Strata:
             "STRATA_LISTEN": f"127.0.0.1:{self.port}",
             "STRATA_EMBEDDED_PG_PORT": str(free_port()),
             "STRATA_ADMIN_TOKEN": "e2e-admin",
-            "STRATA_READY_TIMEOUT_SECS": "15",
+            # Above the SDK's 20 s default ready command (`wait_for_timeout(20_000)`, the Python
+            # Dockerfile parser's ready command for CMD), below E2B's 10 minutes.
+            "STRATA_READY_TIMEOUT_SECS": "60",
         }
         self.env.pop("DATABASE_URL", None)
         self.log = open(data_dir / "strata.log", "w")
@@ -81,14 +83,16 @@ class Strata:
         return key
 
 
-def link_node_images(data_dir: pathlib.Path):
-    """Hard-links the node's built-in base images into `data_dir` (instant, no copy), or
-    builds the busybox base there when the node has none."""
+def copy_node_images(data_dir: pathlib.Path):
+    """Copies the node's built-in base images into `data_dir` (`strata image copy` only reads
+    the node's directory and checks every blob's digest), or builds the busybox base there
+    when the node has none."""
     if (NODE_IMAGES / "images").is_dir():
-        for part in ("blobs", "images", "layers"):
-            src = NODE_IMAGES / part
-            if src.is_dir():
-                subprocess.run(["cp", "-al", str(src), str(data_dir / part)], check=True)
+        subprocess.run(
+            [BIN, "image", "copy", "--from", str(NODE_IMAGES), "--data-dir", str(data_dir)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     else:
         subprocess.run(
             [BIN, "image", "build-base", "--busybox-only", "--data-dir", str(data_dir)],
@@ -99,7 +103,7 @@ def link_node_images(data_dir: pathlib.Path):
 @pytest.fixture(scope="session")
 def strata(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("strata-data")
-    link_node_images(data_dir)
+    copy_node_images(data_dir)
     server = Strata(data_dir)
     server.start()
     yield server

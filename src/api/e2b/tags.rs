@@ -148,14 +148,30 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// A template of the caller's team named by its ID or by a name (`name[:tag]`, the tag ignored,
+/// as E2B does): the SDKs' `get_tags` documents "template ID or name". Another team's
+/// template is reported exactly like a missing one.
+async fn resolve_id_or_name(
+    state: &AppState,
+    team: &Team,
+    raw: &str,
+) -> Result<TemplateId, ApiError> {
+    if let Ok(id) = TemplateId::parse(raw) {
+        if check_team_template(state, &team.0, &id).await.is_ok() {
+            return Ok(id);
+        }
+    }
+    resolve(state, team, raw).await
+}
+
 /// `GET /templates/{templateID}/tags` → `[{"tag", "buildID", "createdAt"}]`, with the time each
-/// tag was last pointed at its build.
+/// tag was last pointed at its build. The path takes a template ID or name.
 pub async fn list_tags(
     State(state): State<AppState>,
     team: Team,
-    Path(template_id): Path<String>,
+    Path(template_ref): Path<String>,
 ) -> Result<Json<Vec<Value>>, ApiError> {
-    let template_id = parse_template_id(&template_id)?;
+    let template_id = resolve_id_or_name(&state, &team, &template_ref).await?;
     let loaded = load_team_template(&state, &team.0, &template_id).await?;
     let history = state
         .events

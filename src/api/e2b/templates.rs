@@ -9,10 +9,10 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::auth::Team;
-use super::{api_metadata, check_team_template, command_error, load_team_template};
+use super::{api_metadata, check_team_template, command_error};
 use crate::api::error::ApiError;
 use crate::api::AppState;
-use crate::domain::build_spec::parse_name_and_tag;
+use crate::domain::build_spec::{parse_name_and_tag, Resources, Tag};
 use crate::domain::ids::{TeamId, TemplateId};
 use crate::domain::template::{self, NameEvent};
 use crate::events::command::{execute_writes, load, CommandContext};
@@ -98,6 +98,53 @@ pub async fn alias_exists(
     }
 }
 
+/// `buildID` of a template with no successful build, as E2B answers it.
+const NO_BUILD: &str = "00000000-0000-0000-0000-000000000000";
+
+/// One row of the `builds` read model, as the template listings show it.
+#[derive(sqlx::FromRow)]
+struct BuildRow {
+    build_id: Uuid,
+    phase: String,
+    registered_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+    /// As requested; `None` = the default the build ran with.
+    cpu_count: Option<i32>,
+    memory_mb: Option<i32>,
+}
+
+impl BuildRow {
+    fn resources(&self) -> Resources {
+        Resources {
+            cpu_count: self.cpu_count.map(|c| c as u32),
+            memory_mb: self.memory_mb.map(|m| m as u32),
+            min_free_disk_mb: None,
+        }
+    }
+
+    /// A `TemplateBuild` of the upstream schema. strata keeps no disk size or envd version per
+    /// build, so the two optional fields are left out.
+    fn to_json(&self) -> Value {
+        let resources = self.resources();
+        let mut build = json!({
+            "buildID": self.build_id.to_string(),
+            "status": e2b_status(&self.phase),
+            "createdAt": self.registered_at,
+            "updatedAt": self.updated_at,
+            "cpuCount": resources.effective_cpu_count(),
+            "memoryMB": resources.effective_memory_mb(),
+        });
+        if let Some(at) = self.finished_at {
+            build["finishedAt"] = json!(at);
+        }
+        build
+    }
+}
+
+const BUILD_COLUMNS: &str =
+    "build_id, phase, registered_at, updated_at, finished_at, cpu_count, memory_mb";
+
 #[derive(sqlx::FromRow)]
 struct TemplateRow {
     template_id: String,
@@ -108,29 +155,79 @@ struct TemplateRow {
     updated_at: DateTime<Utc>,
 }
 
-impl TemplateRow {
-    fn to_json(&self) -> Value {
-        json!({
-            "templateID": self.template_id,
-            "buildID": self.latest_build.map(|b| b.to_string()).unwrap_or_default(),
-            "cpuCount": 2,
-            "memoryMB": 512,
-            "diskSizeMB": 0,
-            "public": false,
-            "aliases": self.names,
-            "names": self.names,
-            "createdAt": self.created_at,
-            "updatedAt": self.updated_at,
-            "createdBy": null,
-            "lastSpawnedAt": null,
-            "spawnCount": 0,
-            "buildCount": self.build_count,
-            "envdVersion": "",
-        })
-    }
+async fn build_rows(state: &AppState, ids: &[Uuid]) -> Result<Vec<BuildRow>, ApiError> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT {BUILD_COLUMNS} FROM builds WHERE build_id = ANY($1)"
+    ))
+    .bind(ids)
+    .fetch_all(&state.pool)
+    .await?)
 }
 
-/// `GET /templates`: the team's templates.
+/// The build a template's `buildID` names: the one its `default` tag points at (what using the
+/// template gets), else its newest successful build.
+async fn current_build(
+    state: &AppState,
+    template_id: &TemplateId,
+) -> Result<Option<Uuid>, ApiError> {
+    let loaded = load::<Template>(&state.events, &template_stream(template_id))
+        .await
+        .map_err(|e| command_error(e, |e: template::Error| ApiError::internal("template", &e)))?;
+    if let Some(build) = loaded.state.tags.get(&Tag::default_tag()) {
+        return Ok(Some(build.as_uuid()));
+    }
+    Ok(sqlx::query_scalar(
+        "SELECT build_id FROM builds WHERE template_id = $1 AND phase = 'ready'
+         ORDER BY registered_at DESC LIMIT 1",
+    )
+    .bind(template_id.as_str())
+    .fetch_optional(&state.pool)
+    .await?)
+}
+
+/// A `Template` of the upstream schema. `buildID` and the resources are those of the
+/// template's current build (see [`current_build`]); `buildStatus` is the status of its newest
+/// build, so a failed rebuild shows as `error` while `buildID` still names the build in use.
+/// strata records no creator, spawns, disk size or envd version: `createdBy` and
+/// `lastSpawnedAt` are null, `spawnCount` and `diskSizeMB` 0, `envdVersion` empty, as E2B
+/// answers when it has none.
+async fn template_json(state: &AppState, row: &TemplateRow) -> Result<Value, ApiError> {
+    let template_id = TemplateId::parse(&row.template_id)
+        .map_err(|e| ApiError::internal("templates read model", &e))?;
+    let current = current_build(state, &template_id).await?;
+    let ids: Vec<Uuid> = current
+        .iter()
+        .chain(row.latest_build.iter())
+        .copied()
+        .collect();
+    let builds = build_rows(state, &ids).await?;
+    let find = |id: Option<Uuid>| id.and_then(|id| builds.iter().find(|b| b.build_id == id));
+    let latest = find(row.latest_build);
+    let resources = find(current)
+        .or(latest)
+        .map(BuildRow::resources)
+        .unwrap_or_default();
+    Ok(json!({
+        "templateID": row.template_id,
+        "buildID": current.map(|b| b.to_string()).unwrap_or_else(|| NO_BUILD.to_owned()),
+        "buildStatus": latest.map_or("waiting", |b| e2b_status(&b.phase)),
+        "cpuCount": resources.effective_cpu_count(),
+        "memoryMB": resources.effective_memory_mb(),
+        "diskSizeMB": 0,
+        "public": false,
+        "aliases": row.names,
+        "names": row.names,
+        "createdAt": row.created_at,
+        "updatedAt": row.updated_at,
+        "createdBy": null,
+        "lastSpawnedAt": null,
+        "spawnCount": 0,
+        "buildCount": row.build_count,
+        "envdVersion": "",
+    }))
+}
+
+/// `GET /templates`: the team's templates, oldest first.
 pub async fn list_templates(
     State(state): State<AppState>,
     team: Team,
@@ -142,55 +239,44 @@ pub async fn list_templates(
     .bind(team.0.as_str())
     .fetch_all(&state.pool)
     .await?;
-    Ok(Json(rows.iter().map(TemplateRow::to_json).collect()))
+    let mut templates = Vec::with_capacity(rows.len());
+    for row in &rows {
+        templates.push(template_json(&state, row).await?);
+    }
+    Ok(Json(templates))
 }
 
-/// `GET /templates/{templateID}`: one template with its builds.
+/// `GET /templates/{templateID}`: one template with its builds, newest first. The upstream
+/// schema is `TemplateWithBuilds`; the Python SDK's generated model of it also requires every
+/// field of `Template`, so the answer carries both.
 pub async fn get_template(
     State(state): State<AppState>,
     team: Team,
     Path(template_id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let template_id = team_template_by_ref(&state, &team.0, &template_id).await?;
-    let loaded = load_team_template(&state, &team.0, &template_id).await?;
-    let rows: Vec<(Uuid, String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT build_id, phase, registered_at, updated_at FROM builds
-         WHERE template_id = $1 ORDER BY registered_at",
+    let row: TemplateRow = sqlx::query_as(
+        "SELECT template_id, names, build_count, latest_build, created_at, updated_at
+         FROM templates WHERE template_id = $1",
     )
+    .bind(template_id.as_str())
+    .fetch_one(&state.pool)
+    .await?;
+    let builds: Vec<BuildRow> = sqlx::query_as(&format!(
+        "SELECT {BUILD_COLUMNS} FROM builds WHERE template_id = $1 ORDER BY registered_at DESC"
+    ))
     .bind(template_id.as_str())
     .fetch_all(&state.pool)
     .await?;
-    let builds: Vec<Value> = rows
-        .iter()
-        .map(|(id, phase, created, updated)| {
-            json!({
-                "buildID": id.to_string(),
-                "status": e2b_status(phase),
-                "createdAt": created,
-                "updatedAt": updated,
-                "cpuCount": 2,
-                "memoryMB": 512,
-            })
-        })
-        .collect();
-    let names: Vec<&String> = loaded.state.names.iter().collect();
-    Ok(Json(json!({
-        "templateID": template_id.as_str(),
-        "public": false,
-        "aliases": names,
-        "names": names,
-        "createdAt": rows.first().map(|r| r.2),
-        "updatedAt": rows.last().map(|r| r.3),
-        "lastSpawnedAt": null,
-        "spawnCount": 0,
-        "builds": builds,
-    })))
+    let mut template = template_json(&state, &row).await?;
+    template["builds"] = builds.iter().map(BuildRow::to_json).collect();
+    Ok(Json(template))
 }
 
 fn e2b_status(phase: &str) -> &'static str {
     match phase {
-        "waiting" | "queued" => "waiting",
-        "active" | "publishing" => "building",
+        "waiting" => "waiting",
+        "queued" | "active" | "publishing" => "building",
         "ready" => "ready",
         _ => "error",
     }

@@ -123,11 +123,24 @@ impl NamespaceBackend {
                 .map(|d| shared.layers.ensure(shared.blobs.as_ref(), d))
                 .collect::<Result<Vec<_>>>()?;
             dirs.reverse();
-            Ok(dirs)
+            Ok(topmost_occurrences(dirs))
         })
         .await
         .expect("layer extraction task")
     }
+}
+
+/// Keeps only the topmost occurrence of each lower directory (`lowers` is top first). Two
+/// steps with byte-identical diffs put one layer twice in a stack, and overlayfs refuses a
+/// lower directory that appears twice (ELOOP). Dropping the lower occurrence changes nothing
+/// visible: every path the layer holds is decided by its upper occurrence, and the lower one
+/// holds no other path.
+fn topmost_occurrences(lowers: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut seen = std::collections::HashSet::new();
+    lowers
+        .into_iter()
+        .filter(|d| seen.insert(d.clone()))
+        .collect()
 }
 
 #[async_trait]
@@ -678,7 +691,7 @@ impl Sandbox for NamespaceSandbox {
         }
     }
 
-    async fn checkpoint(&mut self) -> Result<LayerRef> {
+    async fn checkpoint(&mut self) -> Result<Option<LayerRef>> {
         let depth = &self.shared().config.depth;
         if self.layers.len() + 1 > depth.overlay_max {
             return Err(VmmError::StackTooDeep {
@@ -693,15 +706,22 @@ impl Sandbox for NamespaceSandbox {
         let work = self.work();
         let shared = self.backend.shared.clone();
         let sealed = tokio::task::spawn_blocking(move || {
-            let layer = layer::seal_dir(&upper, shared.blobs.as_ref())?;
-            shared.layers.ensure(shared.blobs.as_ref(), &layer.digest)?;
+            let layer = if layer::is_empty_dir(&upper)? {
+                None
+            } else {
+                let layer = layer::seal_dir(&upper, shared.blobs.as_ref())?;
+                shared.layers.ensure(shared.blobs.as_ref(), &layer.digest)?;
+                Some(layer)
+            };
             let _ = std::fs::remove_dir_all(&upper);
             let _ = std::fs::remove_dir_all(&work);
             Ok::<_, VmmError>(layer)
         })
         .await
         .expect("seal task")?;
-        self.layers.push(sealed.digest.clone());
+        if let Some(layer) = &sealed {
+            self.layers.push(layer.digest.clone());
+        }
         self.generation += 1;
         let lowers = self.backend.lowers(&self.layers).await?;
         self.start(lowers).await?;
