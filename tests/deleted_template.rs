@@ -145,7 +145,9 @@ async fn a_queued_build_of_a_deleted_template_ends_in_error_and_no_node_claims_i
     let http = Http::new(&fx).await;
     let (template, build) = fx.api.register("queued-then-deleted").await;
     fx.api.start(build, recipe(vec![run("true")])).await;
-    assert_eq!(http.status(&template, build).await["status"], "waiting");
+    // Started and not yet claimed: E2B answers `building` from the start on.
+    assert_eq!(http.status(&template, build).await["status"], "building");
+    assert!(matches!(fx.state(build).await.phase, Phase::Queued { .. }));
 
     http.delete(&template).await;
     assert_ended_for_deletion(&fx, &http, &template, build).await;
