@@ -17,6 +17,10 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
         .merge(admin::routes(state.clone()))
+        .merge(crate::metrics::server::routes(crate::metrics::scrape::ScrapeSources {
+            pool: Some(state.pool.clone()),
+            data_dir: Some(state.data_dir.clone()),
+        }))
         .merge(e2b::routes())
         // Spans name the path only: upload URLs carry their signature in the query.
         .layer(

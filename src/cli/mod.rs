@@ -17,6 +17,7 @@ pub mod reconcile;
 pub mod sandbox;
 pub mod template;
 pub mod up;
+pub mod why;
 pub mod worker;
 
 use anyhow::Context;

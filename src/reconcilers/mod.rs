@@ -66,6 +66,17 @@ impl Reconciler {
 
     /// One pass over what is due now.
     pub async fn pass(self, env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
+        let started = std::time::Instant::now();
+        let pass = self.pass_inner(env).await;
+        crate::metrics::reconciler_pass(
+            self.name(),
+            started.elapsed(),
+            pass.as_ref().ok().map(|p| (p.applied, p.skipped, p.failed)),
+        );
+        pass
+    }
+
+    async fn pass_inner(self, env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
         match self {
             Reconciler::AttemptExpiry => attempt_expiry::pass(env).await,
             Reconciler::Promotion => promotion::pass(env).await,

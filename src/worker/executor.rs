@@ -281,10 +281,14 @@ impl Executor<'_> {
         .await
         {
             Ok(lookup) => {
+                let found = super::cache_consultation::found_of(&lookup.found);
+                super::cache_consultation::record(self.attempt, &plan, resolved, found).await?;
                 let writer = cache::Writer::new(plan, &lookup);
                 Ok((Some(writer), lookup.found, flight))
             }
             Err(e) => {
+                let found = crate::domain::build::CacheFound::Bypassed { reason: e.to_string() };
+                super::cache_consultation::record(self.attempt, &plan, resolved, found).await?;
                 tracing::warn!(build = %self.attempt.build, error = %e, "cache bypassed");
                 self.log.info(
                     None,
@@ -334,7 +338,10 @@ impl Executor<'_> {
             ..Limits::default()
         };
         spec.context = vmm_context(context);
-        self.backend.boot(spec).await
+        let started = std::time::Instant::now();
+        let booted = self.backend.boot(spec).await;
+        crate::metrics::sandbox_boot(booted.is_ok(), started.elapsed());
+        booted
     }
 
     /// Awaits `op` unless the attempt is cancelled first.
@@ -396,7 +403,12 @@ impl Executor<'_> {
             run.sandbox
                 .context_mut()
                 .clone_from(&vmm_context(&run.context));
-            self.step(job, number, &tag, step, run).await?;
+            let started = std::time::Instant::now();
+            let stepped = self.step(job, number, &tag, step, run).await;
+            if !matches!(stepped, Err(Stop::Abandon(_))) {
+                crate::metrics::step_finished(step.kind(), stepped.is_ok(), started.elapsed());
+            }
+            stepped?;
             if step.is_mutating() && budget == 0 {
                 // Past the budget: the changes stay in the writable layer until the final seal.
                 run.dirty = true;

@@ -153,7 +153,11 @@ impl Worker {
             self.settings.renew_every(),
             cancel.clone(),
         ));
-        match self.execute(&attempt, &log, &cancel).await {
+        crate::metrics::queue_wait_of(&self.store, attempt.build).await;
+        let started = Instant::now();
+        let result = self.execute(&attempt, &log, &cancel).await;
+        crate::metrics::build_finished_of(&self.store, attempt.build, result.is_ok(), started).await;
+        match result {
             Ok(()) => {}
             Err(e @ WorkerError::Fenced { .. }) => tracing::info!(build = %attempt.build, "{e}"),
             Err(e) => {

@@ -58,6 +58,22 @@ pub async fn upload_context(
     }
     refuse_if_frozen(&state, &grant).await?;
 
+    let started = std::time::Instant::now();
+    let stored = store_upload(&state, &grant, declared, body, &span).await;
+    crate::metrics::upload(stored.as_ref().ok().map(|_| declared), started.elapsed());
+    stored?;
+    tracing::info!("upload completed and bound");
+    Ok(StatusCode::OK)
+}
+
+/// Stages, publishes and binds the body: the part of an upload whose size and time are measured.
+async fn store_upload(
+    state: &AppState,
+    grant: &UploadGrant,
+    declared: u64,
+    body: Body,
+    span: &tracing::Span,
+) -> Result<(), ApiError> {
     let staged = stage_upload(
         body.into_data_stream(),
         declared,
@@ -86,9 +102,7 @@ pub async fn upload_context(
         size: declared,
         now: Utc::now(),
     };
-    complete(&state, &command).await?;
-    tracing::info!("upload completed and bound");
-    Ok(StatusCode::OK)
+    complete(state, &command).await
 }
 
 /// Cheap early refusal, before reading a body that could not be used. The compare-and-set at
