@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod e2b;
 pub mod error;
+mod ui;
 mod state;
 pub mod upload_ingest;
 
@@ -17,6 +18,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
         .merge(admin::routes(state.clone()))
+        .merge(ui::routes(state.clone()))
         .merge(crate::metrics::server::routes(crate::metrics::scrape::ScrapeSources {
             pool: Some(state.pool.clone()),
             data_dir: Some(state.data_dir.clone()),
