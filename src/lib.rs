@@ -26,5 +26,6 @@ pub mod reconcilers;
 pub mod registration;
 pub mod streams;
 pub mod telemetry;
+pub mod trace;
 pub mod vmm;
 pub mod worker;

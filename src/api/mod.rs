@@ -28,12 +28,22 @@ pub fn router(state: AppState) -> Router {
         .layer(
             tower_http::trace::TraceLayer::new_for_http().make_span_with(
                 |request: &axum::http::Request<axum::body::Body>| {
-                    tracing::info_span!(
+                    let span = tracing::info_span!(
                         "request",
                         method = %request.method(),
                         path = %request.uri().path(),
                         team = tracing::field::Empty,
-                    )
+                    );
+                    // A client's W3C trace context makes this request part of its trace.
+                    if let Some(parent) = request
+                        .headers()
+                        .get("traceparent")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(crate::trace::parse_traceparent)
+                    {
+                        crate::trace::set_parent(&span, &parent);
+                    }
+                    span
                 },
             ),
         )

@@ -24,6 +24,8 @@ pub mod waiting_deadline;
 
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use crate::domain::ids::BuildId;
 use crate::events::{Actor, ActorRole, CommandContext, EventStore, Metadata};
 use crate::vmm::BlobStore;
@@ -155,7 +157,8 @@ impl Pass {
         };
         for id in due {
             let build = BuildId::from_uuid(id);
-            pass.add(act(build).await, what, build);
+            let span = crate::trace::build_span(&env.store, build, what).await;
+            pass.add(act(build).instrument(span).await, what, build);
         }
         Ok(pass)
     }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::attempt::Attempt;
 use super::base::{self, BaseError, ResolvedBase};
@@ -278,6 +279,7 @@ impl Executor<'_> {
             &job.spec.steps,
             &self.log,
         )
+        .instrument(tracing::info_span!("build.cache_lookup"))
         .await
         {
             Ok(lookup) => {
@@ -404,7 +406,10 @@ impl Executor<'_> {
                 .context_mut()
                 .clone_from(&vmm_context(&run.context));
             let started = std::time::Instant::now();
-            let stepped = self.step(job, number, &tag, step, run).await;
+            let stepped = self
+                .step(job, number, &tag, step, run)
+                .instrument(tracing::info_span!("build.step", step = number, kind = step.kind()))
+                .await;
             if !matches!(stepped, Err(Stop::Abandon(_))) {
                 crate::metrics::step_finished(step.kind(), stepped.is_ok(), started.elapsed());
             }

@@ -23,6 +23,7 @@ use crate::domain::ids::Digest;
 use crate::domain::upload_url::{verify, UploadGrant, UrlError, METHOD_PUT};
 use crate::events::command::load;
 use crate::streams::{build_stream, Build};
+use tracing::Instrument;
 
 #[tracing::instrument(skip_all, fields(build = tracing::field::Empty, hash = tracing::field::Empty, size = tracing::field::Empty, digest = tracing::field::Empty))]
 pub async fn upload_context(
@@ -59,7 +60,10 @@ pub async fn upload_context(
     refuse_if_frozen(&state, &grant).await?;
 
     let started = std::time::Instant::now();
-    let stored = store_upload(&state, &grant, declared, body, &span).await;
+    let work = crate::trace::build_span(&state.events, grant.build, "build.upload").await;
+    let stored = store_upload(&state, &grant, declared, body, &span)
+        .instrument(work)
+        .await;
     crate::metrics::upload(stored.as_ref().ok().map(|_| declared), started.elapsed());
     stored?;
     tracing::info!("upload completed and bound");
