@@ -12,6 +12,7 @@ pub mod history;
 pub mod image;
 pub mod keys;
 pub mod migrate;
+pub mod progress;
 pub mod projections;
 pub mod reconcile;
 pub mod sandbox;
