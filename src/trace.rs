@@ -10,9 +10,7 @@
 //! ([`crate::telemetry::init`] always does; export needs `OTEL_EXPORTER_OTLP_ENDPOINT`). In a
 //! process without it (tests with a plain subscriber), there are no ids and nothing is recorded.
 
-use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
-};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::domain::ids::BuildId;
@@ -42,7 +40,8 @@ pub fn current() -> Option<TraceIds> {
 /// Parses a W3C `traceparent` (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`).
 pub fn parse_traceparent(value: &str) -> Option<TraceIds> {
     let mut parts = value.trim().split('-');
-    let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let (version, trace, span, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
     if version == "ff" || !hex(version, 2) || !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
         return None;
@@ -61,7 +60,13 @@ pub fn parse_traceparent(value: &str) -> Option<TraceIds> {
 fn remote_context(ids: &TraceIds) -> Option<opentelemetry::Context> {
     let trace = TraceId::from_hex(&ids.trace_id).ok()?;
     let span = SpanId::from_hex(&ids.span_id).ok()?;
-    let sc = SpanContext::new(trace, span, TraceFlags::SAMPLED, true, TraceState::default());
+    let sc = SpanContext::new(
+        trace,
+        span,
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
     sc.is_valid()
         .then(|| opentelemetry::Context::new().with_remote_span_context(sc))
 }
@@ -77,14 +82,13 @@ pub fn set_parent(span: &tracing::Span, parent: &TraceIds) {
 /// The trace ids recorded on the build's registration (its stream's first event).
 pub async fn of_build(store: &EventStore, build: BuildId) -> Option<TraceIds> {
     let stream = crate::streams::build_stream(&build);
-    let meta: Option<serde_json::Value> = sqlx::query_scalar(
-        "SELECT metadata FROM events WHERE stream_id = $1 AND version = 1",
-    )
-    .bind(stream.as_str())
-    .fetch_optional(store.pool())
-    .await
-    .ok()
-    .flatten();
+    let meta: Option<serde_json::Value> =
+        sqlx::query_scalar("SELECT metadata FROM events WHERE stream_id = $1 AND version = 1")
+            .bind(stream.as_str())
+            .fetch_optional(store.pool())
+            .await
+            .ok()
+            .flatten();
     let meta = meta?;
     Some(TraceIds {
         trace_id: meta.get("trace_id")?.as_str()?.to_owned(),
@@ -108,7 +112,8 @@ mod tests {
 
     #[test]
     fn traceparent_is_parsed_strictly() {
-        let ids = parse_traceparent("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01").unwrap();
+        let ids =
+            parse_traceparent("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01").unwrap();
         assert_eq!(ids.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(ids.span_id, "00f067aa0ba902b7");
         for bad in [

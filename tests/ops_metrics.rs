@@ -16,7 +16,10 @@ use strata::events::{Actor, ActorRole, ExpectedVersion, Metadata, StreamId, Stre
 const SECRET: &str = "metrics-test-upload-secret-0123456789abcdef";
 
 fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, series: &str) -> f64 {
-    after.get(series).copied().unwrap_or_else(|| panic!("{series} missing: {after:#?}"))
+    after
+        .get(series)
+        .copied()
+        .unwrap_or_else(|| panic!("{series} missing: {after:#?}"))
         - before.get(series).copied().unwrap_or(0.0)
 }
 
@@ -34,7 +37,10 @@ async fn metrics_move_as_builds_upload_run_hit_the_cache_and_append() {
     let metrics_url = format!("{}/metrics", api.base);
     let before = scrape(&metrics_url).await;
     // Every family is listed from the start, at zero.
-    assert_eq!(before["strata_cache_lookups_total{outcome=\"bypass\"}"], 0.0);
+    assert_eq!(
+        before["strata_cache_lookups_total{outcome=\"bypass\"}"],
+        0.0
+    );
     assert_eq!(before["strata_builds{phase=\"ready\"}"], 0.0);
 
     let sdk = SdkClient::new(&api.base, &fx.db.url, "metrics-team").await;
@@ -44,7 +50,9 @@ async fn metrics_move_as_builds_upload_run_hit_the_cache_and_append() {
         {"type": "COPY", "args": ["app", "app", "", ""], "filesHash": hash, "force": false},
         {"type": "RUN", "args": ["cat app/hello.txt > seen.txt"], "force": false},
     ]});
-    let (_, _, first) = sdk.build("metrics", &[(hash, archive.clone())], spec.clone()).await;
+    let (_, _, first) = sdk
+        .build("metrics", &[(hash, archive.clone())], spec.clone())
+        .await;
     assert_eq!(first["status"], "ready", "{first}");
     // The same recipe again: the final result comes from the cache, no sandbox boots.
     let (_, _, second) = sdk.build("metrics", &[(hash, archive.clone())], spec).await;
@@ -59,12 +67,20 @@ async fn metrics_move_as_builds_upload_run_hit_the_cache_and_append() {
         metadata: Metadata::new(Actor::new(ActorRole::Cli, "test")),
     };
     fx.store
-        .append(vec![StreamWrite::new(stream.clone(), ExpectedVersion::NoStream, vec![event(1)])])
+        .append(vec![StreamWrite::new(
+            stream.clone(),
+            ExpectedVersion::NoStream,
+            vec![event(1)],
+        )])
         .await
         .unwrap();
     assert!(fx
         .store
-        .append(vec![StreamWrite::new(stream, ExpectedVersion::NoStream, vec![event(2)])])
+        .append(vec![StreamWrite::new(
+            stream,
+            ExpectedVersion::NoStream,
+            vec![event(2)]
+        )])
         .await
         .is_err());
 
@@ -73,12 +89,24 @@ async fn metrics_move_as_builds_upload_run_hit_the_cache_and_append() {
     assert_eq!(d("strata_upload_bytes_total"), archive.len() as f64);
     assert_eq!(d("strata_uploads_total{outcome=\"stored\"}"), 1.0);
     assert_eq!(d("strata_upload_duration_seconds_count"), 1.0);
-    assert_eq!(d("strata_worker_builds_finished_total{outcome=\"ready\"}"), 2.0);
-    assert_eq!(d("strata_worker_build_duration_seconds_count{outcome=\"ready\"}"), 2.0);
+    assert_eq!(
+        d("strata_worker_builds_finished_total{outcome=\"ready\"}"),
+        2.0
+    );
+    assert_eq!(
+        d("strata_worker_build_duration_seconds_count{outcome=\"ready\"}"),
+        2.0
+    );
     assert_eq!(d("strata_build_queue_wait_seconds_count"), 2.0);
     // Only the first build ran its steps and booted a sandbox.
-    assert_eq!(d("strata_build_step_duration_seconds_count{kind=\"COPY\",outcome=\"ok\"}"), 1.0);
-    assert_eq!(d("strata_build_step_duration_seconds_count{kind=\"RUN\",outcome=\"ok\"}"), 1.0);
+    assert_eq!(
+        d("strata_build_step_duration_seconds_count{kind=\"COPY\",outcome=\"ok\"}"),
+        1.0
+    );
+    assert_eq!(
+        d("strata_build_step_duration_seconds_count{kind=\"RUN\",outcome=\"ok\"}"),
+        1.0
+    );
     assert_eq!(d("strata_sandbox_boots_total{outcome=\"ok\"}"), 1.0);
     assert_eq!(d("strata_sandbox_boot_duration_seconds_count"), 1.0);
     // First build: final result and both checkpoints missed; second: the final result hit.
@@ -92,8 +120,13 @@ async fn metrics_move_as_builds_upload_run_hit_the_cache_and_append() {
     assert!(after["strata_node_storage_bytes{kind=\"blobs\"}"] >= archive.len() as f64);
     // Event store: appends, events, and the one conflict.
     assert!(d("strata_event_appends_total{outcome=\"appended\"}") >= 10.0);
-    assert!(d("strata_events_appended_total") >= d("strata_event_appends_total{outcome=\"appended\"}"));
-    assert_eq!(d("strata_event_appends_total{outcome=\"version_conflict\"}"), 1.0);
+    assert!(
+        d("strata_events_appended_total") >= d("strata_event_appends_total{outcome=\"appended\"}")
+    );
+    assert_eq!(
+        d("strata_event_appends_total{outcome=\"version_conflict\"}"),
+        1.0
+    );
     assert!(d("strata_event_append_duration_seconds_count") >= 11.0);
     fx.stop().await;
 }
@@ -112,7 +145,11 @@ async fn the_reconciler_serves_its_own_metrics_listener() {
     let data = common::data_dir();
     let port = free_port();
     let mut child = Command::new(common::strata_bin())
-        .args(["reconcile", "--metrics-listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "reconcile",
+            "--metrics-listen",
+            &format!("127.0.0.1:{port}"),
+        ])
         .env("DATABASE_URL", &db.url)
         .env("STRATA_DATA_DIR", data.path())
         .env("STRATA_RECONCILE_SCHEDULE", "* * * * * *")
@@ -133,15 +170,22 @@ async fn the_reconciler_serves_its_own_metrics_listener() {
                 break m;
             }
         }
-        assert!(Instant::now() < deadline, "no reconciler passes scraped within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "no reconciler passes scraped within 30 s"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     for r in ["promotion", "waiting-deadline", "intent-expiry"] {
         assert!(
-            passes[&format!("strata_reconciler_passes_total{{outcome=\"ok\",reconciler=\"{r}\"}}")] >= 1.0
+            passes[&format!("strata_reconciler_passes_total{{outcome=\"ok\",reconciler=\"{r}\"}}")]
+                >= 1.0
         );
     }
-    assert!(passes["strata_reconciler_pass_duration_seconds_count{reconciler=\"attempt-expiry\"}"] >= 2.0);
+    assert!(
+        passes["strata_reconciler_pass_duration_seconds_count{reconciler=\"attempt-expiry\"}"]
+            >= 2.0
+    );
     // The reconciler reports no build gauges: those come from the API.
     assert!(!passes.keys().any(|k| k.starts_with("strata_builds{")));
     // SAFETY: plain kill(2) on our own child.

@@ -23,7 +23,11 @@ fn on_terminal(args: &[&str], env: &[(&str, &str)]) -> String {
         .env_remove("STRATA_PROGRESS")
         .output()
         .expect("script (util-linux) runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -35,7 +39,11 @@ fn piped(args: &[&str], env: &[(&str, &str)]) -> (String, String) {
         .env_remove("STRATA_PROGRESS")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -53,7 +61,10 @@ fn build_base_shows_its_stages_on_a_terminal_only() {
     let env = [("STRATA_DATA_DIR", dir), ("RUST_LOG", "warn")];
     let shown = on_terminal(&["image", "build-base", "--busybox-only"], &env);
     assert!(shown.contains("[1/1] busybox"), "{shown:?}");
-    assert!(shown.contains("s)"), "the stage ends with its duration: {shown:?}");
+    assert!(
+        shown.contains("s)"),
+        "the stage ends with its duration: {shown:?}"
+    );
     assert!(shown.contains("busybox\tsha256:"), "{shown:?}");
 
     let (stdout, stderr) = piped(&["image", "build-base", "--busybox-only"], &env);
@@ -88,7 +99,14 @@ async fn template_export_reports_layers_on_a_terminal_only() {
     ];
     let tty_dir = out.path().join("tty");
     let shown = on_terminal(
-        &["template", "export", "--team", &team, "exported", tty_dir.to_str().unwrap()],
+        &[
+            "template",
+            "export",
+            "--team",
+            &team,
+            "exported",
+            tty_dir.to_str().unwrap(),
+        ],
         &env,
     );
     assert!(shown.contains("[1/1] exporting exported"), "{shown:?}");
@@ -98,10 +116,20 @@ async fn template_export_reports_layers_on_a_terminal_only() {
 
     let pipe_dir = out.path().join("pipe");
     let (stdout, stderr) = piped(
-        &["template", "export", "--team", &team, "exported", pipe_dir.to_str().unwrap()],
+        &[
+            "template",
+            "export",
+            "--team",
+            &team,
+            "exported",
+            pipe_dir.to_str().unwrap(),
+        ],
         &env,
     );
     assert!(stdout.starts_with("exported\tsha256:"), "{stdout:?}");
-    assert!(!stderr.contains("exporting") && !stderr.contains("layer "), "{stderr:?}");
+    assert!(
+        !stderr.contains("exporting") && !stderr.contains("layer "),
+        "{stderr:?}"
+    );
     assert!(Path::new(&pipe_dir).join("index.json").exists());
 }

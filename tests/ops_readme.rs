@@ -15,7 +15,8 @@ const TOKEN: &str = "readme-admin-token-51c2";
 
 /// The shell lines of the first `sh` block under `## Operators`.
 fn operator_examples() -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let section = readme
         .split("\n## ")
         .find(|s| s.starts_with("Operators"))
@@ -53,7 +54,10 @@ async fn the_readme_operator_examples_run() {
         .env("STRATA_DATA_DIR", common::sandbox::node_dir())
         .env("STRATA_LISTEN", format!("127.0.0.1:{port}"))
         .env("STRATA_ADMIN_TOKEN", TOKEN)
-        .env("STRATA_UPLOAD_SECRET", "readme-test-upload-secret-0123456789abcdef")
+        .env(
+            "STRATA_UPLOAD_SECRET",
+            "readme-test-upload-secret-0123456789abcdef",
+        )
         .env("STRATA_NODE_ID", "readme-node")
         .env("STRATA_QUEUE_POLL_MS", "200")
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -70,19 +74,31 @@ async fn the_readme_operator_examples_run() {
     }
     let sdk = SdkClient::new(&base, &db.url, "readme-team").await;
     let (_, ok, status) = sdk
-        .build("readme", &[], json!({"fromImage": "busybox", "force": false, "steps": [
-            {"type": "RUN", "args": ["echo fine"], "force": false}]}))
+        .build(
+            "readme",
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": [
+            {"type": "RUN", "args": ["echo fine"], "force": false}]}),
+        )
         .await;
     assert_eq!(status["status"], "ready");
     let (_, failed, status) = sdk
-        .build("readme", &[], json!({"fromImage": "busybox", "force": false, "steps": [
+        .build(
+            "readme",
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": [
             {"type": "RUN", "args": ["echo fine"], "force": false},
-            {"type": "RUN", "args": ["echo broken >&2; exit 4"], "force": false}]}))
+            {"type": "RUN", "args": ["echo broken >&2; exit 4"], "force": false}]}),
+        )
         .await;
     assert_eq!(status["status"], "error");
 
     let bin_dir = common::strata_bin().parent().unwrap().to_owned();
-    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut outputs = Vec::new();
     for line in &examples {
         let line = line.replace("http://127.0.0.1:3000", &base);
@@ -104,9 +120,17 @@ async fn the_readme_operator_examples_run() {
         outputs.push(stdout);
     }
     // What each example printed.
-    assert!(outputs[0].contains("why it failed: StepFailed"), "{}", outputs[0]);
+    assert!(
+        outputs[0].contains("why it failed: StepFailed"),
+        "{}",
+        outputs[0]
+    );
     assert!(outputs[0].contains("exit code: 4"), "{}", outputs[0]);
-    assert!(outputs[0].contains(&format!("compared with build {ok}")), "{}", outputs[0]);
+    assert!(
+        outputs[0].contains(&format!("compared with build {ok}")),
+        "{}",
+        outputs[0]
+    );
     let json: serde_json::Value = serde_json::from_str(&outputs[1]).unwrap();
     assert_eq!(json["failure"]["step"], "2");
     assert_eq!(json["cache"]["steps"][0]["hit"], true);

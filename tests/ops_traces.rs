@@ -92,7 +92,10 @@ async fn a_build_is_one_trace_from_the_first_request_through_steps_and_promotion
         .env("DATABASE_URL", &db.url)
         .env("STRATA_DATA_DIR", common::sandbox::node_dir())
         .env("STRATA_LISTEN", format!("127.0.0.1:{port}"))
-        .env("STRATA_UPLOAD_SECRET", "trace-test-upload-secret-0123456789abcdef")
+        .env(
+            "STRATA_UPLOAD_SECRET",
+            "trace-test-upload-secret-0123456789abcdef",
+        )
         .env("STRATA_NODE_ID", "trace-node")
         .env("STRATA_QUEUE_POLL_MS", "200")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
@@ -141,7 +144,14 @@ async fn a_build_is_one_trace_from_the_first_request_through_steps_and_promotion
     }
     let registration_span = events[0].1["span_id"].as_str().unwrap().to_owned();
     let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
-    for k in ["BuildRegistered.v1", "BuildFrozen.v1", "AttemptAcquired.v1", "StepCompleted.v1", "PublishingStarted.v1", "BuildReady.v1"] {
+    for k in [
+        "BuildRegistered.v1",
+        "BuildFrozen.v1",
+        "AttemptAcquired.v1",
+        "StepCompleted.v1",
+        "PublishingStarted.v1",
+        "BuildReady.v1",
+    ] {
         assert!(kinds.contains(&k), "{k} missing: {kinds:?}");
     }
     let other_events = build_metadata(&db.pool, &other).await;
@@ -162,11 +172,23 @@ async fn a_build_is_one_trace_from_the_first_request_through_steps_and_promotion
     let by_name = |name: &str| in_trace.iter().filter(|s| s.name == name).count();
     // The client's first request is parented on the client's span.
     assert!(
-        in_trace.iter().any(|s| s.name == "request" && s.parent == client_span),
+        in_trace
+            .iter()
+            .any(|s| s.name == "request" && s.parent == client_span),
         "{in_trace:#?}"
     );
-    for name in ["build.start", "build.upload_link", "build.upload", "build.attempt", "build.cache_lookup", "build.publish"] {
-        assert!(by_name(name) >= 1, "no {name} span in the trace: {in_trace:#?}");
+    for name in [
+        "build.start",
+        "build.upload_link",
+        "build.upload",
+        "build.attempt",
+        "build.cache_lookup",
+        "build.publish",
+    ] {
+        assert!(
+            by_name(name) >= 1,
+            "no {name} span in the trace: {in_trace:#?}"
+        );
     }
     assert_eq!(by_name("build.step"), 2, "{in_trace:#?}");
     // Later work hangs off the registration's span, recorded on the first event.
@@ -177,7 +199,10 @@ async fn a_build_is_one_trace_from_the_first_request_through_steps_and_promotion
         let mut at = step.parent.as_str();
         let mut hops = 0;
         while at != attempt.span {
-            at = ids.get(at).map(|s| s.parent.as_str()).expect("the step's ancestors were exported");
+            at = ids
+                .get(at)
+                .map(|s| s.parent.as_str())
+                .expect("the step's ancestors were exported");
             hops += 1;
             assert!(hops < 20);
         }

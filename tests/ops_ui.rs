@@ -119,8 +119,17 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     assert_eq!(resp.status().as_u16(), 401);
     let resp = http.get(format!("{ui}?token=wrong")).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 401);
-    for path in ["/ui/templates", "/ui/storage", &format!("/ui/builds/{ok}"), &format!("/ui/builds/{ok}/why.json")] {
-        let resp = http.get(format!("{}{path}", api.base)).send().await.unwrap();
+    for path in [
+        "/ui/templates",
+        "/ui/storage",
+        &format!("/ui/builds/{ok}"),
+        &format!("/ui/builds/{ok}/why.json"),
+    ] {
+        let resp = http
+            .get(format!("{}{path}", api.base))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status().as_u16(), 401, "{path}");
     }
     let page = http.get(&ui).bearer_auth(TOKEN).send().await.unwrap();
@@ -135,9 +144,15 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 303);
-    assert_eq!(resp.headers()["location"], format!("/ui/builds/{ok}").as_str());
+    assert_eq!(
+        resp.headers()["location"],
+        format!("/ui/builds/{ok}").as_str()
+    );
     let cookie = resp.headers()["set-cookie"].to_str().unwrap().to_owned();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
     assert!(!cookie.contains(TOKEN), "{cookie}");
     let session = cookie.split(';').next().unwrap().to_owned();
     let resp = http
@@ -162,7 +177,15 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 303);
-    assert_eq!(resp.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap(), session);
+    assert_eq!(
+        resp.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap(),
+        session
+    );
 
     // Filters.
     let errors = http
@@ -212,7 +235,10 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
         .await
         .unwrap();
     assert!(templates.contains("ui-app") && templates.contains("ui-broken"));
-    assert!(templates.contains(&format!("default → <a href=\"/ui/builds/{ok}\">")), "{templates}");
+    assert!(
+        templates.contains(&format!("default → <a href=\"/ui/builds/{ok}\">")),
+        "{templates}"
+    );
     let storage = http
         .get(format!("{ui}/storage"))
         .header("cookie", &session)
@@ -233,7 +259,10 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     assert_eq!(dom.matches("<tr class=\"step\">").count(), 3, "{dom}");
     assert!(dom.contains("ENV GREETING hello"));
     assert!(dom.contains("RUN echo $GREETING from the page &gt; greeting.txt; cat greeting.txt"));
-    assert!(dom.contains("hello from the page"), "the RUN's log excerpt: {dom}");
+    assert!(
+        dom.contains("hello from the page"),
+        "the RUN's log excerpt: {dom}"
+    );
     assert!(dom.contains("checkpointed"));
     assert!(dom.contains("<table id=\"attempts\">"));
     let failed_dom = chromium(&format!("{ui}/builds/{failed}?token={TOKEN}"), "--dump-dom").await;
@@ -252,6 +281,10 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     .await;
     let png = std::fs::read(&shot).expect("the screenshot was written");
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
-    assert!(png.len() > 10_000, "a blank page would be tiny: {} bytes", png.len());
+    assert!(
+        png.len() > 10_000,
+        "a blank page would be tiny: {} bytes",
+        png.len()
+    );
     fx.stop().await;
 }

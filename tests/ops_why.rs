@@ -43,7 +43,9 @@ impl Fixture {
     }
 
     async fn why(&self, build: BuildId) -> Why {
-        strata::inspect::why_build(&self.store, build).await.unwrap()
+        strata::inspect::why_build(&self.store, build)
+            .await
+            .unwrap()
     }
 
     /// `strata why build ID --json` as a child process against this test's database.
@@ -76,7 +78,11 @@ async fn a_failed_run_is_explained_by_its_step_exit_code_and_last_log_lines() {
             ]}),
         )
         .await;
-    assert!(matches!(state.phase, Phase::Error { .. }), "{:?}", state.phase);
+    assert!(
+        matches!(state.phase, Phase::Error { .. }),
+        "{:?}",
+        state.phase
+    );
 
     let why = fx.why(build).await;
     assert_eq!(why.status, "error");
@@ -148,7 +154,9 @@ async fn a_lost_node_is_explained_by_the_reconciler_and_its_evidence() {
     let env = ReconcileEnv {
         store: fx.store.clone(),
         node: "reconciler-a".into(),
-        blobs: Arc::new(strata::vmm::LocalBlobStore::open(common::sandbox::node_dir().join("blobs")).unwrap()),
+        blobs: Arc::new(
+            strata::vmm::LocalBlobStore::open(common::sandbox::node_dir().join("blobs")).unwrap(),
+        ),
     };
     let mut applied = false;
     for _ in 0..200 {
@@ -166,10 +174,19 @@ async fn a_lost_node_is_explained_by_the_reconciler_and_its_evidence() {
     assert_eq!(f.ended_by, "reconciler/reconciler-a");
     assert_eq!(f.epoch, Some(1));
     let evidence = f.evidence.as_deref().unwrap();
-    assert!(evidence.contains("attempt 1 on node test-node"), "{evidence}");
+    assert!(
+        evidence.contains("attempt 1 on node test-node"),
+        "{evidence}"
+    );
     assert!(evidence.contains("the lease expired at"), "{evidence}");
-    assert!(evidence.contains("reconciler reconciler-a closed the attempt"), "{evidence}");
-    assert!(evidence.contains("1 of 2 steps had completed"), "{evidence}");
+    assert!(
+        evidence.contains("reconciler reconciler-a closed the attempt"),
+        "{evidence}"
+    );
+    assert!(
+        evidence.contains("1 of 2 steps had completed"),
+        "{evidence}"
+    );
     assert!(why.to_text().contains("NodeLost"));
 }
 
@@ -208,7 +225,11 @@ async fn a_rebuild_with_one_changed_copy_names_the_file_hash_and_the_chained_mis
     let c1 = why1.cache.as_ref().unwrap();
     assert_eq!(c1.compared_with, None);
     assert!(c1.steps.iter().all(|s| !s.hit));
-    assert!(c1.steps[0].reason.contains("no earlier build"), "{}", c1.steps[0].reason);
+    assert!(
+        c1.steps[0].reason.contains("no earlier build"),
+        "{}",
+        c1.steps[0].reason
+    );
 
     let why2 = fx.why(second).await;
     assert!(why2.failure.is_none());
@@ -219,7 +240,11 @@ async fn a_rebuild_with_one_changed_copy_names_the_file_hash_and_the_chained_mis
     assert_eq!(c.steps[0].outcome, "cached");
     // Step 2 (ENV) has an unchanged key but is never a checkpoint: replayed after step 1.
     assert!(!c.steps[1].hit);
-    assert!(c.steps[1].reason.contains("never checkpoints"), "{}", c.steps[1].reason);
+    assert!(
+        c.steps[1].reason.contains("never checkpoints"),
+        "{}",
+        c.steps[1].reason
+    );
     // Step 3: the COPY's files changed, by filesHash and blob digest.
     match &c.steps[2].changed {
         Some(KeyPart::FileHash {
@@ -240,7 +265,11 @@ async fn a_rebuild_with_one_changed_copy_names_the_file_hash_and_the_chained_mis
     assert_eq!(c.steps[2].outcome, "checkpointed");
     // Step 4 changed only because step 3 did.
     assert_eq!(c.steps[3].changed, Some(KeyPart::EarlierStep { step: 3 }));
-    assert!(c.final_result.contains("step 3 changed"), "{}", c.final_result);
+    assert!(
+        c.final_result.contains("step 3 changed"),
+        "{}",
+        c.final_result
+    );
 
     // An unchanged rebuild of the first recipe is a final hit, explained as such.
     let (third, s3) = fx
@@ -252,9 +281,16 @@ async fn a_rebuild_with_one_changed_copy_names_the_file_hash_and_the_chained_mis
         .await;
     assert_ready(&s3);
     let c3 = fx.why(third).await.cache.unwrap();
-    assert_eq!(c3.compared_with.as_deref(), Some(first.to_string().as_str()));
+    assert_eq!(
+        c3.compared_with.as_deref(),
+        Some(first.to_string().as_str())
+    );
     assert!(c3.steps.iter().all(|s| s.hit), "{:?}", c3.steps);
-    assert!(c3.final_result.starts_with("cache hit"), "{}", c3.final_result);
+    assert!(
+        c3.final_result.starts_with("cache hit"),
+        "{}",
+        c3.final_result
+    );
 
     // Text form, as the CLI prints it.
     let text = why2.to_text();

@@ -3,8 +3,8 @@
 pub mod admin;
 pub mod e2b;
 pub mod error;
-mod ui;
 mod state;
+mod ui;
 pub mod upload_ingest;
 
 pub use state::{AppState, ProtocolSettings, StateError};
@@ -19,10 +19,12 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .merge(admin::routes(state.clone()))
         .merge(ui::routes(state.clone()))
-        .merge(crate::metrics::server::routes(crate::metrics::scrape::ScrapeSources {
-            pool: Some(state.pool.clone()),
-            data_dir: Some(state.data_dir.clone()),
-        }))
+        .merge(crate::metrics::server::routes(
+            crate::metrics::scrape::ScrapeSources {
+                pool: Some(state.pool.clone()),
+                data_dir: Some(state.data_dir.clone()),
+            },
+        ))
         .merge(e2b::routes())
         // Spans name the path only: upload URLs carry their signature in the query.
         .layer(

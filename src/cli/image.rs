@@ -76,7 +76,11 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             progress.finish_stage(&short(&m.digest().to_string()));
             println!("{}\t{}", m.name, m.digest());
             if !busybox_only {
-                progress.stage(2, total, "debian:bookworm (debootstrap; minutes when missing)");
+                progress.stage(
+                    2,
+                    total,
+                    "debian:bookworm (debootstrap; minutes when missing)",
+                );
                 let (d, b) = (data_dir.clone(), blobs.clone());
                 let m = tokio::task::spawn_blocking(move || {
                     image::ensure_debian(&d, b.as_ref(), &mirror)

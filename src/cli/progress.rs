@@ -76,7 +76,12 @@ impl Progress {
         if let Ok(l) = self.line.lock() {
             let took = l.started.map(|s| s.elapsed()).unwrap_or_default();
             let mut err = std::io::stderr().lock();
-            let _ = writeln!(err, "\r\x1b[2K{} {outcome} ({:.1}s)", l.stage, took.as_secs_f64());
+            let _ = writeln!(
+                err,
+                "\r\x1b[2K{} {outcome} ({:.1}s)",
+                l.stage,
+                took.as_secs_f64()
+            );
         }
     }
 

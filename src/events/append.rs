@@ -106,7 +106,12 @@ impl EventStore {
             Err(AppendError::Database(_)) => "database_error",
         };
         span.record("outcome", outcome);
-        crate::metrics::event_append(outcome, writes.iter().map(|w| w.events.len()).sum(), result.as_ref().map_or(1, |o| o.attempts), started.elapsed());
+        crate::metrics::event_append(
+            outcome,
+            writes.iter().map(|w| w.events.len()).sum(),
+            result.as_ref().map_or(1, |o| o.attempts),
+            started.elapsed(),
+        );
         if let Ok(o) = &result {
             span.record("attempts", o.attempts);
         }

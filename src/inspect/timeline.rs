@@ -154,10 +154,8 @@ fn attempts(facts: &BuildFacts) -> Vec<AttemptRow> {
             Event::AttemptExpired { epoch, .. } => set_end(&mut out, epoch.0, "expired"),
             Event::BuildFailed {
                 epoch: Some(epoch), ..
-            } => {
-                if out.iter().any(|a| a.epoch == epoch.0 && a.ended == "open") {
-                    set_end(&mut out, epoch.0, "failed");
-                }
+            } if out.iter().any(|a| a.epoch == epoch.0 && a.ended == "open") => {
+                set_end(&mut out, epoch.0, "failed");
             }
             _ => {}
         }
@@ -223,7 +221,9 @@ fn steps(facts: &BuildFacts) -> Vec<StepRow> {
                 let seconds = started.map(|s| secs(s, *at).max(0.0));
                 boundary = Some(*at);
                 match o {
-                    StepOutcome::Cached { snapshot } => ("cached", Some(snapshot.to_string()), Some(0.0)),
+                    StepOutcome::Cached { snapshot } => {
+                        ("cached", Some(snapshot.to_string()), Some(0.0))
+                    }
                     StepOutcome::Checkpointed { snapshot } => {
                         ("checkpointed", Some(snapshot.to_string()), seconds)
                     }
@@ -260,7 +260,11 @@ fn event_row(e: &super::facts::BuildEvent) -> EventRow {
     EventRow {
         version: e.version,
         at: e.recorded_at,
-        actor: format!("{}/{}", e.metadata.actor.role.as_str(), e.metadata.actor.node),
+        actor: format!(
+            "{}/{}",
+            e.metadata.actor.role.as_str(),
+            e.metadata.actor.node
+        ),
         epoch: e.metadata.epoch,
         event_type,
         summary: summary(&e.event),
@@ -269,18 +273,26 @@ fn event_row(e: &super::facts::BuildEvent) -> EventRow {
 
 fn summary(event: &Event) -> String {
     match event {
-        Event::BuildRegistered { template, team, .. } => format!("template {template}, team {team}"),
-        Event::UploadReserved { hash, generation, .. } => {
+        Event::BuildRegistered { template, team, .. } => {
+            format!("template {template}, team {team}")
+        }
+        Event::UploadReserved {
+            hash, generation, ..
+        } => {
             format!("upload link for {hash} (generation {generation:?})")
         }
         Event::ContextBound { hash, binding, .. } => {
             format!("{hash} bound to {}", binding.blob_digest)
         }
-        Event::UploadCompleted { blob_digest, size, .. } => format!("{size} bytes, {blob_digest}"),
+        Event::UploadCompleted {
+            blob_digest, size, ..
+        } => format!("{size} bytes, {blob_digest}"),
         Event::IntentExpired { intent, .. } => format!("intent {intent:?} expired"),
         Event::BuildFrozen { spec, .. } => format!("{} steps frozen", spec.steps.len()),
         Event::AttemptAcquired { epoch, node, .. } => format!("epoch {epoch} on {node}"),
-        Event::LeaseRenewed { lease_expires_at, .. } => {
+        Event::LeaseRenewed {
+            lease_expires_at, ..
+        } => {
             format!("lease until {}", lease_expires_at.format("%H:%M:%S"))
         }
         Event::StepCompleted { step, outcome, .. } => format!(
@@ -296,7 +308,11 @@ fn summary(event: &Event) -> String {
         }
         Event::PublishingStarted { result, .. } => format!("candidate {}", result.candidate),
         Event::BuildReady { .. } => "ready".into(),
-        Event::AttemptExpired { node, lease_expires_at, .. } => format!(
+        Event::AttemptExpired {
+            node,
+            lease_expires_at,
+            ..
+        } => format!(
             "node {node} lost: lease expired at {}",
             lease_expires_at.format("%H:%M:%S%.3f")
         ),

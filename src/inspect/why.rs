@@ -155,7 +155,13 @@ pub fn failure(facts: &BuildFacts) -> Option<FailureWhy> {
         .rev()
         .find(|e| matches!(e.event, Event::BuildFailed { .. }));
     let ended_by = failed
-        .map(|e| format!("{}/{}", e.metadata.actor.role.as_str(), e.metadata.actor.node))
+        .map(|e| {
+            format!(
+                "{}/{}",
+                e.metadata.actor.role.as_str(),
+                e.metadata.actor.node
+            )
+        })
         .unwrap_or_else(|| "unknown".into());
     let step_tag = reason.step.map(String::from);
     let instruction = match reason.step {
@@ -237,7 +243,10 @@ fn node_lost_evidence(facts: &BuildFacts) -> Option<String> {
             node,
             lease_expires_at,
             expired_at,
-        } => Some(((*epoch, node.clone(), *lease_expires_at, *expired_at), &e.metadata)),
+        } => Some((
+            (*epoch, node.clone(), *lease_expires_at, *expired_at),
+            &e.metadata,
+        )),
         _ => None,
     })?;
     let (epoch, node, lease_expires_at, expired_at) = expired;
@@ -407,10 +416,11 @@ fn hit_reason(consultation: Option<&CacheConsultation>, n: u32) -> String {
         Some(CacheFound::Final) => {
             "cache hit: the final result of an identical build was reused; no step ran".into()
         }
-        Some(CacheFound::Checkpoint { step }) if *step == n => format!(
+        Some(CacheFound::Checkpoint { step }) if *step == n => {
             "cache hit: the build resumed from this step's checkpoint (its key and every key \
              before it were unchanged)"
-        ),
+                .into()
+        }
         Some(CacheFound::Checkpoint { step }) => format!(
             "cache hit: covered by the checkpoint of step {step}, which the build resumed from"
         ),
@@ -530,8 +540,9 @@ fn verdict_suffix(facts: &BuildFacts, n: u32) -> String {
     facts
         .logs
         .iter()
-        .filter(|l| l.step.as_deref() == Some(tag.as_str()) && l.message.starts_with("[cache] step "))
-        .next_back()
+        .rfind(|l| {
+            l.step.as_deref() == Some(tag.as_str()) && l.message.starts_with("[cache] step ")
+        })
         .and_then(|l| l.message.rsplit_once(": ").map(|(_, v)| v.to_owned()))
         .map(|v| format!(" (lookup said: {v})"))
         .unwrap_or_default()
@@ -719,7 +730,10 @@ fn final_reason(
                     .logs
                     .iter()
                     .find(|l| l.message.starts_with("[cache] final result: "))
-                    .map(|l| format!(" (lookup said: {})", &l.message["[cache] final result: ".len()..]))
+                    .map(|l| format!(
+                        " (lookup said: {})",
+                        &l.message["[cache] final result: ".len()..]
+                    ))
                     .unwrap_or_default()
             ),
             other => format!(

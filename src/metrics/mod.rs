@@ -262,11 +262,7 @@ pub fn upload(stored: Option<u64>, took: Duration) {
 // ---------------------------------------------------------------------------------------------
 
 /// One pass: `None` when it failed as a whole.
-pub fn reconciler_pass(
-    reconciler: &str,
-    took: Duration,
-    counts: Option<(usize, usize, usize)>,
-) {
+pub fn reconciler_pass(reconciler: &str, took: Duration, counts: Option<(usize, usize, usize)>) {
     RECONCILER_PASS_DURATION
         .with_label_values(&[reconciler])
         .observe(took.as_secs_f64());
@@ -275,7 +271,11 @@ pub fn reconciler_pass(
             RECONCILER_PASSES
                 .with_label_values(&[reconciler, "ok"])
                 .inc();
-            for (result, n) in [("applied", applied), ("skipped", skipped), ("failed", failed)] {
+            for (result, n) in [
+                ("applied", applied),
+                ("skipped", skipped),
+                ("failed", failed),
+            ] {
                 RECONCILER_CANDIDATES
                     .with_label_values(&[reconciler, result])
                     .inc_by(n as u64);

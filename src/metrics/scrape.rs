@@ -32,7 +32,14 @@ static STORAGE: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
-const PHASES: [&str; 6] = ["waiting", "queued", "active", "publishing", "ready", "error"];
+const PHASES: [&str; 6] = [
+    "waiting",
+    "queued",
+    "active",
+    "publishing",
+    "ready",
+    "error",
+];
 
 /// What this process reports at scrape time besides its own counters.
 #[derive(Clone, Default)]

@@ -289,7 +289,9 @@ impl Executor<'_> {
                 Ok((Some(writer), lookup.found, flight))
             }
             Err(e) => {
-                let found = crate::domain::build::CacheFound::Bypassed { reason: e.to_string() };
+                let found = crate::domain::build::CacheFound::Bypassed {
+                    reason: e.to_string(),
+                };
                 super::cache_consultation::record(self.attempt, &plan, resolved, found).await?;
                 tracing::warn!(build = %self.attempt.build, error = %e, "cache bypassed");
                 self.log.info(
@@ -408,7 +410,11 @@ impl Executor<'_> {
             let started = std::time::Instant::now();
             let stepped = self
                 .step(job, number, &tag, step, run)
-                .instrument(tracing::info_span!("build.step", step = number, kind = step.kind()))
+                .instrument(tracing::info_span!(
+                    "build.step",
+                    step = number,
+                    kind = step.kind()
+                ))
                 .await;
             if !matches!(stepped, Err(Stop::Abandon(_))) {
                 crate::metrics::step_finished(step.kind(), stepped.is_ok(), started.elapsed());

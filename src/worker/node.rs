@@ -91,7 +91,9 @@ impl Worker {
                     let worker = self.clone();
                     let cancel = running.child_token();
                     tasks.spawn(async move {
-                        let span = crate::trace::build_span(&worker.store, attempt.build, "build.attempt").await;
+                        let span =
+                            crate::trace::build_span(&worker.store, attempt.build, "build.attempt")
+                                .await;
                         worker.run_attempt(attempt, cancel).instrument(span).await;
                         drop(permit);
                     });
@@ -163,7 +165,8 @@ impl Worker {
         crate::metrics::queue_wait_of(&self.store, attempt.build).await;
         let started = Instant::now();
         let result = self.execute(&attempt, &log, &cancel).await;
-        crate::metrics::build_finished_of(&self.store, attempt.build, result.is_ok(), started).await;
+        crate::metrics::build_finished_of(&self.store, attempt.build, result.is_ok(), started)
+            .await;
         match result {
             Ok(()) => {}
             Err(e @ WorkerError::Fenced { .. }) => tracing::info!(build = %attempt.build, "{e}"),

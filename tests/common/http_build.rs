@@ -56,7 +56,12 @@ impl SdkClient {
         }
     }
 
-    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.base))
@@ -85,7 +90,11 @@ impl SdkClient {
         spec: Value,
     ) -> (String, String, Value) {
         let (status, body) = self
-            .call(reqwest::Method::POST, "/v3/templates", Some(json!({"name": name})))
+            .call(
+                reqwest::Method::POST,
+                "/v3/templates",
+                Some(json!({"name": name})),
+            )
             .await;
         assert_eq!(status, 202, "{body}");
         let template = body["templateID"].as_str().unwrap().to_string();
@@ -100,12 +109,20 @@ impl SdkClient {
                 .await;
             assert_eq!(status, 201, "{link}");
             if !link["present"].as_bool().unwrap() {
-                let mut put = self.http.put(link["url"].as_str().unwrap()).body(bytes.clone());
+                let mut put = self
+                    .http
+                    .put(link["url"].as_str().unwrap())
+                    .body(bytes.clone());
                 if let Some(tp) = &self.traceparent {
                     put = put.header("traceparent", tp);
                 }
                 let resp = put.send().await.unwrap();
-                assert_eq!(resp.status().as_u16(), 200, "{}", resp.text().await.unwrap());
+                assert_eq!(
+                    resp.status().as_u16(),
+                    200,
+                    "{}",
+                    resp.text().await.unwrap()
+                );
             }
         }
         let (status, body) = self

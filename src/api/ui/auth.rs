@@ -77,16 +77,14 @@ fn percent_decode(s: &str) -> String {
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    Err(_) => out.push(b'%'),
+            b'%' if i + 2 < bytes.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                Ok(b) => {
+                    out.push(b);
+                    i += 3;
+                    continue;
                 }
-            }
+                Err(_) => out.push(b'%'),
+            },
             b'+' => out.push(b' '),
             b => out.push(b),
         }
@@ -97,7 +95,11 @@ fn percent_decode(s: &str) -> String {
 
 /// Lets the request through with a valid token or session; otherwise the login page (401), or
 /// 503 when the server has no admin token.
-pub async fn require_admin(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn require_admin(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
     let Some(expected) = state.admin_token.as_deref().filter(|t| !t.is_empty()) else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -129,8 +131,8 @@ pub async fn require_admin(State(state): State<AppState>, request: Request, next
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(|t| tokens_equal(t.trim(), expected));
-    let session = presented_session(request.headers())
-        .map(|s| tokens_equal(&s, &session_of(expected)));
+    let session =
+        presented_session(request.headers()).map(|s| tokens_equal(&s, &session_of(expected)));
     if bearer == Some(true) || session == Some(true) {
         return next.run(request).await;
     }

@@ -83,9 +83,16 @@ pub async fn list_builds(
          <label>team <input name=\"team\" value=\"{}\"></label>\
          <label>template <input name=\"template\" value=\"{}\"></label>\
          <button type=\"submit\">filter</button></form>",
-        ["waiting", "queued", "active", "publishing", "ready", "error"]
-            .map(opt)
-            .concat(),
+        [
+            "waiting",
+            "queued",
+            "active",
+            "publishing",
+            "ready",
+            "error"
+        ]
+        .map(opt)
+        .concat(),
         escape(non_empty(&filter.team).unwrap_or("")),
         escape(non_empty(&filter.template).unwrap_or("")),
     );
@@ -148,7 +155,13 @@ async fn recent_events(state: &AppState) -> Result<String, sqlx::Error> {
         );
         let link = stream
             .strip_prefix("build-")
-            .map(|id| format!("<a href=\"/ui/builds/{0}\">{1}</a>", escape(id), escape(&stream)))
+            .map(|id| {
+                format!(
+                    "<a href=\"/ui/builds/{0}\">{1}</a>",
+                    escape(id),
+                    escape(&stream)
+                )
+            })
             .unwrap_or_else(|| escape(&stream));
         let _ = write!(
             out,
@@ -206,7 +219,9 @@ pub async fn show_build(
         tid = url_encode(&reg.map(|r| r.template.to_string()).unwrap_or_default()),
     );
 
-    body.push_str("<h2>Phases</h2><table id=\"phases\"><tr><th>phase</th><th>from</th><th>duration</th></tr>");
+    body.push_str(
+        "<h2>Phases</h2><table id=\"phases\"><tr><th>phase</th><th>from</th><th>duration</th></tr>",
+    );
     for p in &t.phases {
         let _ = write!(
             body,

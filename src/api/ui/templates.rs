@@ -39,7 +39,11 @@ pub async fn list_templates(State(state): State<AppState>) -> Result<Html<String
         "SELECT template_id, phase, count(*) FROM builds
          WHERE template_id = ANY($1) GROUP BY template_id, phase",
     )
-    .bind(rows.iter().map(|r| r.template_id.clone()).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|r| r.template_id.clone())
+            .collect::<Vec<_>>(),
+    )
     .fetch_all(&state.pool)
     .await?;
     let mut by_template: BTreeMap<&str, Vec<(&str, i64)>> = BTreeMap::new();
