@@ -144,19 +144,21 @@ async fn the_reconciler_serves_its_own_metrics_listener() {
     let db = common::test_db().await;
     let data = common::data_dir();
     let port = free_port();
-    let mut child = Command::new(common::strata_bin())
-        .args([
-            "reconcile",
-            "--metrics-listen",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .env("DATABASE_URL", &db.url)
-        .env("STRATA_DATA_DIR", data.path())
-        .env("STRATA_RECONCILE_SCHEDULE", "* * * * * *")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let mut child = common::http_build::ChildGuard(Some(
+        Command::new(common::strata_bin())
+            .args([
+                "reconcile",
+                "--metrics-listen",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .env("DATABASE_URL", &db.url)
+            .env("STRATA_DATA_DIR", data.path())
+            .env("STRATA_RECONCILE_SCHEDULE", "* * * * * *")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    ));
     let url = format!("http://127.0.0.1:{port}/metrics");
     let deadline = Instant::now() + Duration::from_secs(30);
     let passes = loop {
@@ -188,7 +190,5 @@ async fn the_reconciler_serves_its_own_metrics_listener() {
     );
     // The reconciler reports no build gauges: those come from the API.
     assert!(!passes.keys().any(|k| k.starts_with("strata_builds{")));
-    // SAFETY: plain kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().unwrap().success());
+    assert!(child.terminate().success());
 }

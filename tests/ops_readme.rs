@@ -48,27 +48,29 @@ async fn the_readme_operator_examples_run() {
     assert!(examples.len() >= 5, "{examples:?}");
     let db = common::test_db().await;
     let port = free_port();
-    let mut child = Command::new(common::strata_bin())
-        .arg("up")
-        .env("DATABASE_URL", &db.url)
-        .env("STRATA_DATA_DIR", common::sandbox::node_dir())
-        .env("STRATA_LISTEN", format!("127.0.0.1:{port}"))
-        .env("STRATA_ADMIN_TOKEN", TOKEN)
-        .env(
-            "STRATA_UPLOAD_SECRET",
-            "readme-test-upload-secret-0123456789abcdef",
-        )
-        .env("STRATA_NODE_ID", "readme-node")
-        .env("STRATA_QUEUE_POLL_MS", "200")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = common::http_build::ChildGuard(Some(
+        Command::new(common::strata_bin())
+            .arg("up")
+            .env("DATABASE_URL", &db.url)
+            .env("STRATA_DATA_DIR", common::sandbox::node_dir())
+            .env("STRATA_LISTEN", format!("127.0.0.1:{port}"))
+            .env("STRATA_ADMIN_TOKEN", TOKEN)
+            .env(
+                "STRATA_UPLOAD_SECRET",
+                "readme-test-upload-secret-0123456789abcdef",
+            )
+            .env("STRATA_NODE_ID", "readme-node")
+            .env("STRATA_QUEUE_POLL_MS", "200")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
     let base = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(60);
     while reqwest::get(format!("{base}/health")).await.is_err() {
-        assert!(child.try_wait().unwrap().is_none(), "strata up exited");
+        assert!(child.try_wait().is_none(), "strata up exited");
         assert!(Instant::now() < deadline, "strata up did not serve");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -139,7 +141,5 @@ async fn the_readme_operator_examples_run() {
     assert_eq!(page, json);
     assert_eq!(outputs[4].trim(), "401");
 
-    // SAFETY: plain kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().unwrap().success());
+    assert!(child.terminate().success());
 }

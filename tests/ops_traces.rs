@@ -87,28 +87,30 @@ async fn a_build_is_one_trace_from_the_first_request_through_steps_and_promotion
     let db = common::test_db().await;
     let (endpoint, spans) = otlp_receiver().await;
     let port = free_port();
-    let mut child = Command::new(common::strata_bin())
-        .arg("up")
-        .env("DATABASE_URL", &db.url)
-        .env("STRATA_DATA_DIR", common::sandbox::node_dir())
-        .env("STRATA_LISTEN", format!("127.0.0.1:{port}"))
-        .env(
-            "STRATA_UPLOAD_SECRET",
-            "trace-test-upload-secret-0123456789abcdef",
-        )
-        .env("STRATA_NODE_ID", "trace-node")
-        .env("STRATA_QUEUE_POLL_MS", "200")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
-        .env("OTEL_BSP_SCHEDULE_DELAY", "200")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let mut child = common::http_build::ChildGuard(Some(
+        Command::new(common::strata_bin())
+            .arg("up")
+            .env("DATABASE_URL", &db.url)
+            .env("STRATA_DATA_DIR", common::sandbox::node_dir())
+            .env("STRATA_LISTEN", format!("127.0.0.1:{port}"))
+            .env(
+                "STRATA_UPLOAD_SECRET",
+                "trace-test-upload-secret-0123456789abcdef",
+            )
+            .env("STRATA_NODE_ID", "trace-node")
+            .env("STRATA_QUEUE_POLL_MS", "200")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+            .env("OTEL_BSP_SCHEDULE_DELAY", "200")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    ));
     let base = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(60);
     while reqwest::get(format!("{base}/health")).await.is_err() {
-        assert!(child.try_wait().unwrap().is_none(), "strata up exited");
+        assert!(child.try_wait().is_none(), "strata up exited");
         assert!(Instant::now() < deadline, "strata up did not serve");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -163,9 +165,7 @@ async fn a_build_is_one_trace_from_the_first_request_through_steps_and_promotion
     }
 
     // Stop the process: the exporter flushes what is left.
-    // SAFETY: plain kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().unwrap().success());
+    assert!(child.terminate().success());
 
     let received = spans.lock().unwrap().clone();
     let in_trace: Vec<&Received> = received.iter().filter(|s| s.trace == trace).collect();

@@ -169,3 +169,33 @@ pub async fn scrape(url: &str) -> std::collections::BTreeMap<String, f64> {
     assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
     parse_metrics(&resp.text().await.unwrap())
 }
+
+/// A child process (`strata up`, `strata reconcile`) that is SIGTERMed and reaped when the test
+/// ends, also when an assertion fails first: a leaked server would keep a worker running.
+pub struct ChildGuard(pub Option<std::process::Child>);
+
+impl ChildGuard {
+    pub fn id(&self) -> u32 {
+        self.0.as_ref().expect("running").id()
+    }
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.0.as_mut().expect("running").try_wait().unwrap()
+    }
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.0.take().expect("running");
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        child.wait().unwrap()
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+    }
+}
