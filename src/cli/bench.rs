@@ -46,6 +46,9 @@ pub enum BenchCommand {
     Lifecycle(super::bench_lifecycle::LifecycleBenchArgs),
     /// The step cache: cold build, unchanged rebuild, last step changed; warm/cold ratios.
     Cache(super::bench_cache::BenchCacheArgs),
+    /// Blob and layer durability and verification against the plain (unsynced, unverified)
+    /// paths: put, cache probe, layer extraction.
+    Blobs(super::bench_blobs::BenchBlobsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -68,6 +71,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Sdk(args) => super::bench_sdk::run(args).await,
         BenchCommand::Lifecycle(args) => super::bench_lifecycle::run(args).await,
         BenchCommand::Cache(args) => super::bench_cache::run(args).await,
+        BenchCommand::Blobs(args) => super::bench_blobs::run(args).await,
     }
 }
 

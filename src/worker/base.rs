@@ -7,6 +7,7 @@ use super::error::WorkerError;
 use super::template_lookup::{self, LookupError};
 use crate::domain::build_spec::{BaseSource, CommandContext};
 use crate::domain::ids::{self, TeamId};
+use crate::domain::start::StartCommands;
 use crate::events::EventStore;
 use crate::vmm::image::ImageCatalog;
 use crate::vmm::{Digest, VmmError};
@@ -21,6 +22,9 @@ pub struct ResolvedBase {
     pub image_digest: Option<ids::Digest>,
     /// `fromTemplate` bases already have the default user; the implicit step is skipped.
     pub from_template: bool,
+    /// The parent template's start and ready commands: a `fromTemplate` build that sets
+    /// neither finalizes with these, in the parent's final context, as E2B does.
+    pub inherited_start: Option<StartCommands>,
 }
 
 /// Why the base could not be resolved.
@@ -83,6 +87,7 @@ pub async fn resolve(
                 },
                 image_digest: Some(to_domain(&manifest.digest())),
                 from_template: false,
+                inherited_start: None,
             })
         }
         BaseSource::Template { reference } => {
@@ -97,6 +102,10 @@ pub async fn resolve(
                 context: found.record.context.clone(),
                 image_digest: found.record.base_image_digest,
                 from_template: true,
+                inherited_start: StartCommands::of(
+                    found.record.start_cmd.as_deref(),
+                    found.record.ready_cmd.as_deref(),
+                ),
             })
         }
     }
