@@ -12,6 +12,10 @@ id postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 # Sandboxes: the Debian base image is made with debootstrap; openssl is the benchmark baseline.
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v openssl >/dev/null || need_apt+=(openssl)
+# The operator page (/ui) is tested in a real headless browser.
+command -v chromium >/dev/null || need_apt+=(chromium)
+# README examples (tests/ops_readme.rs) use curl.
+command -v curl >/dev/null || need_apt+=(curl)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2

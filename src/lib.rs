@@ -8,6 +8,8 @@
 //! * [`api`]: the E2B-compatible HTTP API and the operator (audit) API.
 //! * [`vmm`]: sandbox backends, layers and images.
 //! * [`worker`]: the build node: claims builds, runs their steps in sandboxes, publishes results.
+//! * [`metrics`]: Prometheus families and `/metrics`; [`inspect`]: read-only operator queries
+//!   (`strata why`, `/ui`).
 //! * [`config`], [`telemetry`], [`embedded_postgres`]: process plumbing shared by the subcommands.
 
 pub mod api;
@@ -18,10 +20,13 @@ pub mod domain;
 pub mod embedded_postgres;
 pub mod events;
 pub mod fault;
+pub mod inspect;
+pub mod metrics;
 pub mod projections;
 pub mod reconcilers;
 pub mod registration;
 pub mod streams;
 pub mod telemetry;
+pub mod trace;
 pub mod vmm;
 pub mod worker;

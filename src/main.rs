@@ -48,6 +48,8 @@ enum Command {
     Template(cli::template::TemplateArgs),
     /// Print a stream's (or a build's) audit history as a table or JSON.
     History(cli::history::HistoryArgs),
+    /// Explain a build: why it failed, why each step was or was not a cache hit.
+    Why(cli::why::WhyArgs),
     /// List, rebuild or run the async projections (read models).
     Projections(cli::projections::ProjectionsArgs),
     /// Measure throughput and latency against a baseline taken in the same run.
@@ -88,6 +90,7 @@ fn main() -> std::process::ExitCode {
             Command::Keys(args) => cli::keys::run(args).await,
             Command::Template(args) => cli::template::run(args).await,
             Command::History(args) => cli::history::run(args).await,
+            Command::Why(args) => cli::why::run(args).await,
             Command::Projections(args) => cli::projections::run(args).await,
             Command::Bench(args) => cli::bench::run(args).await,
             Command::SandboxInit(_) | Command::SandboxAgent(_) => unreachable!("dispatched above"),

@@ -1,4 +1,5 @@
-//! Tracing setup: readable structured logs on stderr, and OTLP export of spans when
+//! Tracing setup: readable structured logs on stderr, and OpenTelemetry span contexts on every
+//! span (so events record trace ids, see `crate::trace`), exported over OTLP/HTTP when
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
 
 use opentelemetry::trace::TracerProvider as _;
@@ -38,25 +39,21 @@ pub fn init(format: LogFormat) -> anyhow::Result<TelemetryGuard> {
         EnvFilter::new("info,sqlx=warn,sqlx::postgres::notice=error,tower_http=info")
     });
 
-    let provider = if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name("strata")
+        .build();
+    // Without an endpoint the provider has no exporter: spans still get trace and span ids
+    // (recorded on events), and are dropped when they end.
+    let mut builder = SdkTracerProvider::builder().with_resource(resource);
+    if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .build()?;
-        let resource = opentelemetry_sdk::Resource::builder()
-            .with_service_name("strata")
-            .build();
-        Some(
-            SdkTracerProvider::builder()
-                .with_batch_exporter(exporter)
-                .with_resource(resource)
-                .build(),
-        )
-    } else {
-        None
-    };
-    let otel_layer = provider
-        .as_ref()
-        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("strata")));
+        builder = builder.with_batch_exporter(exporter);
+    }
+    let provider = builder.build();
+    let otel_layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("strata"));
+    let provider = Some(provider);
 
     let registry = tracing_subscriber::registry().with(filter).with(otel_layer);
     match format {

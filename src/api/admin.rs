@@ -101,7 +101,7 @@ async fn require_admin_token(
 
 /// Compares in time independent of where the tokens differ, and of their lengths (both are
 /// hashed to 32 bytes first).
-fn tokens_equal(presented: &str, expected: &str) -> bool {
+pub(crate) fn tokens_equal(presented: &str, expected: &str) -> bool {
     let a = Sha256::digest(presented.as_bytes());
     let b = Sha256::digest(expected.as_bytes());
     a.iter()

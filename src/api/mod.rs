@@ -4,6 +4,7 @@ pub mod admin;
 pub mod e2b;
 pub mod error;
 mod state;
+mod ui;
 pub mod upload_ingest;
 
 pub use state::{AppState, ProtocolSettings, StateError};
@@ -17,17 +18,34 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
         .merge(admin::routes(state.clone()))
+        .merge(ui::routes(state.clone()))
+        .merge(crate::metrics::server::routes(
+            crate::metrics::scrape::ScrapeSources {
+                pool: Some(state.pool.clone()),
+                data_dir: Some(state.data_dir.clone()),
+            },
+        ))
         .merge(e2b::routes())
         // Spans name the path only: upload URLs carry their signature in the query.
         .layer(
             tower_http::trace::TraceLayer::new_for_http().make_span_with(
                 |request: &axum::http::Request<axum::body::Body>| {
-                    tracing::info_span!(
+                    let span = tracing::info_span!(
                         "request",
                         method = %request.method(),
                         path = %request.uri().path(),
                         team = tracing::field::Empty,
-                    )
+                    );
+                    // A client's W3C trace context makes this request part of its trace.
+                    if let Some(parent) = request
+                        .headers()
+                        .get("traceparent")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(crate::trace::parse_traceparent)
+                    {
+                        crate::trace::set_parent(&span, &parent);
+                    }
+                    span
                 },
             ),
         )

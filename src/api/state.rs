@@ -54,6 +54,8 @@ pub struct AppState {
     /// Signs and verifies upload URLs; never logged.
     pub upload_secret: Arc<UploadSecret>,
     pub protocol: Arc<ProtocolSettings>,
+    /// The node's data dir: `/metrics` and `/ui` report its bytes on disk.
+    pub data_dir: std::path::PathBuf,
 }
 
 impl AppState {
@@ -82,6 +84,7 @@ impl AppState {
                 waiting_timeout: secs(serve.build_waiting_timeout_secs),
                 queue_timeout: secs(serve.build_queue_timeout_secs),
             }),
+            data_dir: data_dir.to_path_buf(),
         })
     }
 }

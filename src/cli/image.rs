@@ -7,6 +7,8 @@ use clap::{Args, Subcommand};
 use strata::vmm::image::{self, ImageCatalog};
 use strata::vmm::{BlobStore, NamespaceBackend, NamespaceConfig};
 
+use super::progress::Progress;
+
 #[derive(Debug, Args)]
 pub struct ImageArgs {
     /// Node-local data directory (blobs, layers, images).
@@ -52,6 +54,11 @@ enum ImageCommand {
     Ls,
 }
 
+/// `sha256:0123456789ab…`, for progress lines.
+fn short(digest: &str) -> String {
+    format!("{}…", &digest[..digest.len().min(19)])
+}
+
 pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
     let data_dir = args.data_dir;
     let backend = NamespaceBackend::new(NamespaceConfig {
@@ -66,22 +73,35 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             busybox_only,
             mirror,
         } => {
+            let progress = Progress::for_stderr();
+            let total = if busybox_only { 1 } else { 3 };
+            progress.stage(1, total, "busybox");
             let (d, b) = (data_dir.clone(), blobs.clone());
             let m = tokio::task::spawn_blocking(move || image::ensure_busybox(&d, b.as_ref()))
                 .await??;
+            progress.finish_stage(&short(&m.digest().to_string()));
             println!("{}\t{}", m.name, m.digest());
             if !busybox_only {
+                progress.stage(
+                    2,
+                    total,
+                    "debian:bookworm (debootstrap; minutes when missing)",
+                );
                 let (d, b) = (data_dir.clone(), blobs.clone());
                 let m = tokio::task::spawn_blocking(move || {
                     image::ensure_debian(&d, b.as_ref(), &mirror)
                 })
                 .await??;
+                progress.finish_stage(&short(&m.digest().to_string()));
                 println!("{}\t{}", m.name, m.digest());
+                progress.stage(3, total, "e2bdev/base");
                 let m =
                     image::ensure_e2b_base(&data_dir, &backend, blobs.as_ref() as &dyn BlobStore)
                         .await?;
+                progress.finish_stage(&short(&m.digest().to_string()));
                 println!("{}\t{}", m.name, m.digest());
             }
+            progress.finish();
         }
         ImageCommand::Import { path, name } => {
             let d = data_dir.clone();

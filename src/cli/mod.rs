@@ -13,11 +13,13 @@ pub mod history;
 pub mod image;
 pub mod keys;
 pub mod migrate;
+pub mod progress;
 pub mod projections;
 pub mod reconcile;
 pub mod sandbox;
 pub mod template;
 pub mod up;
+pub mod why;
 pub mod worker;
 
 use anyhow::Context;

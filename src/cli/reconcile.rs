@@ -24,6 +24,9 @@ pub struct ReconcileArgs {
     /// every two seconds), applied to each selected reconciler.
     #[arg(long, env = "STRATA_RECONCILE_SCHEDULE", default_value = DEFAULT_SCHEDULE)]
     schedule: String,
+    /// Serve Prometheus metrics (`GET /metrics`) on this address; off when unset.
+    #[arg(long, env = "STRATA_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
@@ -31,6 +34,11 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
     let pool = super::connect_database(&args.storage).await?;
     let env = environment(pool, args.node.node_id(), &args.storage)?;
     let shutdown = CancellationToken::new();
+    if let Some(addr) = args.metrics_listen {
+        strata::metrics::server::serve(addr, Default::default(), shutdown.clone())
+            .await
+            .with_context(|| format!("binding the metrics listener to {addr}"))?;
+    }
     let task = tokio::spawn(run_until(env, args.only, schedule, shutdown.clone()));
     super::shutdown_signal().await;
     shutdown.cancel();

@@ -86,10 +86,32 @@ pub async fn run(args: TemplateArgs) -> anyhow::Result<()> {
                 .context("opening the blob store")?;
             let record = found.record.clone();
             let (d, n) = (dir.clone(), name.clone());
+            let progress = super::progress::Progress::for_stderr();
+            progress.stage(
+                1,
+                1,
+                &format!("exporting {name} ({} layers)", record.layers.len()),
+            );
+            let shown = progress.clone();
+            let mut written = 0u64;
             let manifest = tokio::task::spawn_blocking(move || {
-                export::write_oci_layout(&blobs, &record, &n, &d)
+                export::write_oci_layout_reporting(
+                    &blobs,
+                    &record,
+                    &n,
+                    &d,
+                    &mut |i, total, size| {
+                        written += size;
+                        shown.detail(format!(
+                            "layer {i}/{total}, {} written",
+                            super::progress::bytes(written)
+                        ));
+                    },
+                )
             })
             .await??;
+            progress.finish_stage("done");
+            progress.finish();
             println!(
                 "{name}\t{}\tbuild {}\t{} layers\t{}",
                 manifest,

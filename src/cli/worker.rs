@@ -13,12 +13,24 @@ pub struct WorkerArgs {
     node: NodeArgs,
     #[command(flatten)]
     build: BuildNodeArgs,
+    /// Serve Prometheus metrics (`GET /metrics`) on this address; off when unset.
+    #[arg(long, env = "STRATA_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let pool = super::connect_database(&args.storage).await?;
     let settings = settings(&args.build, &args.node, &args.storage)?;
     let shutdown = CancellationToken::new();
+    if let Some(addr) = args.metrics_listen {
+        let sources = strata::metrics::scrape::ScrapeSources {
+            pool: None,
+            data_dir: Some(args.storage.data_dir.clone()),
+        };
+        strata::metrics::server::serve(addr, sources, shutdown.clone())
+            .await
+            .with_context(|| format!("binding the metrics listener to {addr}"))?;
+    }
     let task = tokio::spawn(run_until(pool, settings, shutdown.clone()));
     super::shutdown_signal().await;
     shutdown.cancel();

@@ -93,6 +93,7 @@ impl EventStore {
         writes: Vec<StreamWrite>,
         inline: &(dyn InlineProjection + '_),
     ) -> Result<AppendOutcome, AppendError> {
+        let started = std::time::Instant::now();
         let result = self.append_inner(&writes, inline).await;
         let span = tracing::Span::current();
         let outcome = match &result {
@@ -105,6 +106,12 @@ impl EventStore {
             Err(AppendError::Database(_)) => "database_error",
         };
         span.record("outcome", outcome);
+        crate::metrics::event_append(
+            outcome,
+            writes.iter().map(|w| w.events.len()).sum(),
+            result.as_ref().map_or(1, |o| o.attempts),
+            started.elapsed(),
+        );
         if let Ok(o) = &result {
             span.record("attempts", o.attempts);
         }

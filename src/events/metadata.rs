@@ -51,6 +51,10 @@ pub struct Metadata {
     /// Trace id of the request or job, to jump from the audit history to the trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// The span (within `trace_id`) that appended the event: later work on the same build
+    /// parents its spans on the registration's span (see `crate::trace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
     /// The command (or event) that caused this event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub causation_id: Option<Uuid>,
@@ -60,11 +64,14 @@ pub struct Metadata {
 }
 
 impl Metadata {
+    /// Metadata for `actor`, with the trace and span of the current span when it has one.
     pub fn new(actor: Actor) -> Self {
+        let trace = crate::trace::current();
         Self {
             actor,
             epoch: None,
-            trace_id: None,
+            span_id: trace.as_ref().map(|t| t.span_id.clone()),
+            trace_id: trace.map(|t| t.trace_id),
             causation_id: None,
             correlation_id: None,
         }

@@ -44,6 +44,14 @@ pub async fn expire(env: &ReconcileEnv, build: BuildId) -> Result<bool, Reconcil
     .await
     {
         Ok(done) => {
+            if let Some(Ok(build::Event::AttemptExpired {
+                lease_expires_at,
+                expired_at,
+                ..
+            })) = done.events.first().map(|e| e.decode::<build::Event>())
+            {
+                crate::metrics::reconciler_lag("attempt-expiry", expired_at - lease_expires_at);
+            }
             if !done.events.is_empty() {
                 tracing::info!(%build, %epoch, "attempt expired: the node stopped renewing its lease");
             }

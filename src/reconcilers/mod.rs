@@ -24,6 +24,8 @@ pub mod waiting_deadline;
 
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use crate::domain::ids::BuildId;
 use crate::events::{Actor, ActorRole, CommandContext, EventStore, Metadata};
 use crate::vmm::BlobStore;
@@ -66,6 +68,17 @@ impl Reconciler {
 
     /// One pass over what is due now.
     pub async fn pass(self, env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
+        let started = std::time::Instant::now();
+        let pass = self.pass_inner(env).await;
+        crate::metrics::reconciler_pass(
+            self.name(),
+            started.elapsed(),
+            pass.as_ref().ok().map(|p| (p.applied, p.skipped, p.failed)),
+        );
+        pass
+    }
+
+    async fn pass_inner(self, env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
         match self {
             Reconciler::AttemptExpiry => attempt_expiry::pass(env).await,
             Reconciler::Promotion => promotion::pass(env).await,
@@ -144,7 +157,8 @@ impl Pass {
         };
         for id in due {
             let build = BuildId::from_uuid(id);
-            pass.add(act(build).await, what, build);
+            let span = crate::trace::build_span(&env.store, build, what).await;
+            pass.add(act(build).instrument(span).await, what, build);
         }
         Ok(pass)
     }

@@ -299,6 +299,11 @@ pub async fn lookup(
 }
 
 fn report(log: &BuildLog, step: Option<usize>, total: usize, what: &str, probe: &Probe) {
+    crate::metrics::cache_probe(match probe {
+        Probe::Hit(_) => "hit",
+        Probe::Miss(_) => "miss",
+        Probe::Unapplied(_) => "unapplied",
+    });
     let verdict = match probe {
         Probe::Hit(_) => "cache hit".to_owned(),
         Probe::Miss(None) => "cache miss".to_owned(),

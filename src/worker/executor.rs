@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::attempt::Attempt;
 use super::base::{self, BaseError, ResolvedBase};
@@ -280,13 +281,20 @@ impl Executor<'_> {
             &job.spec.steps,
             &self.log,
         )
+        .instrument(tracing::info_span!("build.cache_lookup"))
         .await
         {
             Ok(lookup) => {
+                let found = super::cache_consultation::found_of(&lookup.found);
+                super::cache_consultation::record(self.attempt, &plan, resolved, found).await?;
                 let writer = cache::Writer::new(plan, &lookup);
                 Ok((Some(writer), lookup.found, flight))
             }
             Err(e) => {
+                let found = crate::domain::build::CacheFound::Bypassed {
+                    reason: e.to_string(),
+                };
+                super::cache_consultation::record(self.attempt, &plan, resolved, found).await?;
                 tracing::warn!(build = %self.attempt.build, error = %e, "cache bypassed");
                 self.log.info(
                     None,
@@ -336,7 +344,10 @@ impl Executor<'_> {
             ..Limits::default()
         };
         spec.context = vmm_context(context);
-        self.backend.boot(spec).await
+        let started = std::time::Instant::now();
+        let booted = self.backend.boot(spec).await;
+        crate::metrics::sandbox_boot(booted.is_ok(), started.elapsed());
+        booted
     }
 
     /// Awaits `op` unless the attempt is cancelled first.
@@ -398,7 +409,19 @@ impl Executor<'_> {
             run.sandbox
                 .context_mut()
                 .clone_from(&vmm_context(&run.context));
-            self.step(job, number, &tag, step, run).await?;
+            let started = std::time::Instant::now();
+            let stepped = self
+                .step(job, number, &tag, step, run)
+                .instrument(tracing::info_span!(
+                    "build.step",
+                    step = number,
+                    kind = step.kind()
+                ))
+                .await;
+            if !matches!(stepped, Err(Stop::Abandon(_))) {
+                crate::metrics::step_finished(step.kind(), stepped.is_ok(), started.elapsed());
+            }
+            stepped?;
             if step.is_mutating() && budget == 0 {
                 // Past the budget: the changes stay in the writable layer until the final seal.
                 run.dirty = true;

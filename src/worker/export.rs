@@ -30,6 +30,18 @@ pub fn write_oci_layout(
     ref_name: &str,
     dir: &Path,
 ) -> Result<Digest, WorkerError> {
+    write_oci_layout_reporting(blobs, record, ref_name, dir, &mut |_, _, _| {})
+}
+
+/// [`write_oci_layout`], calling `on_layer(n, total, bytes)` after each layer is written (for
+/// progress on a terminal).
+pub fn write_oci_layout_reporting(
+    blobs: &dyn BlobStore,
+    record: &SnapshotRecord,
+    ref_name: &str,
+    dir: &Path,
+    on_layer: &mut dyn FnMut(usize, usize, u64),
+) -> Result<Digest, WorkerError> {
     let blob_dir = dir.join("blobs").join("sha256");
     fs::create_dir_all(&blob_dir)
         .map_err(WorkerError::io(format!("creating {}", blob_dir.display())))?;
@@ -43,6 +55,7 @@ pub fn write_oci_layout(
         let size = std::io::copy(&mut reader, &mut out)
             .map_err(WorkerError::io(format!("copying layer {digest}")))?;
         reader.finish()?;
+        on_layer(layers.len() + 1, record.layers.len(), size);
         layers.push(json!({"mediaType": LAYER_TYPE, "digest": digest.to_string(), "size": size}));
     }
     let runtime = record.runtime_context();

@@ -18,6 +18,7 @@ pub mod attempt;
 pub mod base;
 pub mod build_log;
 pub mod cache;
+pub mod cache_consultation;
 pub mod error;
 pub mod executor;
 pub mod export;

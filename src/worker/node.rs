@@ -14,6 +14,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -89,7 +91,10 @@ impl Worker {
                     let worker = self.clone();
                     let cancel = running.child_token();
                     tasks.spawn(async move {
-                        worker.run_attempt(attempt, cancel).await;
+                        let span =
+                            crate::trace::build_span(&worker.store, attempt.build, "build.attempt")
+                                .await;
+                        worker.run_attempt(attempt, cancel).instrument(span).await;
                         drop(permit);
                     });
                     continue;
@@ -129,6 +134,7 @@ impl Worker {
                 &self.settings.node_id,
                 self.settings.lease,
             )
+            .instrument(crate::trace::build_span(&self.store, build, "build.acquire").await)
             .await?
             {
                 tracing::info!(%build, epoch = %a.epoch, "build acquired");
@@ -147,13 +153,21 @@ impl Worker {
             attempt.epoch,
             rx,
         ));
-        let renewer = tokio::spawn(renew(
-            attempt.clone(),
-            self.settings.lease,
-            self.settings.renew_every(),
-            cancel.clone(),
-        ));
-        match self.execute(&attempt, &log, &cancel).await {
+        let renewer = tokio::spawn(
+            renew(
+                attempt.clone(),
+                self.settings.lease,
+                self.settings.renew_every(),
+                cancel.clone(),
+            )
+            .in_current_span(),
+        );
+        crate::metrics::queue_wait_of(&self.store, attempt.build).await;
+        let started = Instant::now();
+        let result = self.execute(&attempt, &log, &cancel).await;
+        crate::metrics::build_finished_of(&self.store, attempt.build, result.is_ok(), started)
+            .await;
+        match result {
             Ok(()) => {}
             Err(e @ (WorkerError::Fenced { .. } | WorkerError::TemplateDeleted { .. })) => {
                 tracing::info!(build = %attempt.build, "{e}")
@@ -241,6 +255,7 @@ impl Worker {
                     &output,
                     log,
                 )
+                .instrument(tracing::info_span!("build.publish"))
                 .await?;
                 tracing::info!(build = %attempt.build, %snapshot, layers = output.layers.len(), "build ready");
                 if let Some(mut publication) = output.cache {

@@ -58,7 +58,8 @@ pub async fn upload_link(
         now,
         expires_at: url_expires_at + UPLOAD_GRACE,
     };
-    let link = reserve(&state, &command).await?;
+    let span = crate::trace::build_span(&state.events, build, "build.upload_link").await;
+    let link = tracing::Instrument::instrument(reserve(&state, &command), span).await?;
     let url = signed_url(&state, &team, &command, &link, url_expires_at);
     tracing::info!(build = %build, present = link.present, generation = %link.generation, "upload link issued");
     Ok((

@@ -15,6 +15,7 @@ use crate::domain::build_spec::TemplateBuildStartV2;
 use crate::domain::ids::{BuildId, TeamId, TemplateId};
 use crate::events::command::{execute, load, CommandContext};
 use crate::streams::{build_stream, Build};
+use tracing::Instrument;
 
 #[tracing::instrument(skip_all, fields(team = %team.0, template = %template_id, build = %build_id))]
 pub async fn start_build(
@@ -37,8 +38,10 @@ pub async fn start_build(
         queue_deadline: now + state.protocol.queue_timeout,
         attempt: None,
     };
-    let ctx = CommandContext::new(api_metadata(&state));
+    let span = crate::trace::build_span(&state.events, build_id, "build.start").await;
+    let ctx = span.in_scope(|| CommandContext::new(api_metadata(&state)));
     execute::<Build>(&state.events, &build_stream(&build_id), &command, &ctx)
+        .instrument(span)
         .await
         .map_err(|e| command_error(e, start_error))?;
     tracing::info!("build started and queued");

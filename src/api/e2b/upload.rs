@@ -22,6 +22,7 @@ use crate::domain::ids::Digest;
 use crate::domain::upload_url::{verify, UploadGrant, UrlError, METHOD_PUT};
 use crate::events::command::load;
 use crate::streams::{build_stream, Build};
+use tracing::Instrument;
 
 #[tracing::instrument(skip_all, fields(build = tracing::field::Empty, hash = tracing::field::Empty, size = tracing::field::Empty, digest = tracing::field::Empty))]
 pub async fn upload_context(
@@ -59,6 +60,25 @@ pub async fn upload_context(
     }
     refuse_if_frozen(&state, &grant).await?;
 
+    let started = std::time::Instant::now();
+    let work = crate::trace::build_span(&state.events, grant.build, "build.upload").await;
+    let stored = store_upload(&state, &grant, declared, body, &span)
+        .instrument(work)
+        .await;
+    crate::metrics::upload(stored.as_ref().ok().map(|_| declared), started.elapsed());
+    stored?;
+    tracing::info!("upload completed and bound");
+    Ok(StatusCode::OK)
+}
+
+/// Stages, publishes and binds the body: the part of an upload whose size and time are measured.
+async fn store_upload(
+    state: &AppState,
+    grant: &UploadGrant,
+    declared: u64,
+    body: Body,
+    span: &tracing::Span,
+) -> Result<(), ApiError> {
     let staged = stage_upload(
         body.into_data_stream(),
         declared,
@@ -87,9 +107,7 @@ pub async fn upload_context(
         size: declared,
         now: crate::streams::database_now(&state.pool).await?,
     };
-    complete(&state, &command).await?;
-    tracing::info!("upload completed and bound");
-    Ok(StatusCode::OK)
+    complete(state, &command).await
 }
 
 /// Cheap early refusal, before reading a body that could not be used. The compare-and-set at

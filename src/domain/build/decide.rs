@@ -62,6 +62,12 @@ pub enum Command {
         outcome: StepOutcome,
         now: DateTime<Utc>,
     },
+    /// The attempt's cache keys and lookup verdict, for operators (ADR 0015).
+    RecordCacheConsultation {
+        epoch: Epoch,
+        consultation: super::CacheConsultation,
+        now: DateTime<Utc>,
+    },
     /// The irreversible commit: the candidate is complete, promotion takes over.
     BeginPublishing {
         epoch: Epoch,
@@ -228,6 +234,18 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             outcome,
             now,
         } => record_step(state, *epoch, *step, outcome, *now),
+        Command::RecordCacheConsultation {
+            epoch,
+            consultation,
+            now,
+        } => {
+            open_attempt(state, *epoch, *now, true, false)?;
+            Ok(vec![Event::CacheConsulted {
+                epoch: *epoch,
+                consultation: consultation.clone(),
+                consulted_at: *now,
+            }])
+        }
         Command::BeginPublishing { epoch, result, now } => {
             begin_publishing(state, *epoch, result, *now)
         }

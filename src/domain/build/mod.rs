@@ -29,6 +29,7 @@
 //! here would make every log line race lease renewals for the stream version. They live in their
 //! own append-only store; [`status::page_logs`] implements the SDK's offset paging over them.
 
+pub mod cache_consultation;
 pub mod decide;
 pub mod status;
 pub mod template_deleted;
@@ -42,6 +43,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use cache_consultation::{CacheConsultation, CacheFound};
 pub use decide::{
     check_open_attempt, check_publishing, check_ready, decide, AttemptGrant, Command, Error,
 };
@@ -338,6 +340,14 @@ pub enum Event {
         outcome: StepOutcome,
         completed_at: DateTime<Utc>,
     },
+    /// The attempt computed the build's cache keys and looked them up (recorded before any
+    /// step of that attempt). Informational: it changes no state.
+    #[serde(rename = "CacheConsulted.v1")]
+    CacheConsulted {
+        epoch: Epoch,
+        consultation: CacheConsultation,
+        consulted_at: DateTime<Utc>,
+    },
     #[serde(rename = "PublishingStarted.v1")]
     PublishingStarted {
         epoch: Epoch,
@@ -477,6 +487,7 @@ pub fn evolve(mut state: State, event: &Event) -> State {
         Event::StepCompleted { step, outcome, .. } => {
             state.progress.insert(*step, outcome.clone());
         }
+        Event::CacheConsulted { .. } => {}
         Event::PublishingStarted { epoch, result, .. } => {
             let node = match &state.phase {
                 Phase::Active { node, .. } => node.clone(),

@@ -1,0 +1,396 @@
+//! `GET /ui`: builds, filterable by phase, team and template, newest first, with the latest
+//! events of the global feed; `GET /ui/builds/{id}`: one build's timeline and its `why`;
+//! `GET /ui/builds/{id}/why.json`: the `why` answer as `strata why build ID --json` prints it.
+
+use std::fmt::Write as _;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Json, Response};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use super::layout::{escape, page, seconds, status, url_encode};
+use crate::api::AppState;
+use crate::domain::ids::BuildId;
+use crate::inspect::facts::FactsError;
+use crate::inspect::{facts, timeline, why};
+
+const LIST_LIMIT: i64 = 200;
+const FEED_LIMIT: i64 = 20;
+
+#[derive(Debug, Default, Deserialize)]
+pub struct BuildFilter {
+    phase: Option<String>,
+    team: Option<String>,
+    /// A template id or one of its names.
+    template: Option<String>,
+}
+
+fn non_empty(s: &Option<String>) -> Option<&str> {
+    s.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+#[derive(sqlx::FromRow)]
+struct BuildListRow {
+    build_id: uuid::Uuid,
+    team_id: String,
+    template_id: String,
+    names: Option<Vec<String>>,
+    phase: String,
+    epoch: Option<i64>,
+    node: Option<String>,
+    registered_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    now: DateTime<Utc>,
+}
+
+pub async fn list_builds(
+    State(state): State<AppState>,
+    Query(filter): Query<BuildFilter>,
+) -> Result<Html<String>, UiError> {
+    let rows: Vec<BuildListRow> = sqlx::query_as(
+        "SELECT b.build_id, b.team_id, b.template_id, t.names, b.phase, b.epoch, b.node,
+                b.registered_at, b.updated_at, now() AS now
+         FROM builds b LEFT JOIN templates t ON t.template_id = b.template_id
+         WHERE ($1::text IS NULL OR b.phase = $1)
+           AND ($2::text IS NULL OR b.team_id = $2)
+           AND ($3::text IS NULL OR b.template_id = $3 OR $3 = ANY(t.names))
+         ORDER BY b.registered_at DESC, b.build_id DESC LIMIT $4",
+    )
+    .bind(non_empty(&filter.phase))
+    .bind(non_empty(&filter.team))
+    .bind(non_empty(&filter.template))
+    .bind(LIST_LIMIT)
+    .fetch_all(&state.pool)
+    .await?;
+
+    let mut body = String::new();
+    let opt = |v: &str| {
+        format!(
+            "<option{}>{v}</option>",
+            if non_empty(&filter.phase) == Some(v) {
+                " selected"
+            } else {
+                ""
+            }
+        )
+    };
+    let _ = write!(
+        body,
+        "<form class=\"filters\" method=\"get\" action=\"/ui\">\
+         <label>phase <select name=\"phase\"><option value=\"\">any</option>{}</select></label>\
+         <label>team <input name=\"team\" value=\"{}\"></label>\
+         <label>template <input name=\"template\" value=\"{}\"></label>\
+         <button type=\"submit\">filter</button></form>",
+        [
+            "waiting",
+            "queued",
+            "active",
+            "publishing",
+            "ready",
+            "error"
+        ]
+        .map(opt)
+        .concat(),
+        escape(non_empty(&filter.team).unwrap_or("")),
+        escape(non_empty(&filter.template).unwrap_or("")),
+    );
+    let _ = write!(
+        body,
+        "<table id=\"builds\"><tr><th>build</th><th>phase</th><th>team</th><th>template</th>\
+         <th>epoch / node</th><th>registered</th><th>duration</th></tr>"
+    );
+    for r in &rows {
+        let terminal = matches!(r.phase.as_str(), "ready" | "error");
+        let until = if terminal { r.updated_at } else { r.now };
+        let took = (until - r.registered_at).num_milliseconds() as f64 / 1000.0;
+        let names = r.names.clone().unwrap_or_default().join(", ");
+        let _ = write!(
+            body,
+            "<tr class=\"build\"><td><a href=\"/ui/builds/{id}\"><code>{id}</code></a></td><td>{}</td>\
+             <td><a href=\"/ui?team={}\">{}</a></td><td><a href=\"/ui?template={}\">{}</a> <code>{}</code></td>\
+             <td>{}</td><td>{}</td><td>{}{}</td></tr>",
+            status(&r.phase),
+            url_encode(&r.team_id),
+            escape(&r.team_id),
+            url_encode(&r.template_id),
+            escape(&names),
+            escape(&r.template_id),
+            r.epoch
+                .map(|e| format!("{e} / {}", escape(r.node.as_deref().unwrap_or(""))))
+                .unwrap_or_default(),
+            r.registered_at.format("%Y-%m-%d %H:%M:%S"),
+            seconds(Some(took)),
+            if terminal { "" } else { " (so far)" },
+            id = r.build_id,
+        );
+    }
+    body.push_str("</table>");
+    if rows.is_empty() {
+        body.push_str("<p>No builds match.</p>");
+    }
+    body.push_str(&recent_events(&state).await?);
+    Ok(page("builds", &body))
+}
+
+/// The newest events of the whole store, newest first: what just happened anywhere.
+async fn recent_events(state: &AppState) -> Result<String, sqlx::Error> {
+    let rows: Vec<(i64, String, String, serde_json::Value, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT position, stream_id, type, metadata, recorded_at FROM events
+         ORDER BY position DESC LIMIT $1",
+    )
+    .bind(FEED_LIMIT)
+    .fetch_all(&state.pool)
+    .await?;
+    let mut out = String::from(
+        "<h2>Latest events</h2><table id=\"feed\"><tr><th>time</th><th>stream</th><th>event</th>\
+         <th>actor</th></tr>",
+    );
+    for (_, stream, kind, meta, at) in rows {
+        let actor = format!(
+            "{}/{}",
+            meta["actor"]["role"].as_str().unwrap_or("?"),
+            meta["actor"]["node"].as_str().unwrap_or("?")
+        );
+        let link = stream
+            .strip_prefix("build-")
+            .map(|id| {
+                format!(
+                    "<a href=\"/ui/builds/{0}\">{1}</a>",
+                    escape(id),
+                    escape(&stream)
+                )
+            })
+            .unwrap_or_else(|| escape(&stream));
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td><code>{link}</code></td><td>{}</td><td>{}</td></tr>",
+            at.format("%H:%M:%S%.3f"),
+            escape(&kind),
+            escape(&actor)
+        );
+    }
+    out.push_str("</table>");
+    Ok(out)
+}
+
+fn parse_build(id: &str) -> Result<BuildId, UiError> {
+    uuid::Uuid::parse_str(id)
+        .map(BuildId::from_uuid)
+        .map_err(|_| UiError::NotFound(format!("{id:?} is not a build id")))
+}
+
+async fn load_why(
+    state: &AppState,
+    build: BuildId,
+) -> Result<(facts::BuildFacts, why::Why), UiError> {
+    let target = facts::load(&state.events, build).await?;
+    let earlier =
+        facts::earlier_builds(&state.events, &target, crate::inspect::EARLIER_BUILDS).await?;
+    let answer = why::why(&target, &earlier);
+    Ok((target, answer))
+}
+
+pub async fn why_json(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<why::Why>, UiError> {
+    let (_, answer) = load_why(&state, parse_build(&id)?).await?;
+    Ok(Json(answer))
+}
+
+pub async fn show_build(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Html<String>, UiError> {
+    let build = parse_build(&id)?;
+    let (facts, answer) = load_why(&state, build).await?;
+    let t = timeline::timeline(&facts);
+    let reg = facts.state.registration.as_ref();
+    let mut body = String::new();
+    let _ = write!(
+        body,
+        "<div class=\"box\"><b>status</b> {} · <b>template</b> <a href=\"/ui?template={tid}\"><code>{}</code></a> \
+         · <b>team</b> {} · <a href=\"/ui/builds/{build}/why.json\">why.json</a></div>",
+        status(answer.status),
+        escape(&reg.map(|r| r.template.to_string()).unwrap_or_default()),
+        escape(&reg.map(|r| r.team.to_string()).unwrap_or_default()),
+        tid = url_encode(&reg.map(|r| r.template.to_string()).unwrap_or_default()),
+    );
+
+    body.push_str(
+        "<h2>Phases</h2><table id=\"phases\"><tr><th>phase</th><th>from</th><th>duration</th></tr>",
+    );
+    for p in &t.phases {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            p.phase,
+            p.from.format("%H:%M:%S%.3f"),
+            if p.to.is_some() {
+                seconds(p.seconds)
+            } else {
+                "(open)".into()
+            }
+        );
+    }
+    body.push_str("</table>");
+
+    body.push_str("<h2 id=\"why\">Why</h2>");
+    match &answer.failure {
+        Some(f) => {
+            let _ = write!(
+                body,
+                "<div class=\"box failure\"><b class=\"error\">{:?}</b>{}{} — {}<br>ended by <b>{}</b>{}{}{}</div>",
+                f.kind,
+                f.step
+                    .as_ref()
+                    .map(|s| format!(" at step <b>{}</b>", escape(s)))
+                    .unwrap_or_default(),
+                f.instruction
+                    .as_ref()
+                    .map(|i| format!(" (<code>{}</code>)", escape(i)))
+                    .unwrap_or_default(),
+                escape(&f.message),
+                escape(&f.ended_by),
+                f.exit_code
+                    .map(|c| format!(" · exit code <b>{c}</b>"))
+                    .unwrap_or_default(),
+                f.evidence
+                    .as_ref()
+                    .map(|e| format!("<br>evidence: {}", escape(e)))
+                    .unwrap_or_default(),
+                if f.last_log_lines.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "<pre>{}</pre>",
+                        escape(&f.last_log_lines.join("\n"))
+                    )
+                },
+            );
+        }
+        None => body.push_str("<div class=\"box\">The build did not fail.</div>"),
+    }
+    if let Some(c) = &answer.cache {
+        let _ = write!(
+            body,
+            "<div class=\"box\">cache compared with {}; final result: {}</div>",
+            c.compared_with
+                .as_ref()
+                .map(|b| format!("<a href=\"/ui/builds/{0}\"><code>{0}</code></a>", escape(b)))
+                .unwrap_or_else(|| "no earlier build".into()),
+            escape(&c.final_result)
+        );
+    }
+
+    body.push_str(
+        "<h2>Steps</h2><table id=\"steps\"><tr><th>#</th><th>instruction</th><th>outcome</th>\
+         <th>duration</th><th>cache</th><th>why</th><th>checkpoint</th><th>epoch</th><th>log</th></tr>",
+    );
+    let reasons = answer.cache.as_ref().map(|c| &c.steps);
+    for s in &t.steps {
+        let reason = reasons
+            .and_then(|r| r.iter().find(|w| w.step == s.step))
+            .map(|w| w.reason.clone())
+            .unwrap_or_default();
+        let verdict = s.cache_verdict.clone().unwrap_or_default();
+        let class = if verdict.contains("hit") || verdict == "cached" {
+            "hit"
+        } else {
+            "miss"
+        };
+        let _ = write!(
+            body,
+            "<tr class=\"step\"><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td>\
+             <td class=\"{class}\">{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td><pre>{}</pre></td></tr>",
+            s.step,
+            escape(&s.instruction),
+            s.outcome,
+            seconds(s.seconds),
+            escape(&verdict),
+            escape(&reason),
+            escape(s.checkpoint.as_deref().unwrap_or("")),
+            s.epoch.map(|e| e.to_string()).unwrap_or_default(),
+            escape(&s.log_excerpt.join("\n")),
+        );
+    }
+    body.push_str("</table>");
+
+    body.push_str(
+        "<h2>Attempts</h2><table id=\"attempts\"><tr><th>epoch</th><th>node</th><th>acquired</th>\
+         <th>renewals</th><th>last lease expiry</th><th>ended</th></tr>",
+    );
+    for a in &t.attempts {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            a.epoch,
+            escape(&a.node),
+            a.acquired_at.format("%H:%M:%S%.3f"),
+            a.renewals,
+            a.last_lease_expiry.format("%H:%M:%S%.3f"),
+            a.ended
+        );
+    }
+    body.push_str("</table>");
+
+    body.push_str("<h2>Reconciler actions</h2>");
+    if t.reconciler_actions.is_empty() {
+        body.push_str("<p>None.</p>");
+    } else {
+        body.push_str(&event_table("reconciler-actions", &t.reconciler_actions));
+    }
+    body.push_str("<h2>Events</h2>");
+    body.push_str(&event_table("events", &t.events));
+    Ok(page(&format!("build {build}"), &body))
+}
+
+fn event_table(id: &str, rows: &[timeline::EventRow]) -> String {
+    let mut out = format!(
+        "<table id=\"{id}\"><tr><th>v</th><th>time</th><th>actor</th><th>epoch</th><th>event</th><th>detail</th></tr>"
+    );
+    for e in rows {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            e.version,
+            e.at.format("%H:%M:%S%.3f"),
+            escape(&e.actor),
+            e.epoch.map(|e| e.to_string()).unwrap_or_default(),
+            escape(&e.event_type),
+            escape(&e.summary)
+        );
+    }
+    out.push_str("</table>");
+    out
+}
+
+/// Failures of a page: a missing build is 404; anything else a logged 500.
+#[derive(Debug, thiserror::Error)]
+pub enum UiError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("reading the build: {0}")]
+    Facts(#[from] FactsError),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl IntoResponse for UiError {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            UiError::NotFound(_) | UiError::Facts(FactsError::NotFound(_)) => StatusCode::NOT_FOUND,
+            _ => {
+                tracing::error!(error = %self, "operator page failed");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        (
+            status,
+            page("error", &format!("<p>{}</p>", escape(&self.to_string()))),
+        )
+            .into_response()
+    }
+}

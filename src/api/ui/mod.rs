@@ -1,0 +1,29 @@
+//! `/ui`: the operator page. Server-rendered HTML, no scripts, no build chain; it only reads
+//! (the `builds` and `templates` read models, build streams, `build_logs`, the event table),
+//! never writes. Behind the admin token ([`auth`]).
+//!
+//! * [`builds`]: the builds list (filterable), one build's timeline and its `why`.
+//! * [`templates`]: templates with tags and results; storage on this node.
+//! * [`layout`]: the page frame and HTML escaping.
+
+pub mod auth;
+pub mod builds;
+pub mod layout;
+pub mod templates;
+
+use axum::middleware;
+use axum::routing::{get, post};
+use axum::Router;
+
+use super::AppState;
+
+pub fn routes(state: AppState) -> Router<AppState> {
+    let pages = Router::new()
+        .route("/ui", get(builds::list_builds))
+        .route("/ui/builds/{id}", get(builds::show_build))
+        .route("/ui/builds/{id}/why.json", get(builds::why_json))
+        .route("/ui/templates", get(templates::list_templates))
+        .route("/ui/storage", get(templates::show_storage))
+        .route_layer(middleware::from_fn_with_state(state, auth::require_admin));
+    pages.route("/ui/login", post(auth::login))
+}

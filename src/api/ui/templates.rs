@@ -1,0 +1,141 @@
+//! `GET /ui/templates`: templates with their names, tags (where each points) and build results;
+//! `GET /ui/storage`: bytes on this node's disk.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use axum::extract::State;
+use axum::response::Html;
+use chrono::{DateTime, Utc};
+
+use super::builds::UiError;
+use super::layout::{escape, page, url_encode};
+use crate::api::AppState;
+use crate::domain::ids::TemplateId;
+use crate::events::command::load;
+use crate::streams::{template_stream, Template};
+
+const LIMIT: i64 = 200;
+
+#[derive(sqlx::FromRow)]
+struct TemplateRow {
+    template_id: String,
+    team_id: String,
+    names: Vec<String>,
+    build_count: i64,
+    latest_build: Option<uuid::Uuid>,
+    updated_at: DateTime<Utc>,
+}
+
+pub async fn list_templates(State(state): State<AppState>) -> Result<Html<String>, UiError> {
+    let rows: Vec<TemplateRow> = sqlx::query_as(
+        "SELECT template_id, team_id, names, build_count, latest_build, updated_at
+         FROM templates WHERE NOT deleted ORDER BY updated_at DESC LIMIT $1",
+    )
+    .bind(LIMIT)
+    .fetch_all(&state.pool)
+    .await?;
+    let outcomes: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT template_id, phase, count(*) FROM builds
+         WHERE template_id = ANY($1) GROUP BY template_id, phase",
+    )
+    .bind(
+        rows.iter()
+            .map(|r| r.template_id.clone())
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    let mut by_template: BTreeMap<&str, Vec<(&str, i64)>> = BTreeMap::new();
+    for (t, phase, n) in &outcomes {
+        by_template.entry(t).or_default().push((phase, *n));
+    }
+    let mut body = String::from(
+        "<table id=\"templates\"><tr><th>template</th><th>names</th><th>team</th><th>tags</th>\
+         <th>builds</th><th>results</th><th>latest build</th><th>updated</th></tr>",
+    );
+    for r in &rows {
+        // Tags live in the template stream (the read model keeps names only).
+        let tags = match TemplateId::parse(&r.template_id) {
+            Ok(id) => load::<Template>(&state.events, &template_stream(&id))
+                .await
+                .map(|t| {
+                    t.state
+                        .tags
+                        .iter()
+                        .map(|(tag, build)| {
+                            format!(
+                                "{} → <a href=\"/ui/builds/{build}\"><code>{}</code></a>",
+                                escape(tag.as_str()),
+                                &build.to_string()[..8]
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join("<br>")
+                })
+                .unwrap_or_else(|e| escape(&format!("(unreadable: {e})"))),
+            Err(_) => String::new(),
+        };
+        let results = by_template
+            .get(r.template_id.as_str())
+            .map(|v| {
+                v.iter()
+                    .map(|(p, n)| format!("<span class=\"{p}\">{p}</span> {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        let _ = write!(
+            body,
+            "<tr><td><a href=\"/ui?template={}\"><code>{}</code></a></td><td>{}</td><td>{}</td><td>{tags}</td>\
+             <td>{}</td><td>{results}</td><td>{}</td><td>{}</td></tr>",
+            url_encode(&r.template_id),
+            escape(&r.template_id),
+            escape(&r.names.join(", ")),
+            escape(&r.team_id),
+            r.build_count,
+            r.latest_build
+                .map(|b| format!("<a href=\"/ui/builds/{b}\"><code>{b}</code></a>"))
+                .unwrap_or_default(),
+            r.updated_at.format("%Y-%m-%d %H:%M:%S"),
+        );
+    }
+    body.push_str("</table>");
+    Ok(page("templates", &body))
+}
+
+pub async fn show_storage(State(state): State<AppState>) -> Html<String> {
+    let dir = state.data_dir.clone();
+    let usage = tokio::task::spawn_blocking(move || crate::inspect::storage::usage(&dir))
+        .await
+        .unwrap_or_default();
+    let mut body = String::from(
+        "<p>Bytes on this node's disk (the node serving this page). Storage tiers and garbage \
+         collection do not exist yet, so nothing here is reclaimed automatically.</p>\
+         <table id=\"storage\"><tr><th>kind</th><th>path</th><th>files</th><th>bytes</th></tr>",
+    );
+    for u in usage {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{} ({})</td></tr>",
+            u.kind,
+            escape(&u.path.display().to_string()),
+            u.files,
+            u.bytes,
+            human_bytes(u.bytes)
+        );
+    }
+    body.push_str("</table>");
+    page("storage", &body)
+}
+
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.1} {}", UNITS[i])
+}

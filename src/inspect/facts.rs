@@ -1,0 +1,156 @@
+//! One build as the inspectors see it: its stream's events (decoded, with their metadata and
+//! commit times), the state they fold to, and its log lines. Loaded read-only from the event
+//! store and `build_logs`; nothing here writes.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::domain::build::{self, Event};
+use crate::domain::ids::BuildId;
+use crate::events::{EventStore, Metadata, ReadError};
+use crate::streams::build_stream;
+
+/// One decoded event of a build stream.
+#[derive(Clone, Debug)]
+pub struct BuildEvent {
+    pub version: u64,
+    pub recorded_at: DateTime<Utc>,
+    pub metadata: Metadata,
+    pub event: Event,
+}
+
+/// One row of `build_logs`.
+#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
+pub struct LogRow {
+    pub seq: i64,
+    pub epoch: Option<i64>,
+    pub logged_at: DateTime<Utc>,
+    pub level: String,
+    pub message: String,
+    pub step: Option<String>,
+}
+
+/// Everything the inspectors derive their answers from, for one build.
+#[derive(Clone, Debug)]
+pub struct BuildFacts {
+    pub build: BuildId,
+    pub events: Vec<BuildEvent>,
+    pub state: build::State,
+    pub logs: Vec<LogRow>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FactsError {
+    #[error("build {0} not found (no events in its stream); check the id with `strata history`")]
+    NotFound(BuildId),
+    #[error("reading build {build}'s events: {source}")]
+    Read {
+        build: BuildId,
+        #[source]
+        source: ReadError,
+    },
+    #[error("build {build}'s event at version {version} does not decode: {message}")]
+    Decode {
+        build: BuildId,
+        version: u64,
+        message: String,
+    },
+    #[error("reading from the database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl BuildFacts {
+    /// Builds the facts from events and logs already read (pure; used by tests and loaders).
+    pub fn new(build: BuildId, events: Vec<BuildEvent>, logs: Vec<LogRow>) -> Self {
+        let state = build::replay(events.iter().map(|e| &e.event));
+        Self {
+            build,
+            events,
+            state,
+            logs,
+        }
+    }
+
+    /// The facts of the latest attempt's events only (progress, cache consultation).
+    pub fn last_epoch(&self) -> Option<u64> {
+        self.state.last_epoch.map(|e| e.0)
+    }
+
+    /// The cache consultation of the latest attempt that recorded one.
+    pub fn consultation(&self) -> Option<&build::CacheConsultation> {
+        self.events.iter().rev().find_map(|e| match &e.event {
+            Event::CacheConsulted { consultation, .. } => Some(consultation),
+            _ => None,
+        })
+    }
+
+    /// When an event of this kind was last recorded.
+    pub fn time_of(&self, pick: impl Fn(&Event) -> bool) -> Option<DateTime<Utc>> {
+        self.events
+            .iter()
+            .rev()
+            .find(|e| pick(&e.event))
+            .map(|e| e.recorded_at)
+    }
+}
+
+/// Reads one build's stream and logs.
+pub async fn load(store: &EventStore, build: BuildId) -> Result<BuildFacts, FactsError> {
+    let recorded = store
+        .read_stream_all(&build_stream(&build))
+        .await
+        .map_err(|source| FactsError::Read { build, source })?;
+    if recorded.is_empty() {
+        return Err(FactsError::NotFound(build));
+    }
+    let mut events = Vec::with_capacity(recorded.len());
+    for r in recorded {
+        let event = r.decode::<Event>().map_err(|e| FactsError::Decode {
+            build,
+            version: r.version,
+            message: e.to_string(),
+        })?;
+        events.push(BuildEvent {
+            version: r.version,
+            recorded_at: r.recorded_at,
+            metadata: r.metadata,
+            event,
+        });
+    }
+    let logs = sqlx::query_as::<_, LogRow>(
+        "SELECT seq, epoch, logged_at, level, message, step FROM build_logs
+         WHERE build_id = $1 ORDER BY seq",
+    )
+    .bind(build.as_uuid())
+    .fetch_all(store.pool())
+    .await?;
+    Ok(BuildFacts::new(build, events, logs))
+}
+
+/// The builds of the same template registered before `facts`' build, newest first (at most
+/// `limit`): the candidates `why` compares cache keys against.
+pub async fn earlier_builds(
+    store: &EventStore,
+    facts: &BuildFacts,
+    limit: i64,
+) -> Result<Vec<BuildFacts>, FactsError> {
+    let Some(reg) = &facts.state.registration else {
+        return Ok(Vec::new());
+    };
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
+        "SELECT build_id FROM builds
+         WHERE template_id = $1 AND build_id <> $2 AND registered_at <= $3
+         ORDER BY registered_at DESC, build_id DESC LIMIT $4",
+    )
+    .bind(reg.template.as_str())
+    .bind(facts.build.as_uuid())
+    .bind(reg.registered_at)
+    .bind(limit)
+    .fetch_all(store.pool())
+    .await?;
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        out.push(load(store, BuildId::from_uuid(id)).await?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,290 @@
+//! The operator page `/ui` after real builds: its admin-token gate over HTTP, its read-only
+//! pages, and the pages rendered by a real headless Chromium (Debian's `chromium`), which
+//! loads the builds list and a build's timeline; a screenshot is kept under
+//! `target/tmp/ui/` as an artifact.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::worker_fixture::*;
+use serde_json::json;
+use strata::domain::build::Phase;
+use strata::domain::ids::BuildId;
+
+const TOKEN: &str = "ui-admin-token-7f3a9c";
+const SECRET: &str = "ui-test-upload-secret-0123456789abcdef0123";
+
+async fn build(fx: &Fixture, name: &str, spec: serde_json::Value) -> BuildId {
+    let (_, build) = fx.api.register(name).await;
+    fx.api.start(build, spec).await;
+    fx.wait_terminal(build).await;
+    build
+}
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// The builds table of the list page (the page also shows the latest events of every stream).
+fn builds_table(page: &str) -> &str {
+    let from = page.find("<table id=\"builds\">").expect("a builds table");
+    let to = from + page[from..].find("</table>").unwrap();
+    &page[from..to]
+}
+
+fn artifacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs headless Chromium with a fresh profile on `url`; `mode` is `--dump-dom` or
+/// `--screenshot=PATH`. Returns stdout.
+async fn chromium(url: &str, mode: &str) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let run = tokio::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1400,1800",
+            &format!("--user-data-dir={}", profile.path().display()),
+            mode,
+            url,
+        ])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("chromium finished within 120 s")
+        .expect("chromium runs (scripts/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
+    let mut fx = Fixture::new(settings()).await;
+    let api = common::api::serve(
+        fx.db.pool.clone(),
+        &common::sandbox::node_dir(),
+        Some(TOKEN),
+        &["--upload-secret", SECRET],
+    )
+    .await;
+    let ok = build(
+        &fx,
+        "ui-app",
+        json!({"fromImage": "busybox", "force": false, "steps": [
+            step("ENV", &["GREETING", "hello"]),
+            step("RUN", &["echo $GREETING from the page > greeting.txt; cat greeting.txt"]),
+            step("RUN", &["echo second step"]),
+        ]}),
+    )
+    .await;
+    let failed = build(
+        &fx,
+        "ui-broken",
+        json!({"fromImage": "busybox", "force": false, "steps": [
+            step("RUN", &["echo about to fail; exit 7"]),
+        ]}),
+    )
+    .await;
+    assert!(matches!(fx.state(ok).await.phase, Phase::Ready { .. }));
+    assert!(matches!(fx.state(failed).await.phase, Phase::Error { .. }));
+
+    // The gate: 401 without a token or with a wrong one, the page with the right one.
+    let http = no_redirects();
+    let ui = format!("{}/ui", api.base);
+    let resp = http.get(&ui).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("action=\"/ui/login\""), "{text}");
+    assert!(!text.contains(&ok.to_string()));
+    let resp = http.get(&ui).bearer_auth("wrong").send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let resp = http.get(format!("{ui}?token=wrong")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    for path in [
+        "/ui/templates",
+        "/ui/storage",
+        &format!("/ui/builds/{ok}"),
+        &format!("/ui/builds/{ok}/why.json"),
+    ] {
+        let resp = http
+            .get(format!("{}{path}", api.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 401, "{path}");
+    }
+    let page = http.get(&ui).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(page.status().as_u16(), 200);
+    let page = page.text().await.unwrap();
+    assert!(page.contains(&ok.to_string()) && page.contains(&failed.to_string()));
+
+    // A token in the address: redirected without it, with a session cookie that is not the token.
+    let resp = http
+        .get(format!("{ui}/builds/{ok}?token={TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 303);
+    assert_eq!(
+        resp.headers()["location"],
+        format!("/ui/builds/{ok}").as_str()
+    );
+    let cookie = resp.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(!cookie.contains(TOKEN), "{cookie}");
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let resp = http
+        .get(format!("{ui}/builds/{ok}"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    // The login form.
+    let resp = http
+        .post(format!("{ui}/login"))
+        .form(&[("token", "nope")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let resp = http
+        .post(format!("{ui}/login"))
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 303);
+    assert_eq!(
+        resp.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap(),
+        session
+    );
+
+    // Filters.
+    let errors = http
+        .get(format!("{ui}?phase=error"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let errors = builds_table(&errors);
+    assert!(errors.contains(&failed.to_string()) && !errors.contains(&ok.to_string()));
+    let by_name = http
+        .get(format!("{ui}?template=ui-app"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let by_name = builds_table(&by_name);
+    assert!(by_name.contains(&ok.to_string()) && !by_name.contains(&failed.to_string()));
+
+    // The page's why is the CLI's why.
+    let why: serde_json::Value = http
+        .get(format!("{ui}/builds/{failed}/why.json"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let direct = strata::inspect::why_build(&fx.store, failed).await.unwrap();
+    assert_eq!(why, serde_json::to_value(&direct).unwrap());
+    assert_eq!(why["failure"]["exit_code"], 7);
+
+    let templates = http
+        .get(format!("{ui}/templates"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(templates.contains("ui-app") && templates.contains("ui-broken"));
+    assert!(
+        templates.contains(&format!("default → <a href=\"/ui/builds/{ok}\">")),
+        "{templates}"
+    );
+    let storage = http
+        .get(format!("{ui}/storage"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(storage.contains("<td>blobs</td>") && storage.contains("<td>layers</td>"));
+
+    // A real browser: the list loads, the timeline shows every step.
+    let list = chromium(&format!("{ui}?token={TOKEN}"), "--dump-dom").await;
+    assert!(list.contains("<table id=\"builds\">"), "{list}");
+    assert!(list.contains(&ok.to_string()) && list.contains(&failed.to_string()));
+    let dom = chromium(&format!("{ui}/builds/{ok}?token={TOKEN}"), "--dump-dom").await;
+    assert!(dom.contains("<table id=\"steps\">"), "{dom}");
+    assert_eq!(dom.matches("<tr class=\"step\">").count(), 3, "{dom}");
+    assert!(dom.contains("ENV GREETING hello"));
+    assert!(dom.contains("RUN echo $GREETING from the page &gt; greeting.txt; cat greeting.txt"));
+    assert!(
+        dom.contains("hello from the page"),
+        "the RUN's log excerpt: {dom}"
+    );
+    assert!(dom.contains("checkpointed"));
+    assert!(dom.contains("<table id=\"attempts\">"));
+    let failed_dom = chromium(&format!("{ui}/builds/{failed}?token={TOKEN}"), "--dump-dom").await;
+    assert!(failed_dom.contains("exit code <b>7</b>"), "{failed_dom}");
+    assert!(failed_dom.contains("about to fail"));
+    let unauthenticated = chromium(&ui, "--dump-dom").await;
+    assert!(unauthenticated.contains("Sign in with the admin token"));
+    assert!(!unauthenticated.contains(&ok.to_string()));
+
+    let shot = artifacts().join("build-timeline.png");
+    let _ = std::fs::remove_file(&shot);
+    chromium(
+        &format!("{ui}/builds/{ok}?token={TOKEN}"),
+        &format!("--screenshot={}", shot.display()),
+    )
+    .await;
+    let png = std::fs::read(&shot).expect("the screenshot was written");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+    assert!(
+        png.len() > 10_000,
+        "a blank page would be tiny: {} bytes",
+        png.len()
+    );
+    fx.stop().await;
+}
