@@ -7,6 +7,7 @@
 //! * [`reconcilers`]: workers that drive every build to a terminal state.
 //! * [`api`]: the E2B-compatible HTTP API and the operator (audit) API.
 //! * [`vmm`]: sandbox backends, layers and images.
+//! * [`registry`]: pulling base images from OCI registries.
 //! * [`worker`]: the build node: claims builds, runs their steps in sandboxes, publishes results.
 //! * [`config`], [`telemetry`], [`embedded_postgres`]: process plumbing shared by the subcommands.
 
@@ -19,6 +20,7 @@ pub mod events;
 pub mod fault;
 pub mod projections;
 pub mod reconcilers;
+pub mod registry;
 pub mod registration;
 pub mod streams;
 pub mod telemetry;

@@ -125,6 +125,7 @@ async fn apply_one(
         | Event::UploadCompleted { .. }
         | Event::IntentExpired { .. }
         | Event::StepCompleted { .. }
+        | Event::BaseImageResolved { .. }
         | Event::ContextReleased { .. } => {}
     }
     sqlx::query("UPDATE builds SET updated_at = $2, stream_version = $3 WHERE build_id = $1")

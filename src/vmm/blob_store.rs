@@ -190,6 +190,19 @@ impl Write for BlobWriter {
 }
 
 impl BlobWriter {
+    /// Publishes the blob only if its content hashes to `expected` (bytes that arrived from
+    /// elsewhere, such as a registry layer and its diff id); otherwise nothing is stored.
+    pub fn commit_expecting(self, expected: &Digest) -> Result<(Digest, u64)> {
+        let actual = Digest::from_hasher(self.hasher.clone());
+        if &actual != expected {
+            return Err(VmmError::DigestMismatch {
+                expected: expected.to_string(),
+                actual: actual.to_string(),
+            });
+        }
+        self.commit()
+    }
+
     /// Publishes the blob. If the digest already exists, the existing copy wins and this one is
     /// discarded: the bytes are identical by construction.
     pub fn commit(self) -> Result<(Digest, u64)> {

@@ -21,6 +21,7 @@ use super::backend::{BootSpec, ExecRequest, Limits, Sandbox, SandboxBackend};
 use super::blob_store::{BlobStore, Digest};
 use super::error::{Result, VmmError};
 use super::layer::{self, LayerRef};
+use crate::domain::image_ref::ImageRef;
 
 pub const BUSYBOX: &str = "busybox";
 pub const DEBIAN: &str = "debian:bookworm";
@@ -74,11 +75,24 @@ impl ImageCatalog {
         Ok(ImageCatalog { dir })
     }
 
+    /// The entry named `name`, compared as Docker compares references (`debian:bookworm`,
+    /// `docker.io/library/debian:bookworm` and `e2bdev/base:latest` / `e2bdev/base` are the
+    /// same names). A reference pinned by digest names a registry manifest, never an entry here.
     pub fn get(&self, name: &str) -> Result<ImageManifest> {
         let path = self.dir.join(file_name(name));
-        let bytes = fs::read(&path).map_err(|_| VmmError::ImageNotFound(name.to_string()))?;
-        serde_json::from_slice(&bytes)
-            .map_err(|e| VmmError::Image(format!("{}: {e}", path.display())))
+        if let Ok(bytes) = fs::read(&path) {
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| VmmError::Image(format!("{}: {e}", path.display())));
+        }
+        let not_found = || VmmError::ImageNotFound(name.to_string());
+        let wanted = ImageRef::parse(name).map_err(|_| not_found())?;
+        if wanted.digest().is_some() {
+            return Err(not_found());
+        }
+        self.list()?
+            .into_iter()
+            .find(|m| ImageRef::parse(&m.name).is_ok_and(|r| r == wanted))
+            .ok_or_else(not_found)
     }
 
     pub fn put(&self, manifest: &ImageManifest) -> Result<()> {

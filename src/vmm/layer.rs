@@ -179,6 +179,40 @@ impl LayerCache {
         self.root.join(digest.hex())
     }
 
+    /// Whether `digest` is extracted on this node.
+    pub fn contains(&self, digest: &Digest) -> bool {
+        self.path(digest).is_dir()
+    }
+
+    /// A fresh temporary directory to extract `digest` into, on the cache's filesystem; hand it
+    /// to [`Self::publish`] once its content is verified, or remove it.
+    pub fn staging(&self, digest: &Digest) -> Result<PathBuf> {
+        let tmp = self.root.join(format!(
+            ".tmp-{}-{}",
+            digest.hex(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        fs::create_dir(&tmp).map_err(VmmError::io(format!("creating {}", tmp.display())))?;
+        Ok(tmp)
+    }
+
+    /// Publishes a verified extraction made in [`Self::staging`]; a concurrent identical one
+    /// may have won, which is as good.
+    pub fn publish(&self, staged: &Path, digest: &Digest) -> Result<PathBuf> {
+        let dest = self.path(digest);
+        match fs::rename(staged, &dest) {
+            Ok(()) => Ok(dest),
+            Err(_) if dest.is_dir() => {
+                let _ = fs::remove_dir_all(staged);
+                Ok(dest)
+            }
+            Err(e) => {
+                let _ = fs::remove_dir_all(staged);
+                Err(VmmError::io(format!("publishing layer {digest}"))(e))
+            }
+        }
+    }
+
     /// Returns the extracted directory of `digest`, extracting and verifying it first if needed.
     pub fn ensure(&self, blobs: &dyn BlobStore, digest: &Digest) -> Result<PathBuf> {
         let dest = self.path(digest);

@@ -48,6 +48,10 @@ pub struct BuildJob {
     pub spec: TemplateBuildStartV2,
     pub bindings: BTreeMap<FilesHash, Binding>,
     pub resources: Resources,
+    /// What an earlier attempt resolved the base image's tag to.
+    pub base_pin: Option<crate::domain::build::BasePin>,
+    /// Credentials for the base image's registry, when the build brought some.
+    pub credentials: Option<crate::registry::BasicAuth>,
 }
 
 /// A build that failed: where, and the message the SDK raises.
@@ -102,6 +106,7 @@ pub struct Executor<'a> {
     pub backend: &'a dyn SandboxBackend,
     pub blobs: Arc<dyn BlobStore>,
     pub catalog: &'a ImageCatalog,
+    pub puller: &'a crate::registry::Puller,
     pub settings: &'a WorkerSettings,
     pub attempt: &'a Attempt,
     pub log: BuildLog,
@@ -130,9 +135,25 @@ impl Executor<'_> {
             BaseSource::Template { reference } => format!("FROM TEMPLATE {reference}"),
         };
         self.log.info(Some("base"), format!("[base] {base_line}"));
-        let resolved =
-            match base::resolve(&self.attempt.store, self.catalog, &job.team, &job.spec.base).await
-            {
+        let registry = base::Registry {
+            puller: self.puller,
+            credentials: job.credentials.clone(),
+            pin: job.base_pin.as_ref(),
+            log: &self.log,
+        };
+        let resolve = base::resolve(
+            &self.attempt.store,
+            self.catalog,
+            registry,
+            &job.team,
+            &job.spec.base,
+        );
+        let resolved = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Err(self.abandoned()),
+            r = resolve => r,
+        };
+        let resolved = match resolved {
                 Ok(r) => r,
                 Err(BaseError::Unavailable(m)) => {
                     return Ok(Outcome::Failed(StepFailure {
@@ -142,6 +163,17 @@ impl Executor<'_> {
                 }
                 Err(BaseError::Worker(e)) => return Err(e),
             };
+        if let (Some(pin), None) = (&resolved.pin, &job.base_pin) {
+            let now = self.attempt.now().await?;
+            self.attempt
+                .command(crate::domain::build::Command::PinBaseImage {
+                    epoch: self.attempt.epoch,
+                    reference: pin.reference.clone(),
+                    digest: pin.digest,
+                    now,
+                })
+                .await?;
+        }
         let (writer, found, flight) = self.consult_cache(job, &resolved).await?;
         let total = job.spec.steps.len();
         let (layers, context, start) = match found {

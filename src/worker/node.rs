@@ -40,6 +40,7 @@ pub struct Worker {
     backend: Arc<dyn SandboxBackend>,
     blobs: Arc<dyn BlobStore>,
     catalog: Arc<ImageCatalog>,
+    puller: crate::registry::Puller,
     settings: Arc<WorkerSettings>,
     flights: crate::worker::cache::Flights,
 }
@@ -53,8 +54,14 @@ impl Worker {
             depth: settings.depth,
         })?;
         let catalog = ImageCatalog::open(&settings.data_dir)?;
+        let puller = crate::registry::Puller::new(
+            &settings.data_dir,
+            backend.blobs(),
+            settings.registry.clone(),
+        )?;
         Ok(Worker {
             store,
+            puller,
             blobs: backend.blobs(),
             backend: Arc::new(backend),
             catalog: Arc::new(catalog),
@@ -199,6 +206,8 @@ impl Worker {
             spec: freeze.spec.clone(),
             bindings: freeze.bindings.clone(),
             resources: registration.resources,
+            base_pin: state.base_pin.clone(),
+            credentials: None,
         };
         log.info(
             None,
@@ -211,6 +220,7 @@ impl Worker {
             backend: self.backend.as_ref(),
             blobs: self.blobs.clone(),
             catalog: &self.catalog,
+            puller: &self.puller,
             settings: &self.settings,
             attempt,
             log: log.clone(),

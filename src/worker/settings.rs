@@ -26,6 +26,8 @@ pub struct WorkerSettings {
     /// The sandbox stack's depth limit. Builds plan their checkpoints within it: steps past the
     /// per-build budget run without a checkpoint instead of failing.
     pub depth: crate::vmm::depth::DepthBudget,
+    /// Mirrors, insecure registries and the size ceiling for base-image pulls.
+    pub registry: crate::registry::RegistrySettings,
 }
 
 impl WorkerSettings {
@@ -44,6 +46,7 @@ impl WorkerSettings {
             step_timeout: Duration::from_secs(3600),
             poll_interval: Duration::from_secs(2),
             depth: Default::default(),
+            registry: Default::default(),
         }
     }
 
