@@ -12,6 +12,11 @@ id postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 # Sandboxes: the Debian base image is made with debootstrap; openssl is the benchmark baseline.
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v openssl >/dev/null || need_apt+=(openssl)
+# Registry pulls are tested against a real registry (CNCF distribution) on loopback, with
+# images pushed by skopeo; htpasswd makes the password file of the protected instance.
+command -v docker-registry >/dev/null || need_apt+=(docker-registry)
+command -v skopeo >/dev/null || need_apt+=(skopeo)
+command -v htpasswd >/dev/null || need_apt+=(apache2-utils)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2

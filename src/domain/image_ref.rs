@@ -415,6 +415,17 @@ mod tests {
             .unwrap()
     }
 
+    /// A repository path. Its first component has no dot: a dotted first component names a
+    /// registry, in Docker as here.
+    fn path() -> impl Strategy<Value = Vec<String>> {
+        (
+            proptest::string::string_regex("[a-z0-9]{1,6}((_|__|-{1,2})[a-z0-9]{1,4}){0,2}")
+                .unwrap(),
+            proptest::collection::vec(component(), 0..3),
+        )
+            .prop_map(|(first, rest)| std::iter::once(first).chain(rest).collect())
+    }
+
     fn reference() -> impl Strategy<Value = String> {
         let registry = prop_oneof![
             Just(String::new()),
@@ -439,7 +450,7 @@ mod tests {
         ];
         (
             registry,
-            proptest::collection::vec(component(), 1..4),
+            path(),
             tag,
             digest,
         )
@@ -460,7 +471,7 @@ mod tests {
 
         /// Adding the defaults Docker adds changes nothing.
         #[test]
-        fn defaults_are_implied(path in proptest::collection::vec(component(), 1..3)) {
+        fn defaults_are_implied(path in path()) {
             let name = path.join("/");
             let short = ImageRef::parse(&name).unwrap();
             prop_assert_eq!(&ImageRef::parse(&format!("{name}:latest")).unwrap(), &short);

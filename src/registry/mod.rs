@@ -6,9 +6,12 @@
 //! * [`unpack`]: one layer, verified and unpacked while it downloads.
 //! * [`pull`]: the engine: [`Puller::pull`].
 //! * [`error`]: [`PullError`], which never carries a credential.
+//! * [`layout`], [`local`]: OCI layouts and a loopback registry, for `strata bench pull` and tests.
 
 pub mod challenge;
 pub mod error;
+pub mod layout;
+pub mod local;
 pub mod manifest;
 pub mod pull;
 pub mod session;

@@ -581,3 +581,48 @@ fn check_file_digest(path: &Path, digest: &str) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str) -> ImageManifest {
+        ImageManifest {
+            name: name.into(),
+            layers: vec![],
+            config: ImageConfig::default(),
+            license_notice: None,
+            source: "test".into(),
+        }
+    }
+
+    #[test]
+    fn catalog_names_match_every_docker_spelling_of_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = ImageCatalog::open(dir.path()).unwrap();
+        catalog.put(&entry(E2B_BASE)).unwrap();
+        catalog.put(&entry(DEBIAN)).unwrap();
+        for (asked, found) in [
+            ("e2bdev/base", E2B_BASE),
+            ("e2bdev/base:latest", E2B_BASE),
+            ("docker.io/e2bdev/base", E2B_BASE),
+            ("debian:bookworm", DEBIAN),
+            ("docker.io/library/debian:bookworm", DEBIAN),
+            ("library/debian:bookworm", DEBIAN),
+        ] {
+            assert_eq!(catalog.get(asked).unwrap().name, found, "{asked}");
+        }
+        for absent in [
+            "debian",
+            "debian:stable",
+            "ghcr.io/e2bdev/base",
+            "Not A Reference",
+            &format!("e2bdev/base@sha256:{}", "a".repeat(64)),
+        ] {
+            assert!(
+                matches!(catalog.get(absent), Err(VmmError::ImageNotFound(_))),
+                "{absent}"
+            );
+        }
+    }
+}

@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod build_api;
+pub mod registry;
 pub mod sandbox;
 pub mod worker_fixture;
 
