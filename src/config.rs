@@ -128,7 +128,11 @@ pub struct RegistryArgs {
     pub registry_mirrors: Vec<(String, String)>,
 
     /// Registry hosts reached over plain HTTP, comma-separated (loopback hosts always are).
-    #[arg(long = "insecure-registry", env = "STRATA_INSECURE_REGISTRIES", value_delimiter = ',')]
+    #[arg(
+        long = "insecure-registry",
+        env = "STRATA_INSECURE_REGISTRIES",
+        value_delimiter = ','
+    )]
     pub insecure_registries: Vec<String>,
 
     /// Largest image (compressed bytes of its layers) a pull accepts.

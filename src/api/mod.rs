@@ -3,7 +3,7 @@
 pub mod admin;
 pub mod e2b;
 pub mod error;
-mod state;
+pub mod state;
 pub mod upload_ingest;
 
 pub use state::{AppState, ProtocolSettings, StateError};

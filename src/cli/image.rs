@@ -51,7 +51,12 @@ enum ImageCommand {
         /// Registry username (the password is read from STRATA_REGISTRY_PASSWORD).
         #[arg(long, env = "STRATA_REGISTRY_USERNAME")]
         username: Option<String>,
-        #[arg(long, env = "STRATA_REGISTRY_PASSWORD", hide_env_values = true, hide = true)]
+        #[arg(
+            long,
+            env = "STRATA_REGISTRY_PASSWORD",
+            hide_env_values = true,
+            hide = true
+        )]
         password: Option<String>,
         #[command(flatten)]
         registry: strata::config::RegistryArgs,
@@ -110,9 +115,7 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             let credentials = match (username, password) {
                 (Some(username), Some(password)) => Some(BasicAuth { username, password }),
                 (None, None) => None,
-                _ => anyhow::bail!(
-                    "give both --username and STRATA_REGISTRY_PASSWORD, or neither"
-                ),
+                _ => anyhow::bail!("give both --username and STRATA_REGISTRY_PASSWORD, or neither"),
             };
             let started = std::time::Instant::now();
             let progress: strata::registry::pull::ProgressFn =

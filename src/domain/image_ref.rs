@@ -89,7 +89,10 @@ impl ImageRef {
             _ => (DEFAULT_REGISTRY.to_owned(), name),
         };
         if !valid_registry(&registry) {
-            return Err(invalid(text, format!("registry host {registry:?} is invalid")));
+            return Err(invalid(
+                text,
+                format!("registry host {registry:?} is invalid"),
+            ));
         }
         let registry = if registry == LEGACY_DEFAULT_REGISTRY {
             DEFAULT_REGISTRY.to_owned()
@@ -214,7 +217,10 @@ impl std::str::FromStr for ImageRef {
 
 fn parse_digest(reference: &str, text: &str) -> Result<Digest, ImageRefError> {
     let Some((algorithm, hex)) = text.split_once(':') else {
-        return Err(invalid(reference, "a digest is written `sha256:<64 hex digits>`"));
+        return Err(invalid(
+            reference,
+            "a digest is written `sha256:<64 hex digits>`",
+        ));
     };
     if algorithm != "sha256" {
         return Err(invalid(
@@ -222,7 +228,10 @@ fn parse_digest(reference: &str, text: &str) -> Result<Digest, ImageRefError> {
             format!("digest algorithm {algorithm:?} is not supported; use sha256"),
         ));
     }
-    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    if hex.len() != 64
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     {
         return Err(invalid(
             reference,
@@ -372,7 +381,10 @@ mod tests {
         let r = ImageRef::parse(&format!("debian@sha256:{hex}")).unwrap();
         assert_eq!(r.tag(), None);
         assert_eq!(r.manifest_reference(), format!("sha256:{hex}"));
-        assert_eq!(r.to_string(), format!("docker.io/library/debian@sha256:{hex}"));
+        assert_eq!(
+            r.to_string(),
+            format!("docker.io/library/debian@sha256:{hex}")
+        );
         let r = ImageRef::parse(&format!("debian:12@sha256:{hex}")).unwrap();
         assert_eq!(r.tag(), Some("12"));
         assert_eq!(r.manifest_reference(), format!("sha256:{hex}"));
@@ -402,8 +414,16 @@ mod tests {
 
     #[test]
     fn familiar_names_are_dockers_short_form() {
-        assert_eq!(ImageRef::parse("docker.io/library/debian:12").unwrap().familiar(), "debian:12");
-        assert_eq!(ImageRef::parse("e2bdev/base").unwrap().familiar(), "e2bdev/base:latest");
+        assert_eq!(
+            ImageRef::parse("docker.io/library/debian:12")
+                .unwrap()
+                .familiar(),
+            "debian:12"
+        );
+        assert_eq!(
+            ImageRef::parse("e2bdev/base").unwrap().familiar(),
+            "e2bdev/base:latest"
+        );
         assert_eq!(
             ImageRef::parse("127.0.0.1:5000/x").unwrap().familiar(),
             "127.0.0.1:5000/x:latest"
@@ -448,12 +468,7 @@ mod tests {
                 .unwrap()
                 .prop_map(|h| format!("@sha256:{h}")),
         ];
-        (
-            registry,
-            path(),
-            tag,
-            digest,
-        )
+        (registry, path(), tag, digest)
             .prop_map(|(r, path, t, d)| format!("{r}{}{t}{d}", path.join("/")))
     }
 

@@ -111,6 +111,7 @@ async fn apply_one(
             .bind(build_id)
             .execute(&mut *conn)
             .await?;
+            destroy_credentials(conn, build_id).await?;
         }
         Event::AttemptExpired { .. } | Event::BuildFailed { .. } => {
             sqlx::query(
@@ -119,6 +120,7 @@ async fn apply_one(
             .bind(build_id)
             .execute(&mut *conn)
             .await?;
+            destroy_credentials(conn, build_id).await?;
         }
         Event::UploadReserved { .. }
         | Event::ContextBound { .. }
@@ -135,4 +137,17 @@ async fn apply_one(
         .execute(&mut *conn)
         .await?;
     Ok(())
+}
+
+/// A build's registry credentials (src/registry/sealed.rs) end with the build, in the same
+/// transaction as the event that ends it.
+async fn destroy_credentials(
+    conn: &mut sqlx::PgConnection,
+    build_id: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM build_credentials WHERE build_id = $1")
+        .bind(build_id)
+        .execute(&mut *conn)
+        .await
+        .map(drop)
 }

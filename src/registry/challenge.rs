@@ -78,14 +78,19 @@ mod tests {
     #[test]
     fn docker_hub_and_distribution_challenges() {
         assert_eq!(
-            parse(r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/debian:pull""#),
+            parse(
+                r#"Bearer realm="https://auth.docker.io/token",service="registry.docker.io",scope="repository:library/debian:pull""#
+            ),
             Some(Challenge::Bearer {
                 realm: "https://auth.docker.io/token".into(),
                 service: Some("registry.docker.io".into()),
                 scope: Some("repository:library/debian:pull".into()),
             })
         );
-        assert_eq!(parse(r#"Basic realm="Registry Realm""#), Some(Challenge::Basic));
+        assert_eq!(
+            parse(r#"Basic realm="Registry Realm""#),
+            Some(Challenge::Basic)
+        );
         assert_eq!(
             parse(r#"bearer realm=https://x/token, scope="repository:a/b:pull,push""#),
             Some(Challenge::Bearer {
@@ -94,7 +99,11 @@ mod tests {
                 scope: Some("repository:a/b:pull,push".into()),
             })
         );
-        assert_eq!(parse("Bearer service=x"), None, "a bearer challenge needs a realm");
+        assert_eq!(
+            parse("Bearer service=x"),
+            None,
+            "a bearer challenge needs a realm"
+        );
         assert_eq!(parse("Negotiate"), None);
     }
 }

@@ -25,7 +25,11 @@ pub enum PullError {
         actual: String,
     },
     #[error("image {image} is {size} bytes, above this node's pull ceiling of {limit} bytes (STRATA_PULL_MAX_BYTES)")]
-    TooLarge { image: String, size: u64, limit: u64 },
+    TooLarge {
+        image: String,
+        size: u64,
+        limit: u64,
+    },
     #[error("image {image}: {detail}")]
     Unsupported { image: String, detail: String },
     #[error("reaching the registry for {image} failed: {detail}; check the registry address, the network and STRATA_REGISTRY_MIRRORS / STRATA_INSECURE_REGISTRIES")]

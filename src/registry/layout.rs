@@ -55,10 +55,7 @@ fn sha(bytes: &[u8]) -> String {
 impl Layout {
     pub fn create(dir: &Path) -> std::io::Result<Layout> {
         std::fs::create_dir_all(dir.join("blobs/sha256"))?;
-        std::fs::write(
-            dir.join("oci-layout"),
-            br#"{"imageLayoutVersion":"1.0.0"}"#,
-        )?;
+        std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
         Ok(Layout {
             dir: dir.to_owned(),
             refs: Vec::new(),
@@ -78,7 +75,9 @@ impl Layout {
 
     /// The path of a blob in the layout (to corrupt it, or read it).
     pub fn blob_path(&self, digest: &str) -> PathBuf {
-        self.dir.join("blobs/sha256").join(digest.trim_start_matches("sha256:"))
+        self.dir
+            .join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"))
     }
 
     /// Writes an image (layers, config, manifest) and returns its manifest.
@@ -97,7 +96,8 @@ impl Layout {
             let (bytes, media_type) = match layer.compression {
                 Compression::None => (tar, "application/vnd.oci.image.layer.v1.tar"),
                 Compression::Gzip => {
-                    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                    let mut enc =
+                        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
                     enc.write_all(&tar)?;
                     (enc.finish()?, "application/vnd.oci.image.layer.v1.tar+gzip")
                 }
@@ -108,7 +108,8 @@ impl Layout {
             };
             let (digest, size) = self.blob(&bytes)?;
             layers_size += size;
-            descriptors.push(serde_json::json!({"mediaType": media_type, "digest": digest, "size": size}));
+            descriptors
+                .push(serde_json::json!({"mediaType": media_type, "digest": digest, "size": size}));
         }
         let config = serde_json::json!({
             "architecture": architecture,
@@ -145,7 +146,8 @@ impl Layout {
                 })
             })
             .collect();
-        let index = serde_json::json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries});
+        let index =
+            serde_json::json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries});
         let (digest, size) = self.blob(&serde_json::to_vec(&index)?)?;
         Ok(Written {
             digest,
@@ -159,7 +161,8 @@ impl Layout {
 
     /// Names `written` as `name` in the layout's `index.json` (`oci:DIR:name` for skopeo).
     pub fn tag(&mut self, name: &str, written: &Written) -> std::io::Result<()> {
-        self.refs.retain(|r| r["annotations"]["org.opencontainers.image.ref.name"] != name);
+        self.refs
+            .retain(|r| r["annotations"]["org.opencontainers.image.ref.name"] != name);
         self.refs.push(serde_json::json!({
             "mediaType": written.media_type, "digest": written.digest, "size": written.size,
             "annotations": {"org.opencontainers.image.ref.name": name},

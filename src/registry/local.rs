@@ -24,7 +24,9 @@ pub struct LocalRegistry {
 }
 
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<Vec<u8>, LocalRegistryError> {
@@ -102,11 +104,22 @@ impl LocalRegistry {
     }
 
     /// Pushes `oci:<layout>:<name>` to `<addr>/<dest>`; `all` pushes every platform of an index.
-    pub fn push(&self, layout: &Path, name: &str, dest: &str, all: bool) -> Result<(), LocalRegistryError> {
+    pub fn push(
+        &self,
+        layout: &Path,
+        name: &str,
+        dest: &str,
+        all: bool,
+    ) -> Result<(), LocalRegistryError> {
         let mut cmd = Command::new("skopeo");
         // Digests are preserved: the pushed manifest is byte for byte the layout's (skopeo
         // would otherwise gzip uncompressed layers and rewrite the manifest).
-        cmd.args(["copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false"]);
+        cmd.args([
+            "copy",
+            "--quiet",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+        ]);
         if all {
             cmd.arg("--all");
         }

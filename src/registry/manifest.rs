@@ -209,6 +209,9 @@ mod tests {
             layer_compression("application/vnd.oci.image.layer.v1.tar"),
             Some(Compression::None)
         );
-        assert_eq!(layer_compression("application/vnd.cncf.helm.chart.content.v1.tar+gzip"), None);
+        assert_eq!(
+            layer_compression("application/vnd.cncf.helm.chart.content.v1.tar+gzip"),
+            None
+        );
     }
 }

@@ -9,11 +9,13 @@
 //! * [`layout`], [`local`]: OCI layouts and a loopback registry, for `strata bench pull` and tests.
 
 pub mod challenge;
+pub mod credentials;
 pub mod error;
 pub mod layout;
 pub mod local;
 pub mod manifest;
 pub mod pull;
+pub mod sealed;
 pub mod session;
 pub mod settings;
 pub mod unpack;

@@ -124,6 +124,11 @@ impl Puller {
         })
     }
 
+    /// The HTTP client pulls share (also for token exchanges).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.inner.http
+    }
+
     pub fn settings(&self) -> &RegistrySettings {
         &self.inner.settings
     }
@@ -224,9 +229,7 @@ impl Puller {
             });
         };
         let config_digest = parse_digest(&image, "config", &config_desc.digest)?;
-        let config_bytes = self
-            .small_blob(&session, &config_digest, &stats)
-            .await?;
+        let config_bytes = self.small_blob(&session, &config_digest, &stats).await?;
         let config: ImageConfigFile = parse_json(&image, "image config", &config_bytes)?;
         let node = manifest::node_platform();
         if !is_index
@@ -274,7 +277,10 @@ impl Puller {
             let compression = manifest::layer_compression(&desc.media_type).ok_or_else(|| {
                 PullError::Unsupported {
                     image: image.clone(),
-                    detail: format!("layer media type {:?} is not a layer tar this node can unpack", desc.media_type),
+                    detail: format!(
+                        "layer media type {:?} is not a layer tar this node can unpack",
+                        desc.media_type
+                    ),
                 }
             })?;
             let digest = parse_vmm_digest(&image, "layer", &desc.digest)?;
@@ -282,8 +288,8 @@ impl Puller {
             plan.push((desc.clone(), compression, digest, diff));
         }
         tracker.emit(true);
-        let layers: Vec<LayerRef> = futures::stream::iter(plan.into_iter().map(
-            |(desc, compression, digest, diff)| {
+        let layers: Vec<LayerRef> =
+            futures::stream::iter(plan.into_iter().map(|(desc, compression, digest, diff)| {
                 let session = &session;
                 let stats = &stats;
                 let tracker = tracker.clone();
@@ -291,11 +297,10 @@ impl Puller {
                     self.layer(session, &desc, compression, &digest, &diff, stats, &tracker)
                         .await
                 }
-            },
-        ))
-        .buffered(PARALLEL_LAYERS)
-        .try_collect()
-        .await?;
+            }))
+            .buffered(PARALLEL_LAYERS)
+            .try_collect()
+            .await?;
         tracker.emit(true);
         let env = config
             .config
@@ -441,7 +446,8 @@ impl Puller {
         if !desc.urls.is_empty() && desc.media_type.contains("foreign") {
             return Err(PullError::Unsupported {
                 image,
-                detail: "foreign layers (served from URLs outside the registry) are not supported".into(),
+                detail: "foreign layers (served from URLs outside the registry) are not supported"
+                    .into(),
             });
         }
         stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -574,7 +580,10 @@ impl Tracker {
         report(Progress {
             layers_done: self.layers_done.load(Ordering::Relaxed) as usize,
             layers_total: self.layers_total,
-            bytes_done: self.bytes_done.load(Ordering::Relaxed).min(self.bytes_total),
+            bytes_done: self
+                .bytes_done
+                .load(Ordering::Relaxed)
+                .min(self.bytes_total),
             bytes_total: self.bytes_total,
         });
     }

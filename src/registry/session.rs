@@ -156,11 +156,14 @@ impl Session {
                     return Err(self.status_error(response).await);
                 }
                 let body: serde_json::Value =
-                    response.json_or_bytes().await.map_err(|detail| PullError::Malformed {
-                        image: self.image.clone(),
-                        what: "token response",
-                        detail,
-                    })?;
+                    response
+                        .json_or_bytes()
+                        .await
+                        .map_err(|detail| PullError::Malformed {
+                            image: self.image.clone(),
+                            what: "token response",
+                            detail,
+                        })?;
                 let token = body["token"]
                     .as_str()
                     .or(body["access_token"].as_str())

@@ -21,7 +21,9 @@ pub struct RegistrySettings {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
-    #[error("registry mirror {0:?} must be `registry=url`, e.g. `docker.io=http://127.0.0.1:5000`")]
+    #[error(
+        "registry mirror {0:?} must be `registry=url`, e.g. `docker.io=http://127.0.0.1:5000`"
+    )]
     Mirror(String),
 }
 
@@ -72,9 +74,7 @@ impl RegistrySettings {
 
     fn is_insecure(&self, registry: &str) -> bool {
         let host = host_of(registry);
-        self.insecure
-            .iter()
-            .any(|h| h == registry || h == host)
+        self.insecure.iter().any(|h| h == registry || h == host)
             || host == "localhost"
             || host == "::1"
             || host

@@ -21,9 +21,13 @@ use crate::vmm::{BlobStore, Digest, LayerRef, VmmError};
 #[derive(Debug)]
 pub enum UnpackError {
     /// The compressed stream did not hash to the descriptor's digest.
-    Compressed { actual: String },
+    Compressed {
+        actual: String,
+    },
     /// The uncompressed tar did not hash to the config's diff id.
-    Uncompressed { actual: String },
+    Uncompressed {
+        actual: String,
+    },
     /// The download failed; the async side holds the reason.
     Aborted,
     Store(VmmError),
@@ -115,14 +119,7 @@ pub fn unpack(
     layers: &LayerCache,
 ) -> Result<LayerRef, UnpackError> {
     let staging = layers.staging(diff_id).map_err(UnpackError::Store)?;
-    let result = unpack_into(
-        rx,
-        compression,
-        compressed_digest,
-        diff_id,
-        blobs,
-        &staging,
-    );
+    let result = unpack_into(rx, compression, compressed_digest, diff_id, blobs, &staging);
     match result {
         Ok(layer) => {
             layers

@@ -9,12 +9,12 @@ use super::build_log::BuildLog;
 use super::error::WorkerError;
 use super::template_lookup::{self, LookupError};
 use crate::domain::build::BasePin;
-use crate::domain::build_spec::{BaseSource, CommandContext};
-use crate::domain::image_ref::ImageRef;
-use crate::registry::pull::ProgressFn;
-use crate::registry::{BasicAuth, PullError, Puller};
+use crate::domain::build_spec::{BaseSource, CommandContext, RegistryCredentials};
 use crate::domain::ids::{self, TeamId};
+use crate::domain::image_ref::ImageRef;
 use crate::events::EventStore;
+use crate::registry::pull::ProgressFn;
+use crate::registry::{credentials, PullError, Puller};
 use crate::vmm::image::ImageCatalog;
 use crate::vmm::{Digest, VmmError};
 
@@ -53,7 +53,7 @@ pub fn to_domain(d: &Digest) -> ids::Digest {
 /// How a registry base is reached: the node's puller, the build's credentials, its pin.
 pub struct Registry<'a> {
     pub puller: &'a Puller,
-    pub credentials: Option<BasicAuth>,
+    pub credentials: Result<Option<RegistryCredentials>, String>,
     /// The digest an earlier attempt of this build resolved the tag to.
     pub pin: Option<&'a BasePin>,
     pub log: &'a BuildLog,
@@ -68,9 +68,8 @@ pub async fn resolve(
 ) -> Result<ResolvedBase, BaseError> {
     match base {
         BaseSource::Image { reference, .. } => {
-            let parsed = ImageRef::parse(reference).map_err(|e| {
-                BaseError::Unavailable(format!("{e}"))
-            })?;
+            let parsed =
+                ImageRef::parse(reference).map_err(|e| BaseError::Unavailable(format!("{e}")))?;
             let manifest = match catalog.get(reference) {
                 Ok(m) => m,
                 Err(VmmError::ImageNotFound(_)) => return pull(catalog, registry, &parsed).await,
@@ -133,11 +132,24 @@ async fn pull(
         }
         None => reference.clone(),
     };
+    let credentials = match &registry.credentials {
+        Ok(None) => None,
+        Ok(Some(c)) => Some(
+            credentials::basic_auth(registry.puller.http(), &reference.familiar(), c)
+                .await
+                .map_err(|e| {
+                    BaseError::Unavailable(format!("pulling the base image failed: {e}"))
+                })?,
+        ),
+        Err(why) => return Err(BaseError::Unavailable(format!(
+            "pulling the base image failed: the build's registry credentials cannot be read: {why}"
+        ))),
+    };
     let log = registry.log.clone();
     let progress: ProgressFn = Arc::new(move |p| log.info(Some("base"), format!("[base] {p}")));
     let (pulled, stats) = match registry
         .puller
-        .pull(&target, registry.credentials, Some(progress))
+        .pull(&target, credentials, Some(progress))
         .await
     {
         Ok(p) => p,
@@ -159,7 +171,9 @@ async fn pull(
                 ),
                 _ => String::new(),
             };
-            return Err(BaseError::Unavailable(format!("pulling the base image failed: {e}.{hint}")));
+            return Err(BaseError::Unavailable(format!(
+                "pulling the base image failed: {e}.{hint}"
+            )));
         }
     };
     registry.log.info(

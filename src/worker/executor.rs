@@ -50,8 +50,9 @@ pub struct BuildJob {
     pub resources: Resources,
     /// What an earlier attempt resolved the base image's tag to.
     pub base_pin: Option<crate::domain::build::BasePin>,
-    /// Credentials for the base image's registry, when the build brought some.
-    pub credentials: Option<crate::registry::BasicAuth>,
+    /// Credentials for the base image's registry, when the build brought some; `Err` says why
+    /// they could not be read (the build then fails at `base` if it needs them).
+    pub credentials: Result<Option<crate::domain::build_spec::RegistryCredentials>, String>,
 }
 
 /// A build that failed: where, and the message the SDK raises.
@@ -154,15 +155,15 @@ impl Executor<'_> {
             r = resolve => r,
         };
         let resolved = match resolved {
-                Ok(r) => r,
-                Err(BaseError::Unavailable(m)) => {
-                    return Ok(Outcome::Failed(StepFailure {
-                        step: FailedStep::Base,
-                        message: m,
-                    }))
-                }
-                Err(BaseError::Worker(e)) => return Err(e),
-            };
+            Ok(r) => r,
+            Err(BaseError::Unavailable(m)) => {
+                return Ok(Outcome::Failed(StepFailure {
+                    step: FailedStep::Base,
+                    message: m,
+                }))
+            }
+            Err(BaseError::Worker(e)) => return Err(e),
+        };
         if let (Some(pin), None) = (&resolved.pin, &job.base_pin) {
             let now = self.attempt.now().await?;
             self.attempt

@@ -201,13 +201,28 @@ impl Worker {
                 })
             }
         };
+        let credentials = if freeze.registry_credentials {
+            match &self.settings.credential_seal {
+                None => Err("this build node has no key to open them (set STRATA_UPLOAD_SECRET to the API's)".to_owned()),
+                Some(seal) => match crate::registry::sealed::load(self.store.pool(), seal, &attempt.build, attempt.epoch).await {
+                    Ok(Some(c)) => Ok(Some(c)),
+                    Ok(None) => Err("they are no longer stored (the build ended or was started without them)".to_owned()),
+                    Err(crate::registry::sealed::SealError::Store { source, .. }) => {
+                        return Err(WorkerError::Database(source))
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+            }
+        } else {
+            Ok(None)
+        };
         let job = BuildJob {
             team: registration.team.clone(),
             spec: freeze.spec.clone(),
             bindings: freeze.bindings.clone(),
             resources: registration.resources,
             base_pin: state.base_pin.clone(),
-            credentials: None,
+            credentials,
         };
         log.info(
             None,

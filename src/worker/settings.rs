@@ -28,6 +28,8 @@ pub struct WorkerSettings {
     pub depth: crate::vmm::depth::DepthBudget,
     /// Mirrors, insecure registries and the size ceiling for base-image pulls.
     pub registry: crate::registry::RegistrySettings,
+    /// Opens the registry credentials builds bring; without it such builds fail at `base`.
+    pub credential_seal: Option<crate::registry::sealed::CredentialSeal>,
 }
 
 impl WorkerSettings {
@@ -47,6 +49,7 @@ impl WorkerSettings {
             poll_interval: Duration::from_secs(2),
             depth: Default::default(),
             registry: Default::default(),
+            credential_seal: None,
         }
     }
 
