@@ -5,6 +5,7 @@ pub mod api;
 pub mod bench;
 pub mod bench_cache;
 pub mod bench_lifecycle;
+pub mod bench_pull;
 pub mod bench_sandbox;
 pub mod bench_sdk;
 pub mod bench_upload;
