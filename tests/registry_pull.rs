@@ -30,7 +30,10 @@ impl Node {
         Puller::new(self.dir.path(), self.blobs.clone(), settings).unwrap()
     }
     fn layer_dir(&self, diff_id: &str) -> std::path::PathBuf {
-        self.dir.path().join("layers").join(diff_id.trim_start_matches("sha256:"))
+        self.dir
+            .path()
+            .join("layers")
+            .join(diff_id.trim_start_matches("sha256:"))
     }
     /// Stored blobs and extracted layers, plus anything left in temporary places.
     fn contents(&self) -> (usize, usize, usize) {
@@ -64,20 +67,36 @@ async fn a_multi_layer_image_is_pulled_verified_and_unpacked_then_pulled_warm_wi
         .pull(&reference(&reg.addr, "team/app:v1"), None, Some(progress))
         .await
         .unwrap();
-    assert_eq!(pulled.digest.to_string(), image.digest, "pinned to the pushed manifest");
+    assert_eq!(
+        pulled.digest.to_string(),
+        image.digest,
+        "pinned to the pushed manifest"
+    );
     assert_eq!(stats.layers_downloaded, 3);
     let diff_ids: Vec<String> = pulled.layers.iter().map(|l| l.digest.to_string()).collect();
-    assert_eq!(diff_ids, image.diff_ids, "layers are stored by diff id, bottom first");
+    assert_eq!(
+        diff_ids, image.diff_ids,
+        "layers are stored by diff id, bottom first"
+    );
     for layer in &pulled.layers {
         node.blobs.verify(&layer.digest).unwrap();
     }
     // gzip layer, zstd layer (with the whiteout in overlay's format), uncompressed layer.
     let first = node.layer_dir(&image.diff_ids[0]);
-    assert_eq!(std::fs::read_to_string(first.join("bin/tool")).unwrap(), "#!/bin/sh\necho tool\n");
+    assert_eq!(
+        std::fs::read_to_string(first.join("bin/tool")).unwrap(),
+        "#!/bin/sh\necho tool\n"
+    );
     let second = node.layer_dir(&image.diff_ids[1]);
-    assert_eq!(std::fs::read_to_string(second.join("etc/marker")).unwrap(), "first\n");
+    assert_eq!(
+        std::fs::read_to_string(second.join("etc/marker")).unwrap(),
+        "first\n"
+    );
     let wh = std::fs::symlink_metadata(second.join("etc/removed")).unwrap();
-    assert!(wh.file_type().is_char_device() && wh.rdev() == 0, "a whiteout becomes a 0/0 device");
+    assert!(
+        wh.file_type().is_char_device() && wh.rdev() == 0,
+        "a whiteout becomes a 0/0 device"
+    );
     assert!(node.layer_dir(&image.diff_ids[2]).join("srv/app").is_file());
     assert_eq!(
         pulled.config.env,
@@ -89,8 +108,18 @@ async fn a_multi_layer_image_is_pulled_verified_and_unpacked_then_pulled_warm_wi
         ]
     );
     let lines = seen.lock().unwrap().clone();
-    assert!(lines.first().is_some_and(|l| l.starts_with("pulling 0/3 layers")), "{lines:?}");
-    assert!(lines.last().is_some_and(|l| l.starts_with("pulling 3/3 layers")), "{lines:?}");
+    assert!(
+        lines
+            .first()
+            .is_some_and(|l| l.starts_with("pulling 0/3 layers")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("pulling 3/3 layers")),
+        "{lines:?}"
+    );
 
     let before = node.contents();
     let (warm, stats) = puller
@@ -108,24 +137,37 @@ async fn a_manifest_list_resolves_to_the_node_platform_or_says_what_it_offers() 
     let work = tempfile::tempdir().unwrap();
     let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
     let mut layout = Layout::create(&work.path().join("layout")).unwrap();
-    let other_arch = if registry::node_arch() == "amd64" { "arm64" } else { "amd64" };
+    let other_arch = if registry::node_arch() == "amd64" {
+        "arm64"
+    } else {
+        "amd64"
+    };
     let mine = layout
         .image(
-            &[registry::layer(Compression::Gzip, vec![registry::file("arch", "mine")])],
+            &[registry::layer(
+                Compression::Gzip,
+                vec![registry::file("arch", "mine")],
+            )],
             &[],
             &registry::node_arch(),
         )
         .unwrap();
     let other = layout
         .image(
-            &[registry::layer(Compression::Gzip, vec![registry::file("arch", "other")])],
+            &[registry::layer(
+                Compression::Gzip,
+                vec![registry::file("arch", "other")],
+            )],
             &[],
             other_arch,
         )
         .unwrap();
     let s390 = layout
         .image(
-            &[registry::layer(Compression::Gzip, vec![registry::file("arch", "s390x")])],
+            &[registry::layer(
+                Compression::Gzip,
+                vec![registry::file("arch", "s390x")],
+            )],
             &[],
             "s390x",
         )
@@ -134,8 +176,10 @@ async fn a_manifest_list_resolves_to_the_node_platform_or_says_what_it_offers() 
     let foreign = layout.index(&[&s390]).unwrap();
     layout.tag("multi", &both).unwrap();
     layout.tag("foreign", &foreign).unwrap();
-    reg.push(layout.dir(), "multi", "lib/multi:1", true).unwrap();
-    reg.push(layout.dir(), "foreign", "lib/foreign:1", true).unwrap();
+    reg.push(layout.dir(), "multi", "lib/multi:1", true)
+        .unwrap();
+    reg.push(layout.dir(), "foreign", "lib/foreign:1", true)
+        .unwrap();
 
     let node = Node::new();
     let puller = node.puller(RegistrySettings::default());
@@ -143,7 +187,11 @@ async fn a_manifest_list_resolves_to_the_node_platform_or_says_what_it_offers() 
         .pull(&reference(&reg.addr, "lib/multi:1"), None, None)
         .await
         .unwrap();
-    assert_eq!(pulled.digest.to_string(), both.digest, "pinned to the index");
+    assert_eq!(
+        pulled.digest.to_string(),
+        both.digest,
+        "pinned to the index"
+    );
     assert_eq!(pulled.manifest_digest.to_string(), mine.digest);
     let dir = node.layer_dir(&mine.diff_ids[0]);
     assert_eq!(std::fs::read_to_string(dir.join("arch")).unwrap(), "mine");
@@ -152,7 +200,10 @@ async fn a_manifest_list_resolves_to_the_node_platform_or_says_what_it_offers() 
         .pull(&reference(&reg.addr, "lib/foreign:1"), None, None)
         .await
         .unwrap_err();
-    assert!(matches!(err, PullError::UnsupportedPlatform { .. }), "{err}");
+    assert!(
+        matches!(err, PullError::UnsupportedPlatform { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("linux/s390x"), "{err}");
 }
 
@@ -167,7 +218,10 @@ async fn a_protected_registry_needs_the_right_password_and_errors_never_show_it(
     let r = reference(&reg.addr, "private/app:1");
 
     let anonymous = puller.pull(&r, None, None).await.unwrap_err();
-    assert!(matches!(anonymous, PullError::Unauthorized { .. }), "{anonymous}");
+    assert!(
+        matches!(anonymous, PullError::Unauthorized { .. }),
+        "{anonymous}"
+    );
     let wrong = "wrong-Pa55word";
     let err = puller
         .pull(
@@ -182,8 +236,15 @@ async fn a_protected_registry_needs_the_right_password_and_errors_never_show_it(
         .unwrap_err();
     assert!(matches!(err, PullError::Unauthorized { .. }), "{err}");
     let shown = format!("{err} {err:?}");
-    assert!(!shown.contains(wrong) && !shown.contains(password), "{shown}");
-    assert_eq!(node.contents(), (0, 0, 0), "nothing stored without authorization");
+    assert!(
+        !shown.contains(wrong) && !shown.contains(password),
+        "{shown}"
+    );
+    assert_eq!(
+        node.contents(),
+        (0, 0, 0),
+        "nothing stored without authorization"
+    );
 
     let (pulled, _) = puller
         .pull(
@@ -221,7 +282,11 @@ async fn a_corrupted_blob_fails_the_pull_and_nothing_is_stored() {
     assert_eq!((blobs, tmp), (0, 0), "no blob and no temporary file: {err}");
     assert_eq!(layers, 0, "no extracted layer and no staging directory");
     for diff in &image.diff_ids {
-        assert!(node.blobs.size(&Digest::parse(diff).unwrap()).unwrap().is_none());
+        assert!(node
+            .blobs
+            .size(&Digest::parse(diff).unwrap())
+            .unwrap()
+            .is_none());
     }
     // The same pull through an honest path succeeds.
     tamper.corrupt_layers.store(false, Ordering::SeqCst);
@@ -261,8 +326,14 @@ async fn a_moved_tag_resolves_anew_while_a_pinned_digest_keeps_the_old_image() {
     assert_ne!(old.digest, new.digest);
     let (moved, stats) = puller.pull(&r, None, None).await.unwrap();
     assert_eq!(moved.digest.to_string(), new.digest);
-    assert_eq!(stats.layers_downloaded, 1, "only the changed layer is fetched");
-    let (pinned, _) = puller.pull(&r.pinned(first.digest), None, None).await.unwrap();
+    assert_eq!(
+        stats.layers_downloaded, 1,
+        "only the changed layer is fetched"
+    );
+    let (pinned, _) = puller
+        .pull(&r.pinned(first.digest), None, None)
+        .await
+        .unwrap();
     assert_eq!(pinned.digest.to_string(), old.digest);
 }
 
@@ -276,7 +347,11 @@ async fn mirrors_unknown_images_and_the_size_ceiling() {
         RegistrySettings::parse(Some(&format!("docker.io=http://{}", reg.addr)), None, None)
             .unwrap(),
     );
-    for spelling in ["debian:stable", "docker.io/library/debian:stable", "index.docker.io/debian:stable"] {
+    for spelling in [
+        "debian:stable",
+        "docker.io/library/debian:stable",
+        "index.docker.io/debian:stable",
+    ] {
         let (pulled, _) = mirrored
             .pull(&ImageRef::parse(spelling).unwrap(), None, None)
             .await
@@ -301,4 +376,31 @@ async fn mirrors_unknown_images_and_the_size_ceiling() {
         .unwrap_err();
     assert!(matches!(err, PullError::TooLarge { .. }), "{err}");
     assert_eq!(small.contents(), (0, 0, 0));
+}
+
+#[test]
+fn strata_image_pull_pulls_into_the_data_dir_and_image_ls_lists_it() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), Some(("cli", "cli-Pa55"))).unwrap();
+    let image = registry::push_three_layers(&reg, work.path(), "team/cli:1", "cli\n");
+    let data = work.path().join("data");
+    let run = |args: &[&str], password: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_strata"));
+        cmd.args(args).env("STRATA_DATA_DIR", &data).env_remove("STRATA_REGISTRY_PASSWORD");
+        if let Some(p) = password {
+            cmd.env("STRATA_REGISTRY_PASSWORD", p);
+        }
+        cmd.output().unwrap()
+    };
+    let reference = format!("{}/team/cli:1", reg.addr);
+    let refused = run(&["image", "pull", &reference], None);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("refused access"));
+    let out = run(&["image", "pull", &reference, "--username", "cli"], Some("cli-Pa55"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(&image.digest) && stdout.contains("3 layers"), "{stdout}");
+    let ls = run(&["image", "ls"], None);
+    let listing = String::from_utf8_lossy(&ls.stdout);
+    assert!(listing.contains(&format!("{}/team/cli:1@{}", reg.addr, image.digest)), "{listing}");
 }
