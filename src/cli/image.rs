@@ -97,6 +97,8 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             }
         }
         ImageCommand::Import { path, name } => {
+            // Builds find the image by any Docker spelling of this name.
+            ImageRef::parse(&name).context("--name must be an image reference")?;
             let d = data_dir.clone();
             let m = tokio::task::spawn_blocking(move || {
                 image::import(&path, &name, &d, blobs.as_ref())
