@@ -58,11 +58,23 @@ pub fn three_layer_image(layout: &mut Layout, marker: &str) -> Written {
                 ),
                 layer(
                     Compression::Zstd,
-                    vec![dir("etc"), whiteout("etc/removed"), file("etc/marker", marker)],
+                    vec![
+                        dir("etc"),
+                        whiteout("etc/removed"),
+                        file("etc/marker", marker),
+                    ],
                 ),
-                layer(Compression::None, vec![dir("srv"), file("srv/app", "app\n")]),
+                layer(
+                    Compression::None,
+                    vec![dir("srv"), file("srv/app", "app\n")],
+                ),
             ],
-            &["PATH=/usr/bin:/bin", "GREETING=hello world", "EMPTY=", " =x"],
+            &[
+                "PATH=/usr/bin:/bin",
+                "GREETING=hello world",
+                "EMPTY=",
+                " =x",
+            ],
             &node_arch(),
         )
         .expect("writing an OCI layout")
@@ -70,12 +82,19 @@ pub fn three_layer_image(layout: &mut Layout, marker: &str) -> Written {
 
 /// Writes `marker`'s three-layer image into a fresh layout under `work` and pushes it as
 /// `dest` to `registry`.
-pub fn push_three_layers(registry: &LocalRegistry, work: &Path, dest: &str, marker: &str) -> Written {
+pub fn push_three_layers(
+    registry: &LocalRegistry,
+    work: &Path,
+    dest: &str,
+    marker: &str,
+) -> Written {
     let dir = work.join(format!("layout-{}", uuid::Uuid::new_v4().simple()));
     let mut layout = Layout::create(&dir).unwrap();
     let image = three_layer_image(&mut layout, marker);
     layout.tag("img", &image).unwrap();
-    registry.push(&dir, "img", dest, false).expect("skopeo push");
+    registry
+        .push(&dir, "img", dest, false)
+        .expect("skopeo push");
     image
 }
 
@@ -109,10 +128,18 @@ pub async fn proxy(upstream: &str) -> Proxy {
     let upstream = upstream.to_owned();
     let (count, corrupt) = (blob_requests.clone(), corrupt_layers.clone());
     let handler = move |request: Request| {
-        let (client, upstream, count, corrupt) =
-            (client.clone(), upstream.clone(), count.clone(), corrupt.clone());
+        let (client, upstream, count, corrupt) = (
+            client.clone(),
+            upstream.clone(),
+            count.clone(),
+            corrupt.clone(),
+        );
         async move {
-            let path = request.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
+            let path = request
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
             let is_blob = path.contains("/blobs/sha256:");
             if is_blob {
                 count.fetch_add(1, Ordering::SeqCst);
