@@ -12,6 +12,7 @@
 //! * [`config`], [`telemetry`], [`embedded_postgres`]: process plumbing shared by the subcommands.
 
 pub mod api;
+pub mod clock;
 pub mod config;
 pub mod db;
 pub mod domain;

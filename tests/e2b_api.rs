@@ -197,6 +197,9 @@ async fn registration_upload_start_and_status_follow_the_protocol() {
     assert_eq!(status, 409, "{body}");
     // Starting again with the same request is idempotent; with another, a conflict.
     assert_eq!(c.start(&template, &second_build, HASH_A).await.0, 202);
+    // Started and queued (no node runs here): E2B answers `building` from the start on.
+    let status = c.status(&template, &second_build, 0).await;
+    assert_eq!(status["status"], "building", "{status}");
     let (code, body) = c.start(&template, &second_build, HASH_B).await;
     assert_eq!(code, 409, "{body}");
 
@@ -402,6 +405,39 @@ async fn concurrent_identical_uploads_store_the_content_once() {
     assert_eq!(stored.len(), 1, "one blob for one content");
 }
 
+/// A host crash can leave a blob torn under its digest name. An upload of the same bytes must
+/// replace it, not "succeed" against it (RFC: a digest-mismatched object is absent and
+/// repairable, never permanently present).
+#[tokio::test]
+async fn a_re_upload_of_the_same_bytes_repairs_a_torn_blob() {
+    let (db, data, api) = setup(&[]).await;
+    let archive = tar_gz(&[("app/big.bin", &vec![9u8; 300_000])]);
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&archive));
+    let blob = data.path().join("blobs/sha256").join(&digest);
+    let intact = || {
+        std::fs::read(&blob)
+            .is_ok_and(|b| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&b)) == digest)
+    };
+    for (team, tear) in [("acme", "truncated"), ("globex", "bit-flipped")] {
+        let c = client(&api, key_for(&db, team).await);
+        let (template, _) = c.register("torn").await;
+        let (_, url) = c.link(&template, HASH_A).await;
+        assert_eq!(c.put(&url, archive.clone()).await.0, 200);
+        assert!(intact());
+        let mut bytes = std::fs::read(&blob).unwrap();
+        match tear {
+            "truncated" => bytes.truncate(bytes.len() / 2),
+            _ => bytes[40] ^= 0x20,
+        }
+        std::fs::write(&blob, bytes).unwrap();
+        assert!(!intact());
+        // The SDK's retry: the same bytes on the same URL.
+        let (status, body) = c.put(&url, archive.clone()).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(intact(), "{tear}: the re-upload repaired the blob");
+    }
+}
+
 #[tokio::test]
 async fn status_pages_logs_by_offset_and_level() {
     let (db, _data, api) = setup(&[]).await;
@@ -502,4 +538,220 @@ async fn a_revoked_key_is_refused_and_the_teams_other_keys_still_work() {
     key_for(&db, "other").await;
     let wrong = strata(&["keys", "revoke", "--team", "other", key_id]);
     assert!(!wrong.status.success());
+}
+
+/// Points `tags` of `template` at its latest build, as promotion does when a build becomes
+/// Ready (no worker runs in this file), through the template's own command.
+async fn assign_tags_directly(
+    api: &common::api::TestApi,
+    template: &str,
+    build: &str,
+    tags: &[&str],
+) {
+    use strata::domain::build_spec::Tag;
+    use strata::domain::ids::{BuildId, TemplateId};
+    use strata::domain::template::Command;
+    use strata::events::{execute, Actor, ActorRole, CommandContext, Metadata};
+    use strata::streams::{template_stream, Template};
+    execute::<Template>(
+        &api.state.events,
+        &template_stream(&TemplateId::parse(template).unwrap()),
+        &Command::AssignTags {
+            build: BuildId::parse(build).unwrap(),
+            tags: tags.iter().map(|t| Tag::parse(t).unwrap()).collect(),
+            now: chrono::Utc::now(),
+        },
+        &CommandContext::new(Metadata::new(Actor::new(ActorRole::Api, "test"))),
+    )
+    .await
+    .unwrap();
+}
+
+/// Issue 9, item 1: `templatename-{team}-{name}` made team `acme-corp`'s `x` and team `acme`'s
+/// `corp-x` one stream. Team `acme` then saw acme-corp's template id through the alias check,
+/// could not register `corp-x` (squatted, and the 400 "belongs to another team" told it the
+/// name existed elsewhere), and in the other order squatted acme-corp's `x`.
+#[tokio::test]
+async fn names_of_teams_with_dashes_do_not_collide() {
+    let (db, _data, api) = setup(&[]).await;
+    let acme = client(&api, key_for(&db, "acme").await);
+    let acme_corp = client(&api, key_for(&db, "acme-corp").await);
+
+    let (corp_x, _) = acme_corp.register("x").await;
+    let (status, body) = acme
+        .call(reqwest::Method::GET, "/templates/aliases/corp-x", None)
+        .await;
+    assert_eq!(
+        status, 404,
+        "acme must not see acme-corp's template: {body}"
+    );
+    assert!(!body.to_string().contains(&corp_x), "{body}");
+
+    // Registering the name answers exactly as for a name nobody has: no oracle, no squatting.
+    let (acme_corp_x, _) = acme.register("corp-x").await;
+    assert_ne!(acme_corp_x, corp_x);
+    let (status, body) = acme
+        .call(reqwest::Method::GET, "/templates/aliases/corp-x", None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["templateID"], acme_corp_x.as_str());
+    let (status, body) = acme_corp
+        .call(reqwest::Method::GET, "/templates/aliases/x", None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["templateID"], corp_x.as_str());
+
+    // The other order: acme takes `corp-y` first; acme-corp's `y` is still its own.
+    let (acme_corp_y, _) = acme.register("corp-y").await;
+    let (corp_y, _) = acme_corp.register("y").await;
+    assert_ne!(corp_y, acme_corp_y);
+
+    // The name paths of GET and DELETE resolve in the caller's team only.
+    let (status, body) = acme.call(reqwest::Method::GET, "/templates/x", None).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = acme
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/templates/{corp_x}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = acme_corp
+        .call(reqwest::Method::GET, "/templates/x", None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["templateID"], corp_x.as_str());
+}
+
+/// Issue 9, item 1: `DELETE /templates/tags` resolved the name through the shared stream and
+/// removed tags of the other team's template without checking its owner.
+#[tokio::test]
+async fn another_teams_tags_cannot_be_removed_or_moved() {
+    let (db, _data, api) = setup(&[]).await;
+    let acme = client(&api, key_for(&db, "acme").await);
+    let acme_corp = client(&api, key_for(&db, "acme-corp").await);
+    let (corp_x, build) = acme_corp.register("x").await;
+    assign_tags_directly(&api, &corp_x, &build, &["default", "v1"]).await;
+
+    let (status, body) = acme
+        .call(
+            reqwest::Method::DELETE,
+            "/templates/tags",
+            Some(json!({"name": "corp-x", "tags": ["v1"]})),
+        )
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = acme
+        .call(
+            reqwest::Method::POST,
+            "/templates/tags",
+            Some(json!({"target": "corp-x:default", "tags": ["mine"]})),
+        )
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, tags) = acme_corp
+        .call(
+            reqwest::Method::GET,
+            &format!("/templates/{corp_x}/tags"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{tags}");
+    let names: Vec<&str> = tags
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tag"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["default", "v1"], "acme-corp's tags are untouched");
+}
+
+/// Issue 9, item 5: a `DELETE` retried after its reply was lost must succeed, not 404. The lost
+/// reply is the first request's; the retry is the same request again.
+#[tokio::test]
+async fn retried_deletes_succeed() {
+    let (db, _data, api) = setup(&[]).await;
+    let a = client(&api, key_for(&db, "team-a").await);
+    let b = client(&api, key_for(&db, "team-b").await);
+    let (template, build) = a.register("web").await;
+    assign_tags_directly(&api, &template, &build, &["v1"]).await;
+
+    let remove = json!({"name": "web", "tags": ["v1"]});
+    for _ in 0..2 {
+        let (status, body) = a
+            .call(
+                reqwest::Method::DELETE,
+                "/templates/tags",
+                Some(remove.clone()),
+            )
+            .await;
+        assert_eq!(status, 204, "{body}");
+    }
+    let (status, body) = a
+        .call(
+            reqwest::Method::DELETE,
+            "/templates/tags",
+            Some(json!({"name": "web", "tags": ["never-assigned"]})),
+        )
+        .await;
+    assert_eq!(
+        status, 404,
+        "a tag the template never had is still unknown: {body}"
+    );
+
+    // Another team's delete of it is 404, before and after.
+    let path = format!("/templates/{template}");
+    assert_eq!(b.call(reqwest::Method::DELETE, &path, None).await.0, 404);
+    for _ in 0..2 {
+        let (status, body) = a.call(reqwest::Method::DELETE, &path, None).await;
+        assert_eq!(status, 204, "{body}");
+    }
+    assert_eq!(b.call(reqwest::Method::DELETE, &path, None).await.0, 404);
+    let (status, body) = a.call(reqwest::Method::GET, &path, None).await;
+    assert_eq!(status, 404, "a deleted template is gone: {body}");
+    let (status, _) = a
+        .call(reqwest::Method::DELETE, "/templates/never-existed", None)
+        .await;
+    assert_eq!(status, 404);
+}
+
+/// Issue 9, item 8: the API judged upload-link expiry and the waiting deadline by its local
+/// clock, the reconcilers by the database's. The local clock is skewed with
+/// `strata::clock::skew_local_clock`, a fault hook that shifts it for this whole process (nextest
+/// runs each test in its own process); it stands for a second API node whose clock drifted
+/// between issuing the link and taking the upload.
+#[tokio::test]
+async fn a_skewed_local_clock_does_not_change_expiry_decisions() {
+    let (db, data, api) = setup(&[]).await;
+    let a = client(&api, key_for(&db, "team-a").await);
+
+    // Ahead: the local clock says the link and the waiting deadline have passed; they have not.
+    let (template, build) = a.register("clock-ahead").await;
+    let (_, url) = a.link(&template, HASH_A).await;
+    strata::clock::skew_local_clock(chrono::Duration::hours(3));
+    let (status, body) = a.put(&url, tar_gz(&[("app/x", b"x")])).await;
+    assert_eq!(status, 200, "a live link is accepted: {body}");
+    let (status, body) = a.start(&template, &build, HASH_A).await;
+    assert_eq!(
+        status, 202,
+        "a build inside its waiting deadline starts: {body}"
+    );
+
+    // Behind: the link has expired by the database's clock; the local clock says it has not.
+    strata::clock::skew_local_clock(chrono::Duration::zero());
+    let short = common::api::serve(
+        db.pool.clone(),
+        data.path(),
+        None,
+        &["--upload-url-ttl-secs", "1"],
+    )
+    .await;
+    let b = client(&short, a.key.clone());
+    let (template, _) = b.register("clock-behind").await;
+    let (_, url) = b.link(&template, HASH_B).await;
+    strata::clock::skew_local_clock(-chrono::Duration::hours(3));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (status, body) = b.put(&url, tar_gz(&[("app/y", b"y")])).await;
+    assert_eq!(status, 403, "an expired link is refused: {body}");
 }

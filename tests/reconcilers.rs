@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,8 +33,8 @@ const LEASE_SECS: u64 = 3;
 // ---------------------------------------------------------------------------------------------
 
 /// A child process in a process group of its own, its stderr in a log file. Dropping it
-/// SIGKILLs the whole group: a worker's sandboxes are processes of its group and outlive a
-/// SIGKILLed worker otherwise.
+/// SIGKILLs the whole group, so a failed test leaves nothing running (the sandboxes of a killed
+/// worker die with it on their own: that is tested, not assumed, by [`leftovers_of`]).
 struct Proc {
     child: Child,
     log: PathBuf,
@@ -105,6 +105,98 @@ impl Proc {
     fn stderr(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Ids of the sandboxes this process started that are running now (its children's cgroups).
+    fn running_sandboxes(&self) -> BTreeSet<String> {
+        let mut ids = BTreeSet::new();
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid()));
+        for task in tasks.into_iter().flatten().flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace() {
+                ids.extend(sandbox_of_process(child));
+            }
+        }
+        ids
+    }
+
+    /// The owner id of this process's sandbox backend, from its lock file.
+    fn sandbox_owner(&self, data_dir: &std::path::Path) -> Option<String> {
+        let pid = self.pid().to_string();
+        std::fs::read_dir(data_dir.join("sandboxes"))
+            .ok()?
+            .flatten()
+            .find_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let owner = name
+                    .strip_prefix(".owner-")?
+                    .strip_suffix(".lock")?
+                    .to_owned();
+                (std::fs::read_to_string(e.path()).ok()?.trim() == pid).then_some(owner)
+            })
+    }
+
+    /// Waits until the worker logged that it started (its backend swept before that).
+    async fn wait_started(&mut self) {
+        wait_for("a worker to start", Duration::from_secs(30), || {
+            let started = self.stderr().contains("build node started");
+            async move { started }
+        })
+        .await;
+    }
+}
+
+/// The sandbox id a process belongs to, from its cgroup path (`…/strata/<id>`).
+fn sandbox_of_process(pid: &str) -> Option<String> {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    cg.lines().find_map(|l| {
+        let (_, id) = l.split_once("/strata/")?;
+        Some(id.trim().to_owned())
+    })
+}
+
+/// Everything on the host that belongs to a sandbox whose id starts with `prefix`: its
+/// directory under `data_dir`, its cgroups, its mounts, its processes.
+fn leftovers_of(data_dir: &std::path::Path, prefix: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(data_dir.join("sandboxes"))
+        .unwrap()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix) {
+            found.push(format!("directory {}", e.path().display()));
+        }
+    }
+    for ctrl in ["", "pids/", "memory/", "cpu/", "unified/"] {
+        for e in std::fs::read_dir(format!("/sys/fs/cgroup/{ctrl}strata"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.file_name().to_string_lossy().starts_with(prefix) {
+                found.push(format!("cgroup {}", e.path().display()));
+            }
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    found.extend(
+        mounts
+            .lines()
+            .filter(|l| l.contains(prefix))
+            .map(|l| format!("mount {l}")),
+    );
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if let Some(id) = sandbox_of_process(&pid).filter(|id| id.starts_with(prefix)) {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            found.push(format!(
+                "process {pid} of {id}: {}",
+                String::from_utf8_lossy(&cmd).replace('\0', " ")
+            ));
+        }
+    }
+    found
 }
 
 impl Drop for Proc {
@@ -268,12 +360,17 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
         Crash::MidRun => None,
     };
     let mut worker = Proc::worker(&db.url, "crash-node", crash_at);
+    // The dead worker's sandboxes, by observation (while it runs) and by its owner id.
+    let mut seen = BTreeSet::new();
+    let mut owner = None;
     match crash {
         Crash::At(point) => {
             wait_for(
                 &format!("the worker to crash at {point}"),
                 Duration::from_secs(90),
                 || {
+                    seen.extend(worker.running_sandboxes());
+                    owner = owner.take().or_else(|| worker.sandbox_owner(&node_dir()));
                     let exited = worker.exited();
                     let (pool, store) = (db.pool.clone(), store.clone());
                     async move {
@@ -300,10 +397,49 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
             })
             .await;
             tokio::time::sleep(Duration::from_millis(1500)).await;
+            seen.extend(worker.running_sandboxes());
+            owner = worker.sandbox_owner(&node_dir());
+            assert!(!seen.is_empty(), "the worker runs `sleep` in a sandbox");
             worker.signal(libc::SIGKILL);
             let _ = worker.child.wait();
         }
     }
+    // The owner's lock file appears when the worker starts, before it claims anything.
+    let owner = owner.expect("the crashed worker's sandbox owner lock was seen");
+    let mut prefixes: Vec<String> = seen.into_iter().collect();
+    prefixes.push(format!("sbx-{owner}-"));
+    // Its sandboxes die with it, before anyone sweeps: no process is left in their cgroups.
+    wait_for(
+        "the dead worker's sandbox processes to exit",
+        Duration::from_secs(10),
+        || {
+            let alive: Vec<String> = prefixes
+                .iter()
+                .flat_map(|p| leftovers_of(&node_dir(), p))
+                .filter(|l| l.starts_with("process "))
+                .collect();
+            async move { alive.is_empty() }
+        },
+    )
+    .await;
+    // The next worker's start removes the rest: directories, cgroups, mounts.
+    let mut next = Proc::worker(&db.url, "crash-node", None);
+    next.wait_started().await;
+    let left: Vec<String> = prefixes
+        .iter()
+        .flat_map(|p| leftovers_of(&node_dir(), p))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "{crash:?}: the dead worker's sandboxes survived the next worker's start: {left:#?}"
+    );
+    assert!(
+        !node_dir()
+            .join(format!("sandboxes/.owner-{owner}.lock"))
+            .exists(),
+        "the dead owner's lock is removed"
+    );
+    drop(next);
     let before_reconciler = build_state(&store, build).await;
     assert!(
         !before_reconciler.phase.is_terminal(),
@@ -486,6 +622,68 @@ async fn a_worker_killed_at_any_point_leaves_no_build_unfinished() {
             }
         }
     }
+}
+
+/// Two workers on one node, one on another data directory and one on the same: starting them
+/// sweeps nothing of a live worker's sandbox. Once that worker is killed, its sandbox dies with
+/// it, and the next start on its data directory removes what is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
+    let db = common::test_db().await;
+    let store = EventStore::new(db.pool.clone());
+    let api = new_api(&store);
+    let (_, build) = api.register("sweep").await;
+    api.start(build, recipe(vec![step("RUN", &["sleep 60"])]))
+        .await;
+    let mut first = Proc::worker(&db.url, "sweep-a", None);
+    wait_for("the build to run", Duration::from_secs(60), || {
+        let running = !first.running_sandboxes().is_empty();
+        async move { running }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let running = first.running_sandboxes();
+    assert_eq!(running.len(), 1, "{running:?}");
+    let id = running.into_iter().next().unwrap();
+    let alive = |what: &str| {
+        let left = leftovers_of(&node_dir(), &id);
+        assert!(
+            left.iter().any(|l| l.starts_with("directory "))
+                && left.iter().any(|l| l.contains("sleep 60")),
+            "{what}: the live worker's sandbox was swept: {left:#?}"
+        );
+    };
+    alive("before");
+
+    let elsewhere = common::data_dir();
+    let worker_env = [
+        ("STRATA_DATA_DIR", elsewhere.path().to_str().unwrap()),
+        ("STRATA_QUEUE_POLL_MS", "200"),
+    ];
+    let mut other_dir = Proc::spawn(&["worker"], &db.url, "sweep-b", &worker_env);
+    other_dir.wait_started().await;
+    let mut same_dir = Proc::worker(&db.url, "sweep-c", None);
+    same_dir.wait_started().await;
+    alive("after two more workers started");
+
+    first.signal(libc::SIGKILL);
+    let _ = first.child.wait();
+    wait_for(
+        "the killed worker's sandbox processes to exit",
+        Duration::from_secs(10),
+        || {
+            let procs = leftovers_of(&node_dir(), &id)
+                .iter()
+                .any(|l| l.starts_with("process "));
+            async move { !procs }
+        },
+    )
+    .await;
+    let mut next = Proc::worker(&db.url, "sweep-a", None);
+    next.wait_started().await;
+    let left = leftovers_of(&node_dir(), &id);
+    assert!(left.is_empty(), "{left:#?}");
+    drop((other_dir, same_dir, next));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 mod common;
 
 use common::sandbox::*;
-use strata::vmm::{CopyRequest, Sandbox};
+use strata::vmm::{BlobStore, CopyRequest, Sandbox};
 
 /// A gzip COPY context like the SDK's: `ctx/` with a nested tree, a symlink and an executable.
 fn context_archive(dir: &std::path::Path) -> std::path::PathBuf {
@@ -72,7 +72,7 @@ async fn checkpoint_and_compare(
     step: &str,
 ) {
     let live = manifest(sb).await;
-    let layer = sb.checkpoint().await.expect("checkpoint");
+    let layer = sb.checkpoint().await.expect("checkpoint").expect("a layer");
     assert!(layer.size > 0);
     let mut fresh = boot(backend, spec(sb.layers().to_vec())).await;
     let restored = manifest(&mut fresh).await;
@@ -170,6 +170,98 @@ async fn every_checkpoint_restores_the_live_filesystem() {
 
     // The stack grew by one layer per checkpoint.
     assert_eq!(sb.layers().len(), base.len() + 5);
+    sb.destroy().await.unwrap();
+    assert_no_trace(&id);
+}
+
+/// A host crash can leave a checkpoint's blob torn under its digest name. Sealing the same
+/// content again must replace it, not keep the torn file because the name exists.
+#[tokio::test]
+async fn a_checkpoint_of_the_same_content_repairs_a_torn_blob() {
+    let backend = backend();
+    let base = busybox(&backend).await;
+    let nonce = uuid::Uuid::new_v4();
+    // Fixed mtimes, so two sandboxes seal byte-identical layers.
+    let write =
+        format!("mkdir /torn && echo {nonce} > /torn/f && touch -t 202301010000 /torn/f /torn");
+    let mut digest = None;
+    for tear in ["first checkpoint", "truncated", "bit-flipped"] {
+        if let Some(d) = &digest {
+            let path = backend.blobs().path_of(d);
+            let mut bytes = std::fs::read(&path).unwrap();
+            match tear {
+                "truncated" => bytes.truncate(bytes.len() / 2),
+                _ => bytes[600] ^= 0x04,
+            }
+            std::fs::write(&path, bytes).unwrap();
+            assert!(backend.blobs().verify(d).is_err(), "{tear}: torn");
+        }
+        let mut sb = boot(&backend, spec(base.clone())).await;
+        sh(&mut sb, &write).await;
+        let layer = sb
+            .checkpoint()
+            .await
+            .expect("checkpoint")
+            .expect("a layer");
+        assert_eq!(
+            sh(&mut sb, "cat /torn/f").await,
+            format!("{nonce}\n"),
+            "{tear}"
+        );
+        sb.destroy().await.unwrap();
+        assert_eq!(*digest.get_or_insert(layer.digest.clone()), layer.digest);
+        assert_eq!(
+            backend.blobs().verify(&layer.digest).unwrap(),
+            layer.size,
+            "{tear}: the blob is whole again"
+        );
+    }
+}
+
+/// A step that changes nothing (`echo`, a WORKDIR that exists) seals no layer: the stack stays
+/// as it was and the sandbox keeps running on it.
+#[tokio::test]
+async fn a_checkpoint_of_no_change_adds_no_layer() {
+    let backend = backend();
+    let base = busybox(&backend).await;
+    let mut sb = boot(&backend, spec(base.clone())).await;
+    let id = sb.id().to_string();
+    assert_eq!(sh(&mut sb, "echo one").await, "one\n");
+    assert_eq!(sb.checkpoint().await.expect("checkpoint"), None);
+    assert_eq!(sh(&mut sb, "echo two").await, "two\n");
+    assert_eq!(sb.checkpoint().await.expect("checkpoint"), None);
+    assert_eq!(sb.layers(), base.as_slice());
+    sh(&mut sb, "echo changed > /changed").await;
+    let layer = sb.checkpoint().await.expect("checkpoint").expect("a layer");
+    assert_eq!(sb.layers().last(), Some(&layer.digest));
+    assert_eq!(sh(&mut sb, "cat /changed").await, "changed\n");
+    sb.destroy().await.unwrap();
+    assert_no_trace(&id);
+}
+
+/// Two steps with byte-identical diffs give the same layer twice in one stack: it boots, and
+/// the upper occurrence decides (a deletion between the two is undone by the second).
+#[tokio::test]
+async fn the_same_layer_twice_in_a_stack_boots() {
+    let backend = backend();
+    let base = busybox(&backend).await;
+    let mut sb = boot(&backend, spec(base.clone())).await;
+    let id = sb.id().to_string();
+    let write = "printf x > /same && touch -d @1700000000 /same";
+    sh(&mut sb, write).await;
+    let first = sb.checkpoint().await.expect("checkpoint").expect("a layer");
+    sh(&mut sb, "rm /same").await;
+    sb.checkpoint().await.expect("checkpoint").expect("a layer");
+    sh(&mut sb, write).await;
+    let again = sb.checkpoint().await.expect("checkpoint").expect("a layer");
+    assert_eq!(
+        first.digest, again.digest,
+        "identical diffs give one digest"
+    );
+    assert_eq!(sh(&mut sb, "cat /same").await, "x\n");
+    let mut fresh = boot(&backend, spec(sb.layers().to_vec())).await;
+    assert_eq!(sh(&mut fresh, "cat /same").await, "x\n");
+    fresh.destroy().await.unwrap();
     sb.destroy().await.unwrap();
     assert_no_trace(&id);
 }

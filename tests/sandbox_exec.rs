@@ -173,3 +173,45 @@ async fn commands_run_as_the_requested_user_with_env_and_cwd() {
     sb.destroy().await.unwrap();
     assert_no_trace(&id);
 }
+
+/// A sandbox lives as long as the process that booted it, not the thread. Under tokio the
+/// thread that forks sandbox-init is whichever one polled the boot, and blocking-pool threads
+/// exit when idle; a parent-death signal tied to that thread would kill a healthy sandbox.
+#[test]
+fn a_sandbox_outlives_the_thread_that_booted_it() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_keep_alive(Duration::from_millis(50))
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let backend = backend();
+        let base = busybox(&backend).await;
+        let handle = tokio::runtime::Handle::current();
+        let b = backend.clone();
+        let (tid, mut sb) = tokio::task::spawn_blocking(move || {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            (tid, handle.block_on(boot(&b, spec(base))))
+        })
+        .await
+        .unwrap();
+        let task = format!("/proc/self/task/{tid}");
+        for _ in 0..100 {
+            if !std::path::Path::new(&task).exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            !std::path::Path::new(&task).exists(),
+            "the booting thread is gone"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(sh(&mut sb, "echo alive").await, "alive\n");
+        let id = sb.id().to_string();
+        sb.destroy().await.unwrap();
+        assert_no_trace(&id);
+    });
+}

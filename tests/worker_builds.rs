@@ -520,10 +520,19 @@ async fn template_export_round_trips_through_image_import() {
     assert_eq!(imported, built, "the same layers, in the same order");
     assert_eq!(manifest.config.user.as_deref(), Some("user"));
     assert_eq!(manifest.config.workdir.as_deref(), Some("/srv"));
-    assert!(manifest
-        .config
-        .env
-        .contains(&("GREETING".into(), "hello".into())));
+    // ENV is build-time only (ADR 0012): not in the image's Env, only in the start command's.
+    assert!(
+        !manifest.config.env.iter().any(|(k, _)| k == "GREETING"),
+        "{:?}",
+        manifest.config.env
+    );
+    let cmd = exported_cmd(&layout);
+    assert_eq!(cmd[..2], ["/bin/sh", "-c"], "{cmd:?}");
+    assert!(
+        cmd[2].starts_with("export GREETING='hello'; ")
+            && cmd[2].ends_with("; exec /bin/sh -c 'sleep 100'"),
+        "{cmd:?}"
+    );
 
     let fresh_backend = strata::vmm::NamespaceBackend::new(strata::vmm::NamespaceConfig {
         data_dir: fresh.path().to_path_buf(),
@@ -709,4 +718,18 @@ async fn the_strata_worker_binary_builds_queued_builds_and_stops_on_sigterm() {
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(status.success(), "{status}: {stderr}");
+}
+
+/// The `Cmd` of the image config in an OCI layout with one manifest.
+fn exported_cmd(layout: &std::path::Path) -> Vec<String> {
+    let read = |digest: &str| -> serde_json::Value {
+        let hex = digest.strip_prefix("sha256:").unwrap();
+        serde_json::from_slice(&std::fs::read(layout.join("blobs/sha256").join(hex)).unwrap())
+            .unwrap()
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let manifest = read(index["manifests"][0]["digest"].as_str().unwrap());
+    let config = read(manifest["config"]["digest"].as_str().unwrap());
+    serde_json::from_value(config["config"]["Cmd"].clone()).unwrap()
 }

@@ -53,7 +53,7 @@ impl Fixture {
 
     /// Every cache entry of the fixture's team, by key.
     async fn entries(&self) -> BTreeMap<CacheKey, cache_entry::State> {
-        let prefix = format!("cachekey-{}-", self.api.team);
+        let prefix = format!("cachekey-{}:", self.api.team);
         let streams: Vec<String> =
             sqlx::query_scalar("SELECT stream_id FROM streams WHERE stream_id LIKE $1 || '%'")
                 .bind(&prefix)
@@ -456,6 +456,91 @@ async fn a_checkpoint_whose_layer_was_deleted_is_unapplied_a_miss_and_repaired()
         &fx.messages(b3).await,
         "[cache] final result: cache hit"
     ));
+    fx.stop().await;
+}
+
+/// After a host crash a checkpoint's blob can be torn under its digest name, with its extracted
+/// tree lost. A probe that only checked presence took it as a hit, and every identical build
+/// then failed at `base`. It must be unapplied (repaired), the build resumes below it and
+/// succeeds, and the torn blob no longer stands under its digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_torn_checkpoint_blob_is_unapplied_and_the_build_succeeds() {
+    let mut fx = Fixture::new(settings()).await;
+    let nonce = Uuid::new_v4();
+    let steps = vec![
+        run(&format!("echo {nonce} > /tmp/1")),
+        run(&format!("echo {nonce} > /tmp/2")),
+        run(&format!("echo {nonce} > /tmp/3")),
+    ];
+    let (_, s1) = fx
+        .build(
+            "torn",
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": steps.clone()}),
+        )
+        .await;
+    assert_ready(&s1);
+    let StepOutcome::Checkpointed { snapshot } = s1.progress[&3] else {
+        panic!("{:?}", s1.progress)
+    };
+    let record =
+        load::<strata::streams::Snapshot>(&fx.store, &stream(ids::stream::snapshot(&snapshot)))
+            .await
+            .unwrap()
+            .state
+            .record
+            .unwrap();
+    let top = record.layers.last().unwrap();
+    // Torn in place, same size; the extracted tree is gone with it.
+    let blob = node_dir().join("blobs/sha256").join(top.hex());
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let at = bytes.len() - 2048;
+    bytes[at] ^= 0x10;
+    std::fs::write(&blob, &bytes).unwrap();
+    let tree = node_dir().join("layers").join(top.hex());
+    std::fs::remove_dir_all(&tree).unwrap();
+    let _ = std::fs::remove_file(node_dir().join(format!("layers/{}.complete", top.hex())));
+
+    // The same steps and one more: the lookup goes through the checkpoints.
+    let mut longer = steps;
+    longer.push(run(&format!("cat /tmp/1 /tmp/2 /tmp/3 > /tmp/all-{nonce}")));
+    let (b2, s2) = fx
+        .build(
+            "torn",
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": longer}),
+        )
+        .await;
+    let lines = fx.messages(b2).await;
+    assert_ready(&s2);
+    assert_eq!(
+        executed_steps(&s2),
+        [3, 4],
+        "resumed from step 2: {lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("[cache] step 3/4 ") && l.contains("cache unapplied")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("[cache] step 2/4 ") && l.ends_with("cache hit")),
+        "{lines:#?}"
+    );
+    let blob_now = std::fs::read(&blob).ok();
+    assert!(
+        blob_now.is_none_or(|b| ids::Digest::of(&b) == *top),
+        "the torn blob still stands under its digest"
+    );
+    let mut sb = boot_on(&fx.result("torn").await.record.layers).await;
+    assert_eq!(
+        sh(&mut sb, &format!("cat /tmp/all-{nonce}")).await,
+        format!("{nonce}\n{nonce}\n{nonce}\n")
+    );
+    sb.destroy().await.unwrap();
     fx.stop().await;
 }
 

@@ -7,7 +7,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use chrono::Utc;
 use clap::Args;
 use strata::config::StorageArgs;
 use strata::domain::build::{self, StepOutcome};
@@ -138,7 +137,7 @@ async fn timed(
 ) -> anyhow::Result<Timed> {
     let began = Instant::now();
     let build = register(store, team, label).await?;
-    let now = Utc::now();
+    let now = strata::clock::local_now();
     execute::<Build>(
         store,
         &build_stream(&build),
@@ -185,7 +184,7 @@ async fn timed(
 
 /// `POST /v3/templates`: claims a fresh name and registers a build.
 async fn register(store: &EventStore, team: &TeamId, label: &str) -> anyhow::Result<BuildId> {
-    let now = Utc::now();
+    let now = strata::clock::local_now();
     let name = TemplateName::parse(&format!(
         "bench-{}-{}",
         label.replace(' ', "-"),

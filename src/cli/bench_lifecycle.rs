@@ -263,7 +263,7 @@ fn bench_context() -> CommandContext {
 
 /// What `POST /v3/templates` appends for a new name: the claim, the template, the build.
 async fn register(store: &EventStore, team: &TeamId, name: &str) -> anyhow::Result<BuildId> {
-    let now = Utc::now();
+    let now = strata::clock::local_now();
     let (_, build) = register_build(
         store,
         &bench_context(),
@@ -283,7 +283,7 @@ async fn register(store: &EventStore, team: &TeamId, name: &str) -> anyhow::Resu
 /// What `POST /v2/templates/{id}/builds/{bid}` appends: the build frozen and queued.
 async fn start(store: &EventStore, build: BuildId, spec: &serde_json::Value) -> anyhow::Result<()> {
     let spec: TemplateBuildStartV2 = serde_json::from_value(spec.clone())?;
-    let now = Utc::now();
+    let now = strata::clock::local_now();
     execute::<Build>(
         store,
         &build_stream(&build),

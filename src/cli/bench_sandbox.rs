@@ -103,7 +103,10 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
         baselines.push(t.elapsed());
         anyhow::ensure!(status.success(), "baseline tar | openssl failed");
         let t = Instant::now();
-        let layer = sb.checkpoint().await?;
+        let layer = sb
+            .checkpoint()
+            .await?
+            .context("the benchmark wrote files, yet the checkpoint sealed no layer")?;
         checkpoints.push(t.elapsed());
         size = layer.size;
         sb.destroy().await?;

@@ -116,7 +116,7 @@ async fn issue_key(store: &EventStore) -> anyhow::Result<String> {
         key_id: Uuid::new_v4(),
         key_sha256: key.sha256_hex(),
         prefix: key.display_prefix(),
-        now: Utc::now(),
+        now: strata::clock::local_now(),
     };
     let team = TeamId::parse("bench-sdk")?;
     execute::<Team>(store, &team_stream(&team), &command, &ctx)

@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use chrono::Utc;
 use clap::Args;
 use sqlx::PgPool;
 use strata::api::AppState;
@@ -201,7 +200,7 @@ async fn issue_key(pool: &PgPool) -> anyhow::Result<String> {
         key_id: Uuid::new_v4(),
         key_sha256: key.sha256_hex(),
         prefix: key.display_prefix(),
-        now: Utc::now(),
+        now: strata::clock::local_now(),
     };
     let team = TeamId::parse("bench-upload")?;
     execute::<Team>(&store, &team_stream(&team), &command, &ctx)

@@ -1,6 +1,6 @@
 //! `strata history STREAM`: a stream's audit history as a table, read straight from Postgres.
 //! `strata history build ID`: a build's whole timeline: its `build-{id}` stream and the
-//! promotion outbox of every attempt (`promotion-{id}-{epoch}`), merged in commit order, with
+//! promotion outbox of every attempt (`promotion-{id}:{epoch}`), merged in commit order, with
 //! the stream of each event.
 
 use anyhow::Context;
@@ -74,7 +74,7 @@ async fn build_timeline(args: &HistoryArgs, build: uuid::Uuid) -> anyhow::Result
     let promotions: Vec<String> = sqlx::query_scalar(
         "SELECT stream_id FROM streams WHERE stream_id LIKE $1 ORDER BY stream_id",
     )
-    .bind(format!("promotion-{build}-%"))
+    .bind(format!("promotion-{build}:%"))
     .fetch_all(&pool)
     .await
     .context("listing the build's promotion streams")?;

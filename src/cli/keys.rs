@@ -57,7 +57,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
                 key_id: Uuid::new_v4(),
                 key_sha256: key.sha256_hex(),
                 prefix: key.display_prefix(),
-                now: Utc::now(),
+                now: strata::clock::local_now(),
             };
             execute::<Team>(&store, &team_stream(&team), &command, &ctx)
                 .await
@@ -91,7 +91,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
             let team = parse_team(&team)?;
             let command = Command::RevokeKey {
                 key_id,
-                now: Utc::now(),
+                now: strata::clock::local_now(),
             };
             execute::<Team>(&store, &team_stream(&team), &command, &ctx)
                 .await

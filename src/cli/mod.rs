@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod bench;
+pub mod bench_blobs;
 pub mod bench_cache;
 pub mod bench_lifecycle;
 pub mod bench_pull;

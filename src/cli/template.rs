@@ -35,8 +35,9 @@ enum TemplateCommand {
         #[arg(long, env = "STRATA_TEAM")]
         team: String,
     },
-    /// Boot a sandbox on a template's latest ready build (or `NAME:TAG`) with its user, workdir
-    /// and environment, run COMMAND, print its output and exit with its exit code.
+    /// Boot a sandbox on a template's latest ready build (or `NAME:TAG`) with its user and
+    /// workdir (ENV is build-time only, as on E2B), run COMMAND, print its output and exit with
+    /// its exit code.
     Exec {
         /// Template name or id, optionally with `:tag`.
         name: String,
@@ -120,15 +121,11 @@ async fn exec_in_template(
         .map(|d| VmmDigest::parse(&d.to_string()))
         .collect::<Result<Vec<_>, _>>()?;
     let mut spec = BootSpec::new(layers);
+    let runtime = record.runtime_context();
     spec.context = VmmContext {
-        env: record
-            .context
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        user: record.context.user.clone(),
-        workdir: Some(record.context.workdir.clone()),
+        env: runtime.env.into_iter().collect(),
+        user: runtime.user,
+        workdir: Some(runtime.workdir),
     };
     let mut sandbox = backend
         .boot(spec)

@@ -1,4 +1,4 @@
-//! The cache index entry: the `cachekey-{scope}-{key}` aggregate (RFC §Index records, lineage,
+//! The cache index entry: the `cachekey-{scope}:{key}` aggregate (RFC §Index records, lineage,
 //! and validation), and the validation a lookup runs before it trusts a hit.
 //!
 //! Layout: versions ([`CACHE_FORMAT_VERSION`], [`MIN_CACHE_FORMAT_VERSION`]); the record

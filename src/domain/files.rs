@@ -1,4 +1,4 @@
-//! The `files-{scope}-{filesHash}` stream: the generations of one context archive name.
+//! The `files-{scope}:{filesHash}` stream: the generations of one context archive name.
 //!
 //! Layout: [`State`], [`Command`], [`Event`], [`Error`], [`decide`], [`evolve`], then the
 //! link-time view ([`State::present`]).

@@ -339,40 +339,97 @@ impl fmt::Display for Scope {
     }
 }
 
-/// Stream names, one function per row of DESIGN.md's stream table. Every component is a validated
-/// id from the alphabet above, and variable-length parts come before fixed-length ones, so a
-/// stream name parses back unambiguously.
+/// Stream names, one function per row of DESIGN.md's stream table.
+///
+/// Encoding (ADR 0009): `{category}-{c1}:{c2}:…`. The category is a fixed word per stream kind;
+/// each component is escaped (`~` as `~7e`, `:` as `~3a`) and components are joined with `:`.
+/// No encoded component contains `:`, and the escape is a prefix code, so a name decodes back to
+/// exactly one `(category, components)` ([`decode`]): two different keys can never share a
+/// stream. Ids never contain `~` or `:` today, so names read as plain `team:name`; the escape is
+/// what keeps this true whatever a component's alphabet becomes.
 pub mod stream {
     use super::*;
 
+    /// Escapes one component so that it contains no `:`.
+    fn escape(component: &str, out: &mut String) {
+        for c in component.chars() {
+            match c {
+                '~' => out.push_str("~7e"),
+                ':' => out.push_str("~3a"),
+                c => out.push(c),
+            }
+        }
+    }
+
+    /// `{category}-` followed by the escaped components joined with `:`.
+    pub fn encode(category: &str, components: &[&str]) -> String {
+        let mut out = String::with_capacity(
+            category.len() + 1 + components.iter().map(|c| c.len() + 1).sum::<usize>(),
+        );
+        out.push_str(category);
+        out.push('-');
+        for (i, component) in components.iter().enumerate() {
+            if i > 0 {
+                out.push(':');
+            }
+            escape(component, &mut out);
+        }
+        out
+    }
+
+    /// The `(category, components)` a name was encoded from; `None` when it is not an encoding.
+    pub fn decode(name: &str) -> Option<(String, Vec<String>)> {
+        let (category, rest) = name.split_once('-')?;
+        let components = rest
+            .split(':')
+            .map(|part| {
+                let mut out = String::with_capacity(part.len());
+                let mut chars = part.chars();
+                while let Some(c) = chars.next() {
+                    if c == '~' {
+                        match (chars.next(), chars.next()) {
+                            (Some('7'), Some('e')) => out.push('~'),
+                            (Some('3'), Some('a')) => out.push(':'),
+                            _ => return None,
+                        }
+                    } else {
+                        out.push(c);
+                    }
+                }
+                Some(out)
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some((category.to_owned(), components))
+    }
+
     pub fn team(id: &TeamId) -> String {
-        format!("team-{id}")
+        encode("team", &[id.as_str()])
     }
     pub fn template(id: &TemplateId) -> String {
-        format!("template-{id}")
+        encode("template", &[id.as_str()])
     }
     /// The claim on a template name within a team: makes "same name, same team = same template"
     /// exact under concurrent registrations (create-if-absent on this stream).
     pub fn template_name(team: &TeamId, name: &str) -> String {
-        format!("templatename-{team}-{name}")
+        encode("templatename", &[team.as_str(), name])
     }
     pub fn build(id: &BuildId) -> String {
-        format!("build-{id}")
+        encode("build", &[&id.to_string()])
     }
     pub fn files(scope: &Scope, hash: &FilesHash) -> String {
-        format!("files-{scope}-{hash}")
+        encode("files", &[scope.as_str(), hash.as_str()])
     }
     pub fn cache_key(scope: &Scope, key: &Digest) -> String {
-        format!("cachekey-{scope}-{}", key.hex())
+        encode("cachekey", &[scope.as_str(), &key.hex()])
     }
     pub fn snapshot(id: &SnapshotId) -> String {
-        format!("snapshot-{id}")
+        encode("snapshot", &[&id.to_string()])
     }
     pub fn promotion(build: &BuildId, epoch: Epoch) -> String {
-        format!("promotion-{build}-{epoch}")
+        encode("promotion", &[&build.to_string(), &epoch.to_string()])
     }
     pub fn object(digest: &Digest) -> String {
-        format!("object-{}", digest.hex())
+        encode("object", &[&digest.hex()])
     }
 }
 
@@ -430,7 +487,7 @@ mod tests {
         let build = BuildId::parse("f161152a-580a-4ee8-9038-73dd65665234").unwrap();
         assert_eq!(
             stream::files(&Scope::team(&team), &hash),
-            format!("files-team-1-{}", "a".repeat(64))
+            format!("files-team-1:{}", "a".repeat(64))
         );
         assert_eq!(
             stream::build(&build),
@@ -438,13 +495,73 @@ mod tests {
         );
         assert_eq!(
             stream::promotion(&build, Epoch(2)),
-            "promotion-f161152a-580a-4ee8-9038-73dd65665234-2"
+            "promotion-f161152a-580a-4ee8-9038-73dd65665234:2"
+        );
+        assert_eq!(
+            stream::template_name(&team, "web.app"),
+            "templatename-team-1:web.app"
         );
         let d = Digest::of(b"x");
         assert_eq!(stream::object(&d), format!("object-{}", d.hex()));
     }
 
+    /// Issue 9: `templatename-{team}-{name}` made team `acme-corp`'s `x` and team `acme`'s
+    /// `corp-x` one stream.
+    #[test]
+    fn template_names_of_teams_with_dashes_do_not_collide() {
+        let acme = TeamId::parse("acme").unwrap();
+        let acme_corp = TeamId::parse("acme-corp").unwrap();
+        assert_ne!(
+            stream::template_name(&acme_corp, "x"),
+            stream::template_name(&acme, "corp-x")
+        );
+    }
+
+    fn key() -> impl Strategy<Value = (String, Vec<String>)> {
+        // Components from a wider alphabet than any id allows, separators and escapes included,
+        // so the property covers the encoding itself and not the current id rules.
+        (
+            prop::sample::select(vec![
+                "team",
+                "template",
+                "templatename",
+                "build",
+                "files",
+                "cachekey",
+                "snapshot",
+                "promotion",
+                "object",
+            ]),
+            prop::collection::vec("[a-zA-Z0-9_.~:-]{0,12}", 1..4),
+        )
+            .prop_map(|(c, parts)| (c.to_owned(), parts))
+    }
+
     proptest! {
+        #[test]
+        fn stream_name_encoding_is_injective(a in key(), b in key()) {
+            let name = |(c, parts): &(String, Vec<String>)| {
+                stream::encode(c, &parts.iter().map(String::as_str).collect::<Vec<_>>())
+            };
+            prop_assert_eq!(stream::decode(&name(&a)), Some(a.clone()));
+            if a != b {
+                prop_assert_ne!(name(&a), name(&b));
+            }
+        }
+
+        #[test]
+        fn template_name_streams_decode_to_team_and_name(
+            team in "[a-zA-Z0-9_-]{1,64}",
+            name in "[a-z0-9][a-z0-9._-]{0,126}[a-z0-9]",
+        ) {
+            let team = TeamId::parse(&team).unwrap();
+            let encoded = stream::template_name(&team, &name);
+            prop_assert_eq!(
+                stream::decode(&encoded),
+                Some(("templatename".to_owned(), vec![team.as_str().to_owned(), name]))
+            );
+        }
+
         #[test]
         fn files_stream_name_parses_back_unambiguously(
             team in "[a-zA-Z0-9_-]{1,64}",
@@ -453,10 +570,10 @@ mod tests {
             let team = TeamId::parse(&team).unwrap();
             let hash = FilesHash::parse(&hash).unwrap();
             let name = stream::files(&Scope::team(&team), &hash);
-            let rest = name.strip_prefix("files-").unwrap();
-            let (scope, tail) = rest.split_at(rest.len() - 65);
-            prop_assert_eq!(scope, team.as_str());
-            prop_assert_eq!(&tail[1..], hash.as_str());
+            prop_assert_eq!(
+                stream::decode(&name),
+                Some(("files".to_owned(), vec![team.as_str().to_owned(), hash.as_str().to_owned()]))
+            );
         }
     }
 }

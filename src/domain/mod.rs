@@ -14,6 +14,7 @@
 //! * [`files`]: published generations of one `(scope, filesHash)`.
 //! * [`promotion`]: the promotion outbox of one `(build, epoch)`.
 //! * [`snapshot`]: immutable snapshot records (layer list + command context).
+//! * [`start`]: the start and ready commands a build finalizes with (E2B's rules).
 //! * [`upload_url`]: signed upload URLs.
 //! * [`cache_key`]: fingerprint, base, step and final keys.
 //! * [`cache_entry`]: the `cachekey-…` index entries (create-if-absent, CAS replace, retire)
@@ -34,6 +35,7 @@ pub mod ids;
 pub mod image_ref;
 pub mod promotion;
 pub mod snapshot;
+pub mod start;
 pub mod team;
 pub mod template;
 pub mod upload_url;

@@ -1,4 +1,4 @@
-//! The promotion outbox: `promotion-{build}-{epoch}`.
+//! The promotion outbox: `promotion-{build}:{epoch}`.
 //!
 //! Layout: [`PromotionPlan`] (what is promoted, with its deterministic [`ownership_nonce`]);
 //! [`Stage`] and [`State`]; [`Command`], [`Event`], [`Error`], [`decide`], [`evolve`]; then the

@@ -44,6 +44,19 @@ pub struct SnapshotRecord {
     pub epoch: Epoch,
 }
 
+impl SnapshotRecord {
+    /// What a sandbox on this template runs with: the final user and workdir, and none of the
+    /// build's environment. ENV (and the base image's env) is build-time only, as on E2B: it
+    /// reaches later steps, the start and ready commands and templates built `fromTemplate`
+    /// on this one, never a sandbox's commands (ADR 0012).
+    pub fn runtime_context(&self) -> CommandContext {
+        CommandContext {
+            env: Default::default(),
+            ..self.context.clone()
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct State {
     pub record: Option<SnapshotRecord>,

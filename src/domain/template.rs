@@ -1,4 +1,4 @@
-//! The template aggregate (`template-{id}`) and the name claim (`templatename-{team}-{name}`).
+//! The template aggregate (`template-{id}`) and the name claim (`templatename-{team}:{name}`).
 //!
 //! Layout: the name claim ([`NameState`], [`NameEvent`], [`decide_name`], [`evolve_name`]); the
 //! template ([`State`], [`Command`], [`Event`], [`Error`], [`decide`], [`evolve`]); and
@@ -78,6 +78,9 @@ pub struct State {
     pub builds: Vec<(BuildId, Vec<Tag>)>,
     /// Where each tag points now.
     pub tags: BTreeMap<Tag, BuildId>,
+    /// Tags removed and not assigned since: removing one again is the retry of a request whose
+    /// reply was lost, and succeeds without a new event.
+    pub removed_tags: BTreeSet<Tag>,
     pub deleted: bool,
 }
 
@@ -224,13 +227,24 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             }])
         }
         Command::RemoveTags { tags, now } => {
-            if let Some(missing) = tags.iter().find(|t| !state.tags.contains_key(*t)) {
+            if let Some(missing) = tags
+                .iter()
+                .find(|t| !state.tags.contains_key(*t) && !state.removed_tags.contains(*t))
+            {
                 return Err(Error::UnknownTag {
                     tag: missing.as_str().to_owned(),
                 });
             }
+            let present: Vec<Tag> = tags
+                .iter()
+                .filter(|t| state.tags.contains_key(*t))
+                .cloned()
+                .collect();
+            if present.is_empty() {
+                return Ok(vec![]);
+            }
             Ok(vec![Event::TagsRemoved {
-                tags: tags.clone(),
+                tags: present,
                 removed_at: *now,
             }])
         }
@@ -251,11 +265,13 @@ pub fn evolve(mut state: State, event: &Event) -> State {
         Event::TagsAssigned { build, tags, .. } => {
             for tag in tags {
                 state.tags.insert(tag.clone(), *build);
+                state.removed_tags.remove(tag);
             }
         }
         Event::TagsRemoved { tags, .. } => {
             for tag in tags {
                 state.tags.remove(tag);
+                state.removed_tags.insert(tag.clone());
             }
         }
         Event::TemplateDeleted { .. } => state.deleted = true,
@@ -468,6 +484,54 @@ mod tests {
             },
         );
         assert_eq!(released.holder, None);
+    }
+
+    /// Issue 9: a `DELETE /templates/tags` retried after its reply was lost must succeed; a tag
+    /// the template never had is still unknown.
+    #[test]
+    fn removing_a_removed_tag_again_is_a_no_op() {
+        let mut s = State::default();
+        for cmd in [
+            Command::RegisterTemplate {
+                team: team("t1"),
+                name: "web".into(),
+                now: now(),
+            },
+            Command::AppendBuild {
+                build: build(1),
+                tags: vec![],
+                now: now(),
+            },
+            Command::AssignTags {
+                build: build(1),
+                tags: vec![tag("v1")],
+                now: now(),
+            },
+        ] {
+            s = decide(&s, &cmd).unwrap().iter().fold(s, evolve);
+        }
+        let remove = |tags: Vec<Tag>| Command::RemoveTags { tags, now: now() };
+        let removed = decide(&s, &remove(vec![tag("v1")])).unwrap();
+        assert_eq!(removed.len(), 1);
+        let s = removed.iter().fold(s, evolve);
+        assert_eq!(decide(&s, &remove(vec![tag("v1")])), Ok(vec![]));
+        assert!(matches!(
+            decide(&s, &remove(vec![tag("v1"), tag("never")])),
+            Err(Error::UnknownTag { tag }) if tag == "never"
+        ));
+        // Assigned again, it is removable again, and then unknown to nobody.
+        let s = decide(
+            &s,
+            &Command::AssignTags {
+                build: build(1),
+                tags: vec![tag("v1")],
+                now: now(),
+            },
+        )
+        .unwrap()
+        .iter()
+        .fold(s, evolve);
+        assert_eq!(decide(&s, &remove(vec![tag("v1")])).unwrap().len(), 1);
     }
 
     #[test]

@@ -127,6 +127,9 @@ impl EventStore {
                     if !outcome.events.is_empty() {
                         self.notifier.appended(&self.pool);
                     }
+                    if let Some(lost) = self.faults.lost_reply(writes) {
+                        return Err(lost);
+                    }
                     return Ok(outcome);
                 }
                 Err(AttemptError::Conflict { stream, expected }) => {

@@ -199,8 +199,21 @@ pub async fn execute<A: Aggregate>(
     loop {
         attempt += 1;
         let loaded = load::<A>(store, stream).await?;
-        let decided = A::decide(&loaded.state, command).map_err(CommandError::Rejected)?;
+        let decided = match A::decide(&loaded.state, command) {
+            Ok(decided) => decided,
+            Err(rejected) => {
+                // A retry after a lost reply sees the state its first run made and may be
+                // refused by it (an acquired build is no longer queued): it is a replay.
+                if let Some(events) = already_applied(store, stream, context).await? {
+                    return Ok(replayed(loaded, events, attempt));
+                }
+                return Err(CommandError::Rejected(rejected));
+            }
+        };
         if decided.is_empty() {
+            if let Some(events) = already_applied(store, stream, context).await? {
+                return Ok(replayed(loaded, events, attempt));
+            }
             return Ok(Executed {
                 state: loaded.state,
                 version: loaded.version,
@@ -237,6 +250,15 @@ pub async fn execute<A: Aggregate>(
                     replay: false,
                 });
             }
+            Err(err @ AppendError::EventIdsReused { .. }) => {
+                // The first run landed with other payloads (a later clock reading): its events
+                // stand.
+                if let Some(events) = already_applied(store, stream, context).await? {
+                    let now = load::<A>(store, stream).await?;
+                    return Ok(replayed(now, events, attempt));
+                }
+                return Err(CommandError::Append(err));
+            }
             Err(err) if err.is_version_conflict() => {
                 if attempt >= context.max_attempts {
                     return Err(CommandError::Contended {
@@ -248,6 +270,29 @@ pub async fn execute<A: Aggregate>(
             }
             Err(err) => return Err(CommandError::Append(err)),
         }
+    }
+}
+
+/// The events this command (`context`'s id) already appended to `stream`, if its first event
+/// is stored: the mark of a run whose reply was lost.
+pub async fn already_applied(
+    store: &EventStore,
+    stream: &StreamId,
+    context: &CommandContext,
+) -> Result<Option<Vec<RecordedEvent>>, ReadError> {
+    let events = store
+        .events_by_id(&context.event_id(stream, 0), stream)
+        .await?;
+    Ok((!events.is_empty()).then_some(events))
+}
+
+fn replayed<S>(loaded: Loaded<S>, events: Vec<RecordedEvent>, attempts: u32) -> Executed<S> {
+    Executed {
+        state: loaded.state,
+        version: loaded.version,
+        events,
+        attempts,
+        replay: true,
     }
 }
 

@@ -17,6 +17,7 @@ pub mod command;
 mod domain_event;
 mod error;
 mod expected_version;
+mod fault;
 mod feed;
 mod inline;
 mod metadata;

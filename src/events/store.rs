@@ -23,6 +23,8 @@ pub struct EventStore {
     /// Inline projections applied to every append, whoever makes it, so an exact read model
     /// (such as `builds`) can never miss an append through a caller that forgot it.
     pub(crate) standing: Arc<Vec<Arc<dyn InlineProjection>>>,
+    /// Faults armed by tests ([`super::fault`]).
+    pub(crate) faults: Arc<super::fault::Faults>,
 }
 
 impl std::fmt::Debug for EventStore {
@@ -51,6 +53,7 @@ impl EventStore {
             retry: RetryPolicy::default(),
             notifier: Notifier::new(),
             standing: Arc::new(standing),
+            faults: Arc::default(),
         }
     }
 
@@ -95,6 +98,26 @@ impl EventStore {
                 return Ok(all);
             }
         }
+    }
+
+    /// The events of `stream` appended in the same transaction as event `first`, from `first`
+    /// on: what one command appended there. Empty when `first` is not stored in `stream`.
+    pub async fn events_by_id(
+        &self,
+        first: &uuid::Uuid,
+        stream: &StreamId,
+    ) -> Result<Vec<RecordedEvent>, ReadError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events e \
+             WHERE e.stream_id = $2 AND e.tx_id = (SELECT tx_id FROM events WHERE event_id = $1 AND stream_id = $2) \
+               AND e.version >= (SELECT version FROM events WHERE event_id = $1) \
+             ORDER BY e.version"
+        ))
+        .bind(first)
+        .bind(stream.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(event_from_row).collect()
     }
 
     /// The stream's current version: its last event's version, 0 when it has none.

@@ -1,4 +1,4 @@
-//! Stream ids: `{category}-{rest}`, e.g. `build-0191…`, `template-abc`, `files-team1-9f2c…`.
+//! Stream ids: `{category}-{rest}`, e.g. `build-0191…`, `template-abc`, `files-team1:9f2c…`.
 
 use std::fmt;
 
@@ -115,9 +115,9 @@ mod tests {
 
     #[test]
     fn category_is_the_part_before_the_first_dash() {
-        let id = StreamId::parse("files-team1-9f2c").unwrap();
+        let id = StreamId::parse("files-team1:9f2c").unwrap();
         assert_eq!(id.category(), "files");
-        assert_eq!(id.as_str(), "files-team1-9f2c");
+        assert_eq!(id.as_str(), "files-team1:9f2c");
         assert_eq!(StreamId::new("build", 42).unwrap().as_str(), "build-42");
     }
 

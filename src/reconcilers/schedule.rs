@@ -48,7 +48,11 @@ impl Schedule {
     /// Time until the next tick (zero if it is due).
     fn until_next(&self) -> Option<std::time::Duration> {
         let next = self.schedule.upcoming(Utc).next()?;
-        Some((next - Utc::now()).to_std().unwrap_or_default())
+        Some(
+            (next - crate::clock::local_now())
+                .to_std()
+                .unwrap_or_default(),
+        )
     }
 }
 

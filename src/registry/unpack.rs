@@ -123,7 +123,7 @@ pub fn unpack(
     match result {
         Ok(layer) => {
             layers
-                .publish(&staging, diff_id)
+                .publish_staged(&staging, diff_id)
                 .map_err(UnpackError::Store)?;
             Ok(layer)
         }

@@ -202,8 +202,9 @@ pub trait Sandbox: Send {
     async fn copy_in(&mut self, archive: &Path, request: CopyRequest) -> Result<()>;
     /// Creates a user if missing (with passwordless sudo when `sudo` and the image has sudo).
     async fn ensure_user(&mut self, name: &str, sudo: bool) -> Result<()>;
-    /// Seals the writable layer into an immutable layer and continues on a fresh one.
-    async fn checkpoint(&mut self) -> Result<LayerRef>;
+    /// Seals the writable layer into an immutable layer and continues on a fresh one. `None`
+    /// when the writable layer holds no change: no layer is added and the stack stays as it was.
+    async fn checkpoint(&mut self) -> Result<Option<LayerRef>>;
     /// Kills everything and removes every trace on the host.
     async fn destroy(self: Box<Self>) -> Result<()>;
 }

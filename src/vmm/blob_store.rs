@@ -3,13 +3,23 @@
 //!
 //! [`BlobStore`] is a trait because a node-local directory is one implementation and an object
 //! store is the next. [`LocalBlobStore`] keeps `blobs/sha256/<hex>`; every write goes to a
-//! temporary file and is published with `link(2)`, which fails if the name exists, so
-//! concurrent puts of one digest store it exactly once and a reader never sees a partial blob.
+//! temporary file, is fsynced, and is published with `rename(2)` followed by an fsync of the
+//! directory, so a reader never sees a partial blob and a published blob survives a host crash.
+//!
+//! A name that exists is not proof of its content (RFC: a digest-mismatched object is absent and
+//! repairable, never permanently present). A put of bytes whose digest is already stored
+//! therefore replaces the stored file instead of trusting it: the new copy is known good (it was
+//! hashed as it was written), and replacing costs a rename where checking would cost a read of
+//! the whole old file. Readers that decide on presence ([`BlobStore::intact_size`]) verify the
+//! digest, once per file identity per process, and move a mismatched file to `quarantine/`.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use sha2::{Digest as _, Sha256};
 
@@ -76,8 +86,19 @@ pub trait BlobStore: Send + Sync {
     fn writer(&self) -> Result<BlobWriter>;
     /// Opens a blob for reading, verifying its digest when the reader reaches the end.
     fn open_verified(&self, digest: &Digest) -> Result<VerifyingReader<File>>;
-    /// Size in bytes, or `None` when absent.
+    /// Size in bytes, or `None` when absent. Says nothing about the content: decisions that
+    /// trust the blob use [`intact_size`](Self::intact_size).
     fn size(&self, digest: &Digest) -> Result<Option<u64>>;
+    /// Size in bytes when the blob is present and its content matches its digest; `None` when it
+    /// is absent or torn. A torn blob is removed from the store (it is absent from then on, and
+    /// the next put of the same bytes repairs it).
+    fn intact_size(&self, digest: &Digest) -> Result<Option<u64>> {
+        match self.verify(digest) {
+            Ok(n) => Ok(Some(n)),
+            Err(VmmError::BlobMissing { .. } | VmmError::DigestMismatch { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
     /// Re-reads the whole blob and checks its digest.
     fn verify(&self, digest: &Digest) -> Result<u64> {
         let mut reader = self.open_verified(digest)?;
@@ -94,10 +115,40 @@ pub trait BlobStore: Send + Sync {
     }
 }
 
-/// The node-local implementation: `<root>/sha256/<hex>`, temporary files in `<root>/tmp`.
+/// What identifies one version of a file without reading it. A file whose identity is unchanged
+/// since it was verified (or written) by this process has unchanged content: any write changes
+/// its mtime and ctime, a replacement changes its inode. A host crash ends the process, so every
+/// blob is verified again by the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl FileIdentity {
+    fn of(meta: &std::fs::Metadata) -> FileIdentity {
+        FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+            ctime_ns: meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128,
+        }
+    }
+}
+
+/// Blobs this process knows to be intact, by digest hex.
+type Verified = Arc<Mutex<HashMap<String, FileIdentity>>>;
+
+/// The node-local implementation: `<root>/sha256/<hex>`, temporary files in `<root>/tmp`, torn
+/// blobs moved aside to `<root>/quarantine`.
 #[derive(Debug, Clone)]
 pub struct LocalBlobStore {
     root: PathBuf,
+    verified: Verified,
 }
 
 impl LocalBlobStore {
@@ -107,7 +158,10 @@ impl LocalBlobStore {
             std::fs::create_dir_all(&dir)
                 .map_err(VmmError::io(format!("creating {}", dir.display())))?;
         }
-        Ok(LocalBlobStore { root })
+        Ok(LocalBlobStore {
+            root,
+            verified: Default::default(),
+        })
     }
 
     pub fn path_of(&self, digest: &Digest) -> PathBuf {
@@ -121,15 +175,64 @@ impl LocalBlobStore {
     }
 
     /// Publishes a staged file under `digest`, which the caller computed over exactly the file's
-    /// bytes while writing it. Create-if-absent: when the digest is already stored, the existing
-    /// copy wins, so concurrent identical uploads keep one copy.
+    /// bytes while writing it and has already fsynced. The staged name is consumed. A stored
+    /// copy of the digest is replaced, not trusted: it may be torn, and ours is known good.
     pub fn adopt(&self, staged: &Path, digest: &Digest) -> Result<()> {
-        match std::fs::hard_link(staged, self.path_of(digest)) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(VmmError::io(format!("publishing blob {digest}"))(e)),
-        }
+        publish(&self.root, &self.verified, staged, digest)
     }
+
+    /// Moves a torn blob out of the store, unless the name was replaced since `seen` was read
+    /// (a concurrent put repaired it).
+    fn quarantine(&self, digest: &Digest, seen: FileIdentity) -> Result<()> {
+        let path = self.path_of(digest);
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if FileIdentity::of(&m) == seen => {}
+            _ => return Ok(()),
+        }
+        let dir = self.root.join("quarantine");
+        std::fs::create_dir_all(&dir)
+            .map_err(VmmError::io(format!("creating {}", dir.display())))?;
+        let aside = dir.join(format!(
+            "{}-{}",
+            digest.hex(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        match std::fs::rename(&path, &aside) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(VmmError::io(format!("quarantining torn blob {digest}"))(e)),
+        }
+        sync_dir(&self.root.join("sha256"))?;
+        tracing::warn!(%digest, quarantined = %aside.display(), "a stored blob did not match its digest; moved it aside, the next put of its content repairs it");
+        Ok(())
+    }
+}
+
+/// Makes the blob at `tmp` (fsynced by the caller) visible as `digest`, durably: rename over
+/// whatever is stored under that name, then fsync the directory so the name survives a crash.
+fn publish(root: &Path, verified: &Verified, tmp: &Path, digest: &Digest) -> Result<()> {
+    let dir = root.join("sha256");
+    let dest = dir.join(digest.hex());
+    std::fs::rename(tmp, &dest).map_err(VmmError::io(format!("publishing blob {digest}")))?;
+    sync_dir(&dir)?;
+    if let Ok(meta) = std::fs::metadata(&dest) {
+        remember(verified, digest, FileIdentity::of(&meta));
+    }
+    Ok(())
+}
+
+fn remember(verified: &Verified, digest: &Digest, identity: FileIdentity) {
+    verified
+        .lock()
+        .expect("the verified-blob map is never poisoned")
+        .insert(digest.hex().to_owned(), identity);
+}
+
+/// fsyncs a directory, so the names created, renamed or removed in it survive a crash.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(VmmError::io(format!("syncing directory {}", dir.display())))
 }
 
 impl BlobStore for LocalBlobStore {
@@ -143,6 +246,7 @@ impl BlobStore for LocalBlobStore {
             hasher: Sha256::new(),
             size: 0,
             store_root: self.root.clone(),
+            verified: self.verified.clone(),
         })
     }
 
@@ -167,6 +271,52 @@ impl BlobStore for LocalBlobStore {
             Err(e) => Err(VmmError::io("stat of a blob")(e)),
         }
     }
+
+    /// One stat when this process already verified (or wrote) this version of the file; a full
+    /// read and hash otherwise.
+    fn intact_size(&self, digest: &Digest) -> Result<Option<u64>> {
+        let path = self.path_of(digest);
+        let meta = match std::fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(VmmError::io(format!("stat of {}", path.display()))(e)),
+        };
+        let identity = FileIdentity::of(&meta);
+        let known = self
+            .verified
+            .lock()
+            .expect("the verified-blob map is never poisoned")
+            .get(digest.hex())
+            == Some(&identity);
+        if known {
+            return Ok(Some(identity.size));
+        }
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(VmmError::io(format!("opening {}", path.display()))(e)),
+        };
+        // The identity of what is actually read, not of what the name pointed at earlier.
+        let identity = FileIdentity::of(
+            &file
+                .metadata()
+                .map_err(VmmError::io(format!("stat of {}", path.display())))?,
+        );
+        let mut reader = VerifyingReader::new(file, digest.clone());
+        let checked = io::copy(&mut reader, &mut io::sink())
+            .map_err(|e| read_error(e, &format!("reading blob {digest}")));
+        match checked {
+            Ok(n) => {
+                remember(&self.verified, digest, identity);
+                Ok(Some(n))
+            }
+            Err(VmmError::DigestMismatch { .. }) => {
+                self.quarantine(digest, identity)?;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
 }
 
 /// Streams bytes into a temporary file while hashing them.
@@ -175,6 +325,7 @@ pub struct BlobWriter {
     hasher: Sha256,
     size: u64,
     store_root: PathBuf,
+    verified: Verified,
 }
 
 impl Write for BlobWriter {
@@ -203,23 +354,20 @@ impl BlobWriter {
         self.commit()
     }
 
-    /// Publishes the blob. If the digest already exists, the existing copy wins and this one is
-    /// discarded: the bytes are identical by construction.
+    /// Publishes the blob durably. If the digest is already stored, this copy replaces it: the
+    /// stored one may be torn by a crash, this one was hashed as it was written.
     pub fn commit(self) -> Result<(Digest, u64)> {
         let digest = Digest::from_hasher(self.hasher);
         let tmp = self
             .file
             .into_inner()
             .map_err(|e| VmmError::io("flushing a blob")(e.into_error()))?;
-        // No fsync: every read verifies the digest, so a blob torn by a crash is detected
-        // (DigestMismatch) rather than used, and the hot checkpoint path stays fast.
-        let dest = self.store_root.join("sha256").join(digest.hex());
-        match std::fs::hard_link(tmp.path(), &dest) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(VmmError::io(format!("publishing blob {digest}"))(e)),
-        }
-        // The temporary name is removed when `tmp` drops.
+        tmp.as_file()
+            .sync_data()
+            .map_err(VmmError::io(format!("syncing blob {digest}")))?;
+        let (_, path) = tmp.into_parts();
+        publish(&self.store_root, &self.verified, &path, &digest)?;
+        // The temporary name was consumed by the rename; dropping `path` finds nothing to remove.
         Ok((digest, self.size))
     }
 }
@@ -343,6 +491,65 @@ mod tests {
             store.verify(&Digest::of_bytes(b"absent")).unwrap_err(),
             VmmError::BlobMissing { .. }
         ));
+    }
+
+    /// What a host crash leaves under a digest name: the file cut short, or with a changed byte.
+    fn tear(path: &Path, how: &str) {
+        let mut bytes = std::fs::read(path).unwrap();
+        match how {
+            "truncated" => bytes.truncate(bytes.len() / 2),
+            _ => bytes[3] ^= 0x01,
+        }
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn a_put_of_the_same_bytes_repairs_a_torn_blob() {
+        for how in ["truncated", "bit-flipped"] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = LocalBlobStore::open(dir.path()).unwrap();
+            let content = vec![7u8; 100_000];
+            let (digest, _) = store.put_bytes(&content).unwrap();
+            tear(&store.path_of(&digest), how);
+            assert!(store.verify(&digest).is_err(), "{how}: the blob is torn");
+            assert_eq!(store.put_bytes(&content).unwrap().0, digest);
+            assert_eq!(store.verify(&digest).unwrap(), 100_000, "{how}: repaired");
+
+            // The same through `adopt`, as an upload publishes.
+            tear(&store.path_of(&digest), how);
+            let staged = store.staging_dir().join("staged");
+            std::fs::write(&staged, &content).unwrap();
+            store.adopt(&staged, &digest).unwrap();
+            assert_eq!(store.verify(&digest).unwrap(), 100_000, "{how}: repaired");
+            assert!(!staged.exists());
+        }
+    }
+
+    #[test]
+    fn a_torn_blob_is_absent_to_intact_size_and_moved_aside() {
+        for how in ["truncated", "bit-flipped"] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = LocalBlobStore::open(dir.path()).unwrap();
+            let (digest, size) = store.put_bytes(b"some layer bytes").unwrap();
+            assert_eq!(store.intact_size(&digest).unwrap(), Some(size));
+            // File timestamps advance by the kernel's coarse clock tick: let one pass so the
+            // in-place change is visible in the file's identity, as any real one is.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            tear(&store.path_of(&digest), how);
+            // A fresh process knows nothing; this one must notice the change too.
+            for s in [store.clone(), LocalBlobStore::open(dir.path()).unwrap()] {
+                assert_eq!(s.intact_size(&digest).unwrap(), None, "{how}");
+            }
+            assert!(!store.path_of(&digest).exists(), "{how}: moved aside");
+            assert_eq!(
+                std::fs::read_dir(dir.path().join("quarantine"))
+                    .unwrap()
+                    .count(),
+                1
+            );
+            store.put_bytes(b"some layer bytes").unwrap();
+            assert_eq!(store.intact_size(&digest).unwrap(), Some(size));
+        }
     }
 
     #[test]

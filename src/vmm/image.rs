@@ -412,7 +412,7 @@ pub async fn ensure_e2b_base(
     let added = sandbox.checkpoint().await?;
     sandbox.destroy().await?;
     let mut layers = debian.layers.clone();
-    layers.push(added);
+    layers.extend(added);
     let manifest = ImageManifest {
         name: E2B_BASE.into(),
         layers,

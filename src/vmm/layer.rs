@@ -14,8 +14,9 @@
 //!
 //! A layer's digest is the sha256 of that tar (the OCI "diff id"). [`LayerCache`] extracts a
 //! blob once per node into `layers/<hex>/`, translating whiteouts back to overlay's format;
-//! the extraction goes to a temporary name and is renamed into place, so concurrent
-//! extractions of one layer are safe and a half-extracted layer is never mounted.
+//! the extraction goes to a temporary name, is synced, renamed into place and then marked
+//! complete, so concurrent extractions of one layer are safe and a half-extracted layer (or
+//! one torn by a host crash) is never mounted: an unmarked tree is extracted again.
 
 use std::collections::HashMap;
 use std::fs;
@@ -27,7 +28,7 @@ use std::path::{Path, PathBuf};
 use super::archive_policy::{
     self, ArchivePolicy, OPAQUE_MARKER, OVERLAY_OPAQUE_XATTR, WHITEOUT_PREFIX,
 };
-use super::blob_store::{BlobStore, Digest};
+use super::blob_store::{sync_dir, BlobStore, Digest};
 use super::error::{Result, VmmError};
 
 /// A sealed layer: its digest and the size of its tar.
@@ -48,6 +49,13 @@ pub fn write_layer_tar(dir: &Path, out: impl Write) -> Result<()> {
         .and_then(|mut w| w.flush())
         .map_err(VmmError::io("finishing a layer tar"))?;
     Ok(())
+}
+
+/// Whether an overlay upper directory holds no change at all (no entry, not even a whiteout).
+pub fn is_empty_dir(dir: &Path) -> Result<bool> {
+    let mut entries =
+        fs::read_dir(dir).map_err(VmmError::io(format!("reading {}", dir.display())))?;
+    Ok(entries.next().is_none())
 }
 
 /// Seals `dir` into the blob store and returns the layer.
@@ -163,6 +171,12 @@ fn walk<W: Write>(
 }
 
 /// The node's extracted layers: `<root>/<hex>/`, overlay-format (whiteouts are 0/0 devices).
+///
+/// A tree is used only when its completion mark `<root>/<hex>.complete` exists. Extraction
+/// writes a temporary tree, syncs the filesystem, renames the tree into place, and only then
+/// writes the mark (each step fsynced), so after a host crash a tree is either marked and whole
+/// or unmarked and replaced by a fresh extraction. The mark lives beside the tree, not in it,
+/// because the tree is a lower directory of every sandbox on that layer.
 #[derive(Debug, Clone)]
 pub struct LayerCache {
     root: PathBuf,
@@ -179,13 +193,13 @@ impl LayerCache {
         self.root.join(digest.hex())
     }
 
-    /// Whether `digest` is extracted on this node.
+    /// Whether `digest` is extracted (and marked complete) on this node.
     pub fn contains(&self, digest: &Digest) -> bool {
-        self.path(digest).is_dir()
+        self.is_complete(digest)
     }
 
     /// A fresh temporary directory to extract `digest` into, on the cache's filesystem; hand it
-    /// to [`Self::publish`] once its content is verified, or remove it.
+    /// to [`Self::publish_staged`] once its content is verified, or remove it.
     pub fn staging(&self, digest: &Digest) -> Result<PathBuf> {
         let tmp = self.root.join(format!(
             ".tmp-{}-{}",
@@ -196,27 +210,35 @@ impl LayerCache {
         Ok(tmp)
     }
 
-    /// Publishes a verified extraction made in [`Self::staging`]; a concurrent identical one
-    /// may have won, which is as good.
-    pub fn publish(&self, staged: &Path, digest: &Digest) -> Result<PathBuf> {
-        let dest = self.path(digest);
-        match fs::rename(staged, &dest) {
-            Ok(()) => Ok(dest),
-            Err(_) if dest.is_dir() => {
-                let _ = fs::remove_dir_all(staged);
-                Ok(dest)
-            }
-            Err(e) => {
-                let _ = fs::remove_dir_all(staged);
-                Err(VmmError::io(format!("publishing layer {digest}"))(e))
-            }
+    /// Publishes a verified extraction made in [`Self::staging`] as [`Self::ensure`] publishes
+    /// its own (synced, renamed, marked complete); a concurrent identical one may have won.
+    pub fn publish_staged(&self, staged: &Path, digest: &Digest) -> Result<PathBuf> {
+        let result = fs::File::open(staged)
+            .map_err(VmmError::io("opening an extracted layer"))
+            .and_then(|dir| {
+                rustix::fs::syncfs(&dir)
+                    .map_err(|e| VmmError::io("syncing an extracted layer")(e.into()))
+            })
+            .and_then(|()| self.publish(staged, digest));
+        if result.is_err() {
+            let _ = fs::remove_dir_all(staged);
         }
+        result.map(|()| self.path(digest))
     }
 
-    /// Returns the extracted directory of `digest`, extracting and verifying it first if needed.
+    fn mark(&self, digest: &Digest) -> PathBuf {
+        self.root.join(format!("{}.complete", digest.hex()))
+    }
+
+    fn is_complete(&self, digest: &Digest) -> bool {
+        self.mark(digest).is_file() && self.path(digest).is_dir()
+    }
+
+    /// Returns the extracted directory of `digest`, extracting and verifying it first if it is
+    /// absent or was never completed.
     pub fn ensure(&self, blobs: &dyn BlobStore, digest: &Digest) -> Result<PathBuf> {
         let dest = self.path(digest);
-        if dest.is_dir() {
+        if self.is_complete(digest) {
             return Ok(dest);
         }
         let tmp = self.root.join(format!(
@@ -228,24 +250,70 @@ impl LayerCache {
         let result = (|| {
             let mut reader = blobs.open_verified(digest)?;
             archive_policy::extract_tar(&mut reader, &tmp, &ArchivePolicy::layer())?;
-            reader.finish()
+            reader.finish()?;
+            // One syncfs instead of an fsync per extracted file: a base tree has thousands.
+            let dir = fs::File::open(&tmp).map_err(VmmError::io("opening an extracted layer"))?;
+            rustix::fs::syncfs(&dir)
+                .map_err(|e| VmmError::io("syncing an extracted layer")(e.into()))
         })();
         if let Err(e) = result {
             let _ = fs::remove_dir_all(&tmp);
+            if matches!(e, VmmError::DigestMismatch { .. }) {
+                // Absent from now on, so a put of the same bytes repairs it.
+                let _ = blobs.intact_size(digest);
+            }
             return Err(e);
         }
-        match fs::rename(&tmp, &dest) {
-            Ok(()) => Ok(dest),
-            Err(_) if dest.is_dir() => {
-                // Another extraction of the same layer won the race; both are identical.
-                let _ = fs::remove_dir_all(&tmp);
-                Ok(dest)
-            }
-            Err(e) => {
-                let _ = fs::remove_dir_all(&tmp);
-                Err(VmmError::io(format!("publishing layer {digest}"))(e))
-            }
+        let published = self.publish(&tmp, digest);
+        if published.is_err() {
+            let _ = fs::remove_dir_all(&tmp);
         }
+        published.map(|()| dest)
+    }
+
+    /// Puts a synced temporary tree in place and marks it complete, under a lock so that two
+    /// extractions never move aside a tree the other one just completed.
+    fn publish(&self, tmp: &Path, digest: &Digest) -> Result<()> {
+        let lock_path = self.root.join(".publish.lock");
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(VmmError::io(format!("opening {}", lock_path.display())))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| VmmError::io("locking the layer cache")(e.into()))?;
+        if self.is_complete(digest) {
+            // Another extraction of the same layer finished first; both are identical.
+            let _ = fs::remove_dir_all(tmp);
+            return Ok(());
+        }
+        let dest = self.path(digest);
+        let mut torn = None;
+        if fs::symlink_metadata(&dest).is_ok() {
+            let aside = self.root.join(format!(
+                ".torn-{}-{}",
+                digest.hex(),
+                uuid::Uuid::new_v4().simple()
+            ));
+            fs::rename(&dest, &aside).map_err(VmmError::io(format!(
+                "moving aside incomplete layer {digest}"
+            )))?;
+            tracing::warn!(%digest, "an extracted layer was never marked complete (a crash during extraction?); extracted it again");
+            torn = Some(aside);
+        }
+        fs::rename(tmp, &dest).map_err(VmmError::io(format!("publishing layer {digest}")))?;
+        sync_dir(&self.root)?;
+        let mark = self.mark(digest);
+        fs::File::create(&mark)
+            .and_then(|f| f.sync_all())
+            .map_err(VmmError::io(format!("marking layer {digest} complete")))?;
+        sync_dir(&self.root)?;
+        drop(lock);
+        if let Some(aside) = torn {
+            let _ = fs::remove_dir_all(aside);
+        }
+        Ok(())
     }
 }
 
@@ -316,6 +384,54 @@ mod tests {
     }
 
     #[test]
+    fn a_torn_extracted_tree_is_extracted_again() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
+        let cache = LayerCache::open(store_dir.path().join("layers")).unwrap();
+        let src = tempfile::tempdir().unwrap();
+        sample(src.path());
+        let layer = seal_dir(src.path(), &blobs).unwrap();
+        let tree = cache.ensure(&blobs, &layer.digest).unwrap();
+        assert_eq!(fs::read(tree.join("a/b/file")).unwrap(), b"content");
+        // What a crash between the rename and the data reaching the disk leaves: the tree in
+        // place, a file in it empty, no completion mark.
+        fs::write(tree.join("a/b/file"), b"").unwrap();
+        fs::remove_file(tree.join("z")).unwrap();
+        fs::remove_file(
+            store_dir
+                .path()
+                .join("layers")
+                .join(format!("{}.complete", layer.digest.hex())),
+        )
+        .unwrap();
+        let again = cache.ensure(&blobs, &layer.digest).unwrap();
+        assert_eq!(again, tree);
+        assert_eq!(fs::read(tree.join("a/b/file")).unwrap(), b"content");
+        assert_eq!(fs::read(tree.join("z")).unwrap(), b"z");
+        assert_eq!(
+            fs::read_link(tree.join("link")).unwrap(),
+            Path::new("a/b/file")
+        );
+        // Nothing is left beside it but the tree, its mark and the lock.
+        let mut names: Vec<String> = fs::read_dir(store_dir.path().join("layers"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let hex = layer.digest.hex();
+        assert_eq!(
+            names,
+            [
+                ".publish.lock".to_string(),
+                hex.to_string(),
+                format!("{hex}.complete")
+            ]
+        );
+        // A marked tree is used as it is.
+        assert_eq!(cache.ensure(&blobs, &layer.digest).unwrap(), tree);
+    }
+
+    #[test]
     fn a_corrupt_blob_is_never_extracted() {
         let store_dir = tempfile::tempdir().unwrap();
         let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
@@ -337,5 +453,9 @@ mod tests {
                 .count(),
             0
         );
+        // The torn blob is absent now, and sealing the same content again repairs it.
+        assert!(!path.exists());
+        assert_eq!(seal_dir(src.path(), &blobs).unwrap(), layer);
+        cache.ensure(&blobs, &layer.digest).unwrap();
     }
 }

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use uuid::Uuid;
 
 use super::error::WorkerError;
 use crate::domain::build::{self, AttemptGrant, FailedStep, StepOutcome};
@@ -15,8 +16,8 @@ use crate::domain::ids::{BuildId, Epoch, NodeId, SnapshotId};
 use crate::domain::snapshot::{self, SnapshotRecord};
 use crate::events::command::load;
 use crate::events::{
-    execute, execute_writes, Actor, ActorRole, CommandContext, CommandError, EventStore, Metadata,
-    StreamId, StreamWrite,
+    execute, execute_writes, Actor, ActorRole, AppendError, CommandContext, CommandError,
+    EventStore, Metadata, ReadError, StreamId, StreamWrite,
 };
 use crate::streams::{build_stream, snapshot_stream, Build, Snapshot};
 
@@ -31,6 +32,11 @@ fn worker_metadata(node: &str, build: BuildId) -> Metadata {
 
 /// Tries to claim a queued build for `node`. `Ok(None)` when it is not claimable any more
 /// (another node took it, it expired, it was never queued).
+///
+/// The command id is derived from the build, the node and the epoch it would open, and a store
+/// error is retried with that same id: if the first try committed and only its reply was lost,
+/// the retry is recognised as a replay and the node keeps the claim instead of leaving the build
+/// Active with nobody running it.
 pub async fn acquire(
     store: &EventStore,
     build: BuildId,
@@ -38,25 +44,46 @@ pub async fn acquire(
     lease: Duration,
 ) -> Result<Option<Attempt>, WorkerError> {
     let node_id = NodeId::parse(node).map_err(|e| WorkerError::Store(format!("node id: {e}")))?;
-    let now = db_now(store.pool()).await?;
-    let command = build::Command::AcquireAttempt {
-        grant: AttemptGrant {
-            node: node_id,
-            lease_expires_at: now + lease,
-        },
-        now,
-    };
-    let ctx = CommandContext::new(worker_metadata(node, build));
-    match execute::<Build>(store, &build_stream(&build), &command, &ctx).await {
+    let stream = build_stream(&build);
+    let observed = load::<Build>(store, &stream)
+        .await
+        .map_err(WorkerError::store)?;
+    let epoch = observed.state.last_epoch.map_or(Epoch::FIRST, Epoch::next);
+    let ctx = CommandContext::with_id(
+        command_id(build, &["acquire", node, &epoch.to_string()]),
+        worker_metadata(node, build),
+    );
+    let executed = retry_store_errors(build, "acquiring", || async {
+        let now = db_now(store.pool()).await?;
+        let command = build::Command::AcquireAttempt {
+            grant: AttemptGrant {
+                node: node_id.clone(),
+                lease_expires_at: now + lease,
+            },
+            now,
+        };
+        Ok(execute::<Build>(store, &stream, &command, &ctx).await)
+    })
+    .await?;
+    match executed {
         Ok(done) => match done.state.phase {
+            // Appended now: the state after our event is ours. Replayed: only the epoch this
+            // command opened is ours (the id names it).
             build::Phase::Active {
-                epoch, node: ref n, ..
-            } if n.as_str() == node => Ok(Some(Attempt {
-                store: store.clone(),
-                build,
-                epoch,
-                node: node.to_owned(),
-            })),
+                epoch: held,
+                node: ref n,
+                ..
+            } if n.as_str() == node && (!done.replay || held == epoch) => {
+                if done.replay {
+                    tracing::info!(%build, epoch = %held, "acquire replayed after a lost reply; keeping the claim");
+                }
+                Ok(Some(Attempt {
+                    store: store.clone(),
+                    build,
+                    epoch: held,
+                    node: node.to_owned(),
+                }))
+            }
             _ => Ok(None),
         },
         Err(CommandError::Rejected(reason)) => {
@@ -64,6 +91,64 @@ pub async fn acquire(
             Ok(None)
         }
         Err(err) => Err(WorkerError::store(err)),
+    }
+}
+
+/// A command id derived from the build and `parts`: the same logical command gets the same id
+/// on every try, so a retry after a lost reply is a replay (ADR 0009).
+fn command_id(build: BuildId, parts: &[&str]) -> Uuid {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(b"strata.worker-command-id.v1\0");
+    hasher.update(build.as_uuid().as_bytes());
+    for part in parts {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part.as_bytes());
+    }
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&hasher.finalize()[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+}
+
+/// Tries of a worker write whose store call failed (a lost connection, a lost reply) before it
+/// gives up; with the backoff below they span about six seconds, well inside a lease.
+const STORE_TRIES: u32 = 5;
+
+/// Runs `op` until it gives an answer from the store; an error of the store itself (the
+/// database, a lost reply) is retried with backoff. `op` must reuse one command id across tries.
+async fn retry_store_errors<T, E, F, Fut>(
+    build: BuildId,
+    what: &str,
+    mut op: F,
+) -> Result<Result<T, CommandError<E>>, WorkerError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Result<T, CommandError<E>>, WorkerError>>,
+    E: std::fmt::Display,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let outcome = op().await;
+        let retryable = matches!(
+            &outcome,
+            Err(WorkerError::Database(_))
+                | Ok(Err(CommandError::Append(AppendError::Database(_))))
+                | Ok(Err(CommandError::Append(
+                    AppendError::SerializationRetriesExhausted { .. }
+                )))
+                | Ok(Err(CommandError::Read(ReadError::Database(_))))
+        );
+        if !retryable || tries >= STORE_TRIES {
+            return outcome;
+        }
+        let error = match &outcome {
+            Err(e) => e.to_string(),
+            Ok(Err(e)) => e.to_string(),
+            Ok(Ok(_)) => unreachable!("success is not retried"),
+        };
+        tracing::warn!(%build, tries, %error, "{what} failed in the store; retrying with the same command id");
+        tokio::time::sleep(Duration::from_millis(200) * 2u32.pow(tries - 1)).await;
     }
 }
 
@@ -86,6 +171,35 @@ impl Attempt {
         CommandContext::new(self.metadata()).with_max_attempts(MAX_ROUNDS)
     }
 
+    /// The context of a command with a derived id (see [`command_id`]): step completion is
+    /// named by its epoch, step and outcome, so any retry of it is a replay.
+    fn context_for(&self, command: &build::Command) -> CommandContext {
+        match command {
+            build::Command::RecordStepProgress {
+                epoch,
+                step,
+                outcome,
+                ..
+            } if *epoch == self.epoch => self.step_context(*step, outcome),
+            _ => self.context(),
+        }
+    }
+
+    /// The context of recording `outcome` for `step` in this attempt. The outcome is part of
+    /// the id, so a different outcome for the same step is a new command (which the domain
+    /// refuses as a conflict), never mistaken for a replay.
+    fn step_context(&self, step: u32, outcome: &StepOutcome) -> CommandContext {
+        let outcome = serde_json::to_string(outcome).expect("a step outcome serializes");
+        CommandContext::with_id(
+            command_id(
+                self.build,
+                &["step", &self.epoch.to_string(), &step.to_string(), &outcome],
+            ),
+            self.metadata(),
+        )
+        .with_max_attempts(MAX_ROUNDS)
+    }
+
     pub fn stream(&self) -> StreamId {
         build_stream(&self.build)
     }
@@ -102,9 +216,16 @@ impl Attempt {
         }
     }
 
-    /// Runs a build command of this attempt; a rejection is [`WorkerError::Fenced`].
+    /// Runs a build command of this attempt; a rejection is [`WorkerError::Fenced`]. A store
+    /// error is retried with the same command id, so a reply lost after commit is a replay.
     pub async fn command(&self, command: build::Command) -> Result<build::State, WorkerError> {
-        match execute::<Build>(&self.store, &self.stream(), &command, &self.context()).await {
+        let ctx = self.context_for(&command);
+        let stream = self.stream();
+        let executed = retry_store_errors(self.build, "recording progress", || async {
+            Ok(execute::<Build>(&self.store, &stream, &command, &ctx).await)
+        })
+        .await?;
+        match executed {
             Ok(done) => Ok(done.state),
             Err(CommandError::Rejected(reason)) => Err(self.fenced(reason)),
             Err(err) => Err(WorkerError::store(err)),
@@ -149,8 +270,30 @@ impl Attempt {
         record: &SnapshotRecord,
         step: Option<u32>,
     ) -> Result<(), WorkerError> {
-        let ctx = self.context();
-        let result = execute_writes(&self.store, MAX_ROUNDS, || {
+        // Named by its step, like [`Self::command`]'s step completion: a retry is a replay.
+        let ctx = match step {
+            Some(step) => self.step_context(step, &StepOutcome::Checkpointed { snapshot: id }),
+            None => self.context(),
+        };
+        let result = retry_store_errors(self.build, "recording a snapshot", || async {
+            Ok(self.write_snapshot(&ctx, id, record, step).await)
+        })
+        .await?;
+        match result {
+            Ok(_) => Ok(()),
+            Err(CommandError::Rejected(reason)) => Err(self.fenced(reason)),
+            Err(err) => Err(WorkerError::store(err)),
+        }
+    }
+
+    async fn write_snapshot(
+        &self,
+        ctx: &CommandContext,
+        id: SnapshotId,
+        record: &SnapshotRecord,
+        step: Option<u32>,
+    ) -> Result<crate::events::AppendOutcome, CommandError<String>> {
+        execute_writes(&self.store, MAX_ROUNDS, || {
             let (store, ctx, record) = (self.store.clone(), ctx.clone(), record.clone());
             let (build_stream, snap_stream, epoch) =
                 (self.stream(), snapshot_stream(&id), self.epoch);
@@ -200,12 +343,7 @@ impl Attempt {
                 ])
             }
         })
-        .await;
-        match result {
-            Ok(_) => Ok(()),
-            Err(CommandError::Rejected(reason)) => Err(self.fenced(reason)),
-            Err(err) => Err(WorkerError::store(err)),
-        }
+        .await
     }
 
     /// Ends the build in `error` with the reason the user sees.

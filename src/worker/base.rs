@@ -12,6 +12,7 @@ use crate::domain::build::BasePin;
 use crate::domain::build_spec::{BaseSource, CommandContext, RegistryCredentials};
 use crate::domain::ids::{self, TeamId};
 use crate::domain::image_ref::ImageRef;
+use crate::domain::start::StartCommands;
 use crate::events::EventStore;
 use crate::registry::pull::ProgressFn;
 use crate::registry::{credentials, PullError, Puller};
@@ -30,6 +31,9 @@ pub struct ResolvedBase {
     pub from_template: bool,
     /// For a base pulled from a registry: what its reference resolved to, to record once.
     pub pin: Option<BasePin>,
+    /// The parent template's start and ready commands: a `fromTemplate` build that sets
+    /// neither finalizes with these, in the parent's final context, as E2B does.
+    pub inherited_start: Option<StartCommands>,
 }
 
 /// Why the base could not be resolved.
@@ -94,6 +98,7 @@ pub async fn resolve(
                 image_digest: Some(to_domain(&manifest.digest())),
                 from_template: false,
                 pin: None,
+                inherited_start: None,
             })
         }
         BaseSource::Template { reference } => {
@@ -109,6 +114,10 @@ pub async fn resolve(
                 image_digest: found.record.base_image_digest,
                 from_template: true,
                 pin: None,
+                inherited_start: StartCommands::of(
+                    found.record.start_cmd.as_deref(),
+                    found.record.ready_cmd.as_deref(),
+                ),
             })
         }
     }
@@ -202,6 +211,7 @@ async fn pull(
         },
         image_digest: Some(pulled.digest),
         from_template: false,
+        inherited_start: None,
         pin: Some(BasePin {
             reference: reference.unpinned().to_string(),
             digest: pulled.digest,

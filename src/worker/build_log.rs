@@ -64,7 +64,7 @@ impl BuildLog {
 
     fn at(&self, level: LogLevel, step: Option<&str>, message: impl Into<String>) {
         self.line(LogLine {
-            at: Utc::now(),
+            at: crate::clock::local_now(),
             level,
             message: message.into(),
             step: step.map(str::to_owned),

@@ -5,7 +5,7 @@
 //! * [`Plan`]: the fingerprint, base identity and key chain, computed before any sandbox exists,
 //!   and where `force` starts.
 //! * [`lookup`]: the final key first, then checkpoints deepest first; each probe is validated
-//!   (kind, versions, lineage, target snapshot, layers in the blob store) and reported in the
+//!   (kind, versions, lineage, target snapshot, layers intact in the blob store) and reported in the
 //!   build log as `cache hit`, `cache miss` or `cache unapplied`. A read failure is transient: it
 //!   bypasses the cache for the build, which then neither reads nor writes it.
 //! * [`Writer`]: publishes checkpoint entries after their snapshot is recorded, and the final
@@ -41,10 +41,11 @@ use crate::streams::{
 use crate::vmm::BlobStore;
 
 /// Bumped whenever step execution semantics change (how USER, ENV, WORKDIR, COPY behave), so
-/// checkpoints made under older semantics are never resumed.
-pub const BUILDER_SEMANTICS_VERSION: u64 = 1;
-/// Bumped whenever start/ready handling changes.
-pub const FINALIZATION_SEMANTICS_VERSION: u64 = 1;
+/// checkpoints made under older semantics are never resumed. 2: steps that change nothing add
+/// no layer; WORKDIR expands variables (ADR 0012).
+pub const BUILDER_SEMANTICS_VERSION: u64 = 2;
+/// Bumped whenever start/ready handling changes. 2: E2B's finalize rules (ADR 0012).
+pub const FINALIZATION_SEMANTICS_VERSION: u64 = 2;
 
 const MAX_ROUNDS: u32 = 32;
 
@@ -98,9 +99,16 @@ impl Plan {
             .last()
             .map(|s| s.after.clone())
             .unwrap_or(start);
+        // The commands finalization will run, inherited ones included: a parent rebuilt with
+        // other commands but the same layers must not hit this build's final entry.
+        let start = crate::domain::start::effective(
+            job.spec.start_cmd.as_deref(),
+            job.spec.ready_cmd.as_deref(),
+            resolved.inherited_start.clone(),
+        );
         let finalization = Finalization {
-            start_cmd: job.spec.start_cmd.clone(),
-            ready_cmd: job.spec.ready_cmd.clone(),
+            start_cmd: start.as_ref().and_then(|s| s.start_cmd.clone()),
+            ready_cmd: start.as_ref().and_then(|s| s.ready_cmd.clone()),
             context,
             semantics_version: FINALIZATION_SEMANTICS_VERSION,
         };
@@ -343,7 +351,7 @@ async fn probe(
         }
         if let Some(missing) = missing_layer(blobs, &record.layers).await? {
             return Ok(Probe::Unapplied(format!(
-                "layer {missing} of snapshot {id} is not in the blob store"
+                "layer {missing} of snapshot {id} is missing from the blob store or does not match its digest"
             )));
         }
         first.get_or_insert(record);
@@ -378,7 +386,10 @@ async fn missing_layer(
     let (blobs, layers) = (blobs.clone(), layers.to_vec());
     tokio::task::spawn_blocking(move || {
         for layer in layers {
-            match blobs.size(&base::to_vmm(&layer)) {
+            // Verified, not only present: a layer torn by a crash must be a miss here, not a
+            // hit that then fails every build at `base`. A stat per layer once this process
+            // has verified it; a full hash the first time.
+            match blobs.intact_size(&base::to_vmm(&layer)) {
                 Ok(Some(_)) => {}
                 Ok(None) => return Ok(Some(layer)),
                 Err(e) => return Err(Transient(format!("reading the blob store: {e}"))),

@@ -3,7 +3,8 @@
 //! Order: base (resolve, boot, and for images the implicit `USER user` with sudo), then each
 //! user step (ENV, WORKDIR, USER, RUN, COPY), a checkpoint after every mutating step (RUN, COPY,
 //! WORKDIR) recorded as a build-cache snapshot together with the step's progress, then
-//! finalization (start and ready commands) when `startCmd` is set. The result is the layer stack
+//! finalization (start and ready commands) when either is set, by E2B's rules
+//! ([`crate::domain::start`]). The result is the layer stack
 //! and the final command context; publishing it is [`super::publish`]'s job.
 //!
 //! Before booting, the step cache is consulted ([`super::cache`], ADR 0008): a final hit skips
@@ -35,6 +36,7 @@ use crate::domain::build_spec::{
 };
 use crate::domain::ids::{self, FilesHash, SnapshotId, TeamId};
 use crate::domain::snapshot::{Purpose, SnapshotRecord};
+use crate::domain::start::{self, StartCommands};
 use crate::vmm::image::ImageCatalog;
 use crate::vmm::{
     BlobStore, BootSpec, CommandLine, CopyRequest, ExecOutcome, ExecRequest, Limits, OutputLine,
@@ -184,12 +186,13 @@ impl Executor<'_> {
                 build_base,
             } => {
                 self.record_cached(job, total, candidate_id).await?;
+                let start = start_commands(job, &resolved);
                 return Ok(Outcome::Built(Box::new(BuildOutput {
                     layers: candidate.layers,
                     context: candidate.context,
                     base_image_digest: candidate.base_image_digest,
-                    start_cmd: job.spec.start_cmd.clone(),
-                    ready_cmd: job.spec.ready_cmd.clone(),
+                    start_cmd: start.as_ref().and_then(|s| s.start_cmd.clone()),
+                    ready_cmd: start.as_ref().and_then(|s| s.ready_cmd.clone()),
                     build_base_layers: build_base.map(|b| b.layers),
                     cache: None,
                 })));
@@ -414,7 +417,7 @@ impl Executor<'_> {
             run.dirty = true;
         }
         let total = job.spec.steps.len();
-        let mut budget = self.checkpoint_budget(job, run, start)?;
+        let mut budget = self.checkpoint_budget(job, base, run, start)?;
         for (i, step) in job.spec.steps.iter().enumerate().skip(start) {
             let number = i as u32 + 1;
             let tag = number.to_string();
@@ -460,9 +463,19 @@ impl Executor<'_> {
         }
         let before_finalize = layers_of(run.sandbox.as_ref());
         let mut build_base_layers = None;
-        if let Some(start) = &job.spec.start_cmd {
-            self.finalize(start, job.spec.ready_cmd.as_deref(), run)
-                .await?;
+        let start = start_commands(job, base);
+        if let Some(commands) = &start {
+            // A build's own commands run in its final context; inherited ones in the parent's
+            // (E2B keeps the context with the commands).
+            let context =
+                if StartCommands::of(job.spec.start_cmd.as_deref(), job.spec.ready_cmd.as_deref())
+                    .is_some()
+                {
+                    run.context.clone()
+                } else {
+                    base.context.clone()
+                };
+            self.finalize(commands, &context, run).await?;
             self.seal(run, FailedStep::Finalize).await?;
             build_base_layers = Some(before_finalize);
         }
@@ -470,8 +483,8 @@ impl Executor<'_> {
             layers: layers_of(run.sandbox.as_ref()),
             context: run.context.clone(),
             base_image_digest: base.image_digest,
-            start_cmd: job.spec.start_cmd.clone(),
-            ready_cmd: job.spec.ready_cmd.clone(),
+            start_cmd: start.as_ref().and_then(|s| s.start_cmd.clone()),
+            ready_cmd: start.as_ref().and_then(|s| s.ready_cmd.clone()),
             build_base_layers,
             cache: None,
         })
@@ -481,9 +494,15 @@ impl Executor<'_> {
     /// overlay limit leaves on this stack after the captures every build must still take (the
     /// final seal, and the finalization seal with a start command). A stack that cannot take
     /// those fails at `base`; past the budget, steps run without checkpoints.
-    fn checkpoint_budget(&self, job: &BuildJob, run: &Run, start: usize) -> Result<usize, Stop> {
+    fn checkpoint_budget(
+        &self,
+        job: &BuildJob,
+        base: &ResolvedBase,
+        run: &Run,
+        start: usize,
+    ) -> Result<usize, Stop> {
         let depth = run.sandbox.layers().len();
-        let reserved = 1 + usize::from(job.spec.start_cmd.is_some());
+        let reserved = 1 + usize::from(start_commands(job, base).is_some());
         let limit = self.settings.depth.overlay_max;
         if depth + reserved > limit {
             return Err(fail(
@@ -521,7 +540,8 @@ impl Executor<'_> {
         match step {
             Step::Env { vars, .. } => {
                 for (key, value) in vars {
-                    let evaluated = match self.eval_env(value, run).await {
+                    let user = run.context.user.clone();
+                    let evaluated = match self.eval_env(value, &user, run).await {
                         Ok(v) => v,
                         Err(EnvError::Stop(stop)) => return Err(stop),
                         Err(EnvError::Message(m)) => {
@@ -538,7 +558,23 @@ impl Executor<'_> {
                 }
             }
             Step::Workdir { path, .. } => {
-                let target = resolve_path(&run.context.workdir, path);
+                // As E2B: a relative path joins the current workdir, then the shell expands
+                // variables (`WORKDIR $APP`) as root with the build's environment (ADR 0012).
+                let joined = resolve_path(&run.context.workdir, path);
+                let target = if joined.contains('$') {
+                    match self.eval_env(&joined, "root", run).await {
+                        Ok(v) => resolve_path("/", &v),
+                        Err(EnvError::Stop(stop)) => return Err(stop),
+                        Err(EnvError::Message(m)) => {
+                            return Err(fail(
+                                at,
+                                format!("WORKDIR {path}: expanding {joined:?} failed: {m}"),
+                            ))
+                        }
+                    }
+                } else {
+                    joined
+                };
                 let request = ExecRequest::shell(shell::WORKDIR_SCRIPT)
                     .user("root")
                     .cwd("/")
@@ -633,12 +669,13 @@ impl Executor<'_> {
         Ok(())
     }
 
-    /// Evaluates one ENV value in the sandbox as the current user, in the current workdir, with
-    /// the environment so far (so `$HOME` is that user's home).
-    async fn eval_env(&self, value: &str, run: &mut Run) -> Result<String, EnvError> {
+    /// Evaluates one value (an ENV value, a WORKDIR path) in the sandbox as `user`, with the
+    /// environment so far (so `$HOME` is that user's home). Runs in `/`: the current workdir
+    /// may be gone.
+    async fn eval_env(&self, value: &str, user: &str, run: &mut Run) -> Result<String, EnvError> {
         let request = ExecRequest::shell(shell::env_eval_command(value))
-            .user(run.context.user.clone())
-            .cwd(run.context.workdir.clone());
+            .user(user.to_owned())
+            .cwd("/");
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let outcome = self
             .guarded(run.sandbox.exec(request, tx))
@@ -727,7 +764,8 @@ impl Executor<'_> {
         .map_err(|e| format!("archive task: {e}"))?
     }
 
-    /// Seals the sandbox's changes as a layer (no step record).
+    /// Seals the sandbox's changes as a layer (no step record). A step that changed nothing
+    /// adds no layer: its checkpoint is its parent's stack (ADR 0012).
     async fn seal(&self, run: &mut Run, at: FailedStep) -> Result<(), Stop> {
         self.guarded(run.sandbox.checkpoint())
             .await?
@@ -764,22 +802,42 @@ impl Executor<'_> {
         Ok(id)
     }
 
-    /// Starts the start command and waits for the ready command, within the ready timeout.
-    async fn finalize(&self, start: &str, ready: Option<&str>, run: &mut Run) -> Result<(), Stop> {
-        let ready = ready.unwrap_or(shell::DEFAULT_READY_CMD);
-        self.log
-            .info(Some("finalize"), format!("[finalize] START {start}"));
+    /// Starts the start command (when set) and retries the ready command until it succeeds,
+    /// within the ready timeout, as `context`'s user, in its workdir and environment.
+    async fn finalize(
+        &self,
+        commands: &StartCommands,
+        context: &CommandContext,
+        run: &mut Run,
+    ) -> Result<(), Stop> {
+        let ready = commands.ready();
+        let start = commands.start_cmd.as_deref().unwrap_or("");
+        if !start.is_empty() {
+            self.log
+                .info(Some("finalize"), format!("[finalize] START {start}"));
+        }
         self.log
             .info(Some("finalize"), format!("[finalize] READY {ready}"));
+        run.sandbox.context_mut().clone_from(&vmm_context(context));
         let request = ExecRequest::shell(shell::FINALIZE_SCRIPT)
             .env("STRATA_START_CMD", start)
             .env("STRATA_READY_CMD", ready)
-            .cwd(run.context.workdir.clone())
-            .user(run.context.user.clone())
+            .cwd(context.workdir.clone())
+            .user(context.user.clone())
             .timeout(self.settings.ready_timeout);
         let (outcome, last_err) = self.exec_logged(run, request, "finalize").await?;
+        run.sandbox
+            .context_mut()
+            .clone_from(&vmm_context(&run.context));
         match outcome {
             Ok(o) if o.success() => Ok(()),
+            Ok(ExecOutcome::Exited(shell::START_FAILED_EXIT)) => Err(fail(
+                FailedStep::Finalize,
+                format!(
+                    "the start command `{start}` failed before the template was ready{}",
+                    last_err.map(|l| format!(": {l}")).unwrap_or_default()
+                ),
+            )),
             Ok(ExecOutcome::TimedOut) => Err(fail(
                 FailedStep::Finalize,
                 format!(
@@ -796,6 +854,15 @@ impl Executor<'_> {
             )),
         }
     }
+}
+
+/// The commands this build finalizes with (E2B's rules, [`crate::domain::start`]).
+fn start_commands(job: &BuildJob, base: &ResolvedBase) -> Option<StartCommands> {
+    start::effective(
+        job.spec.start_cmd.as_deref(),
+        job.spec.ready_cmd.as_deref(),
+        base.inherited_start.clone(),
+    )
 }
 
 /// ENV evaluation's failure: a message for the user, or a stop of the whole loop.

@@ -3,8 +3,9 @@
 //!
 //! Layout written: `oci-layout`, `index.json` (one manifest, annotated with the ref name),
 //! `blobs/sha256/…`: the layer tars exactly as stored (uncompressed, so each layer's digest is
-//! also its diff id), an image config carrying the final env, user, workdir and, when set, the
-//! start command as `Cmd`, and the manifest.
+//! also its diff id), an image config carrying the final user and workdir and, when set, the
+//! start command as `Cmd` (with the build's environment, which stays out of `Env`: ENV is
+//! build-time only, ADR 0012), and the manifest.
 
 use std::fs;
 use std::io::Write;
@@ -44,19 +45,23 @@ pub fn write_oci_layout(
         reader.finish()?;
         layers.push(json!({"mediaType": LAYER_TYPE, "digest": digest.to_string(), "size": size}));
     }
-    let env: Vec<String> = record
-        .context
+    let runtime = record.runtime_context();
+    let env: Vec<String> = runtime
         .env
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     let mut config = json!({
         "Env": env,
-        "User": record.context.user,
-        "WorkingDir": record.context.workdir,
+        "User": runtime.user,
+        "WorkingDir": runtime.workdir,
     });
-    if let Some(start) = &record.start_cmd {
-        config["Cmd"] = json!(["/bin/sh", "-c", start]);
+    if let Some(start) = record.start_cmd.as_deref().filter(|s| !s.is_empty()) {
+        config["Cmd"] = json!([
+            "/bin/sh",
+            "-c",
+            start_command_line(&record.context.env, start)
+        ]);
     }
     let image_config = json!({
         "architecture": oci_arch(),
@@ -94,6 +99,21 @@ pub fn write_oci_layout(
         br#"{"imageLayoutVersion":"1.0.0"}"#,
     )?;
     Ok(manifest_digest)
+}
+
+/// The start command with the build's environment, which it runs with on E2B, exported for it
+/// alone: `export K='v'; …; exec /bin/sh -c '<start>'`.
+fn start_command_line(env: &std::collections::BTreeMap<String, String>, start: &str) -> String {
+    let mut line = String::new();
+    for (k, v) in env {
+        line.push_str(&format!("export {k}={}; ", single_quoted(v)));
+    }
+    line.push_str(&format!("exec /bin/sh -c {}", single_quoted(start)));
+    line
+}
+
+fn single_quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 fn write_blob(blob_dir: &Path, value: &serde_json::Value) -> Result<(Digest, u64), WorkerError> {

@@ -108,7 +108,7 @@ impl PromotionDriver<'_> {
 
     /// Takes the promotion of `build` in `epoch` from its current stage to `done`, with the build
     /// Ready. A refusal by the build stream (another epoch, a terminal Error) is
-    /// [`WorkerError::Fenced`]; a layer missing from the blob store is [`WorkerError::Store`]
+    /// [`WorkerError::Fenced`]; a layer missing from the blob store (or torn) is [`WorkerError::Store`]
     /// and leaves the outbox where it was, to be retried.
     pub async fn drive(&self, build: BuildId, epoch: Epoch) -> Result<Driven, WorkerError> {
         let pstream = promotion_stream(&build, epoch);
@@ -132,7 +132,7 @@ impl PromotionDriver<'_> {
             let committed = tokio::task::spawn_blocking(move || {
                 layers
                     .iter()
-                    .filter(|d| matches!(blobs.size(&base::to_vmm(d)), Ok(Some(_))))
+                    .filter(|d| matches!(blobs.intact_size(&base::to_vmm(d)), Ok(Some(_))))
                     .copied()
                     .collect::<Vec<_>>()
             })

@@ -4,7 +4,7 @@
 //! 1. The result (and, after finalization, the pre-finalization stack for `fromTemplate`) is
 //!    recorded on fresh `snapshot-{id}` streams, each append guarded by the open attempt.
 //! 2. One append: the build enters Publishing with that result and the promotion intent is
-//!    staged on `promotion-{build}-{epoch}` (the plan: layers, template, tags).
+//!    staged on `promotion-{build}:{epoch}` (the plan: layers, template, tags).
 //! 3. [`PromotionDriver::drive`] takes the outbox from there to `done` (layers committed,
 //!    visible with the template's tags, build Ready, done): the same function the promotion
 //!    reconciler runs when this node dies mid-way.

@@ -37,20 +37,33 @@ if [ -n "$first" ] && [ "$STRATA_OWNER" != "root" ]; then
 fi
 "#;
 
-/// Finalization: start `$STRATA_START_CMD` in the background, then run `$STRATA_READY_CMD`
-/// every second until it exits 0. Both go through `bash -l -c` when the image has bash, else
-/// `sh -c`, as the final user in the final workdir and environment. The caller bounds the whole
-/// script with the ready timeout; the start command is stopped when the script ends.
+/// Finalization, by E2B's rules: start `$STRATA_START_CMD` in the background (when set), then
+/// retry `$STRATA_READY_CMD` every second until it exits 0. A start command that exits non-zero
+/// first ends the script at once with [`START_FAILED_EXIT`] (its own exit code on stderr); one
+/// that exits 0 leaves the ready command to decide. Both go through `bash -l -c` when the image
+/// has bash, else `sh -c`. The caller bounds the whole script with the ready timeout; whatever
+/// the start command left running is stopped when the script ends.
 pub const FINALIZE_SCRIPT: &str = r#"start="$STRATA_START_CMD"
 ready="$STRATA_READY_CMD"
 unset STRATA_START_CMD STRATA_READY_CMD
 if [ -x /bin/bash ]; then run() { /bin/bash -l -c "$1"; }; else run() { /bin/sh -c "$1"; }; fi
-run "$start" &
-until run "$ready"; do sleep 1; done
+probe=""
+trap '[ -n "$probe" ] && kill "$probe" 2>/dev/null; exit 97' USR1
+if [ -n "$start" ]; then
+  ( run "$start"; code=$?
+    if [ "$code" -ne 0 ]; then echo "the start command exited with code $code" >&2; kill -USR1 $$; fi ) &
+fi
+while :; do
+  run "$ready" & probe=$!
+  if wait "$probe"; then exit 0; fi
+  probe=""
+  sleep 1 & wait $!
+done
 "#;
 
-/// Ready command when `startCmd` has none: wait 20 s (`wait_for_timeout(20_000)`).
-pub const DEFAULT_READY_CMD: &str = "sleep 20";
+/// The finalization script's exit code when the start command failed before the ready command
+/// succeeded.
+pub const START_FAILED_EXIT: i32 = 97;
 
 #[cfg(test)]
 mod tests {
@@ -80,6 +93,47 @@ mod tests {
         assert_eq!(eval("ends with \\", &[]), "ends with \\");
         assert_eq!(eval("plain", &[]), "plain");
         assert_eq!(eval("$UNSET-x", &[]), "-x");
+    }
+
+    /// Runs the script; stderr goes to a file, since a killed ready command's own children may
+    /// outlive it (in a sandbox they are stopped with the script) and would hold a pipe open.
+    fn finalize(start: &str, ready: &str) -> (std::process::ExitStatus, String) {
+        let err = tempfile::NamedTempFile::new().unwrap();
+        let status = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(FINALIZE_SCRIPT)
+            .env("STRATA_START_CMD", start)
+            .env("STRATA_READY_CMD", ready)
+            .stdout(std::process::Stdio::null())
+            .stderr(err.reopen().unwrap())
+            .status()
+            .unwrap();
+        (status, std::fs::read_to_string(err.path()).unwrap())
+    }
+
+    #[test]
+    fn finalize_waits_for_ready_and_fails_fast_on_a_failing_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("up");
+        let (ok, err) = finalize(
+            &format!("sleep 1; touch {}", flag.display()),
+            &format!("test -e {}", flag.display()),
+        );
+        assert!(ok.success(), "{err}");
+        // Ready only: nothing is started.
+        assert!(finalize("", "true").0.success());
+        // A start command that fails ends the wait at once, not after the ready command.
+        let t = std::time::Instant::now();
+        let (failed, err) = finalize("exit 3", "sleep 30; false");
+        assert_eq!(failed.code(), Some(START_FAILED_EXIT), "{err}");
+        assert!(err.contains("exited with code 3"), "{err}");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            t.elapsed()
+        );
+        // A start command that exits 0 leaves the ready command to decide.
+        assert!(finalize("true", "sleep 1").0.success());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! From a template reference to the snapshot of its build: used by `fromTemplate` and by
 //! `strata template export`.
 //!
-//! A reference is a name (looked up through the team's `templatename-{team}-{name}` claim) or a
+//! A reference is a name (looked up through the team's `templatename-{team}:{name}` claim) or a
 //! template id, either with an optional `:tag`. The tag (default `default`) points at the build
 //! that last became Ready with it (promotion assigns a build's tags when it makes the build
 //! visible), and that build's result names the snapshot.
@@ -51,6 +51,16 @@ pub async fn resolve(
     let (name, tag) = parse_name_and_tag(reference)
         .map_err(|e| LookupError::NotFound(format!("template reference {reference:?}: {e}")))?;
     let tag = tag.unwrap_or_else(Tag::default_tag);
+    if name
+        .namespace
+        .as_deref()
+        .is_some_and(|ns| ns != team.as_str())
+    {
+        return Err(LookupError::NotFound(format!(
+            "template {reference:?} does not exist in team {team}; a namespace names the \
+             template's own team"
+        )));
+    }
     let claim = load::<TemplateName>(
         store,
         &stream(ids::stream::template_name(team, &name.name))?,

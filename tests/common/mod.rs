@@ -153,3 +153,36 @@ pub fn data_dir() -> tempfile::TempDir {
 pub fn strata_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_strata"))
 }
+
+/// A fresh database with the migrations up to and including `version` applied, for tests of a
+/// later migration against data written under the older schema.
+pub async fn test_db_at_migration(version: i64) -> TestDb {
+    let admin_url = tokio::task::spawn_blocking(server_admin_url).await.unwrap();
+    let admin = strata::db::connect(&admin_url, 2)
+        .await
+        .expect("connect to the test server");
+    let name = format!("strata_test_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+        .execute(&admin)
+        .await
+        .expect("create the test database");
+    admin.close().await;
+    let url = with_database(&admin_url, &name);
+    let pool = strata::db::connect(&url, 10)
+        .await
+        .expect("connect to the test database");
+    let older = sqlx::migrate::Migrator {
+        migrations: std::borrow::Cow::Owned(
+            strata::db::MIGRATOR
+                .iter()
+                .filter(|m| m.version <= version)
+                .cloned()
+                .collect(),
+        ),
+        ignore_missing: false,
+        locking: true,
+        no_tx: false,
+    };
+    older.run(&pool).await.expect("apply the older migrations");
+    TestDb { pool, url, name }
+}

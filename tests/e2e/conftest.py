@@ -45,7 +45,9 @@ class Strata:
             "STRATA_LISTEN": f"127.0.0.1:{self.port}",
             "STRATA_EMBEDDED_PG_PORT": str(free_port()),
             "STRATA_ADMIN_TOKEN": "e2e-admin",
-            "STRATA_READY_TIMEOUT_SECS": "15",
+            # Above the SDK's 20 s default ready command (`wait_for_timeout(20_000)`, the Python
+            # Dockerfile parser's ready command for CMD), below E2B's 10 minutes.
+            "STRATA_READY_TIMEOUT_SECS": "60",
         }
         self.env.pop("DATABASE_URL", None)
         self.log = open(data_dir / "strata.log", "w")

@@ -38,3 +38,98 @@ def test_the_js_sdk_builds_a_template_with_a_copy(strata, team, context_dir):
         "cat /opt/js/app/nested/deep/data.txt; test ! -e /opt/js/app/secret.env && echo ignored",
     )
     assert got.split("\n")[:5] == ["config-v1", "755 user", "config.txt", "deep data", "ignored"], got
+
+
+def test_every_js_builder_method_has_its_effect(strata, team, context_dir):
+    """js/sweep.mjs calls every public builder method and build function of the JS SDK (the
+    ones that need a network excepted, as listed in test_sdk_sweep.py); each effect is checked
+    here inside the built templates."""
+    team_name, opts = team
+    out = subprocess.run(
+        ["node", str(JS_DIR / "sweep.mjs"), str(context_dir)],
+        env={**strata.env, "E2B_API_KEY": opts["api_key"], "E2B_API_URL": opts["api_url"]},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, f"node failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert got["files"]["executed"] == list(range(1, 25)), got
+    files = exec_in(
+        strata,
+        team_name,
+        "js-files:v2",
+        "stat -c '%n %a %U' /opt/multi/a.md /opt/multi/b.md /opt/items/config.txt /opt/items/run.sh "
+        "/home/user/d1 /opt/resolved.txt; "
+        "test -L /opt/resolved.txt || echo resolved-not-link; cat /opt/resolved.txt; "
+        "ls /opt/notes-plain; readlink /home/user/cfg-link; ls /home/user/d1; cat /home/user/d1/x-renamed; "
+        "test -e /home/user/d2 || echo d2-removed; test -e /opt/rootdir || echo rootdir-removed; "
+        "cat /opt/whoami-step /tmp/run-as /home/user/work/env-and-pwd /home/user/forced /home/user/started; "
+        'echo "[$SWEEP_MSG]"; id -un; pwd',
+    )
+    assert files.split("\n") == [
+        "/opt/multi/a.md 640 root",
+        "/opt/multi/b.md 640 root",
+        "/opt/items/config.txt 600 user",
+        "/opt/items/run.sh 755 root",
+        "/home/user/d1 711 user",
+        "/opt/resolved.txt 644 user",
+        "resolved-not-link",
+        "config-v1",
+        "a.md",
+        "b.md",
+        "/opt/multi/a.md",
+        "x-renamed",
+        "b",
+        "d2-removed",
+        "rootdir-removed",
+        "root",
+        "root",
+        "from-env /home/user/work",
+        "forced",
+        "started",
+        "[]",
+        "user",
+        "/home/user/work",
+        "",
+    ], files
+    assert got["exists"] is True and got["aliasExists"] is True and got["missingExists"] is False, got
+    assert {"v1", "v2"} <= set(got["tagsAfterBuild"]), got
+    assert "stable" in got["assigned"]["tags"] and got["assigned"]["buildId"] == got["files"]["buildId"], got
+    assert "v1" not in got["tagsAfterRemove"] and {"v2", "stable"} <= set(got["tagsAfterRemove"]), got
+    assert exec_in(strata, team_name, "js-files:stable", "cat /home/user/forced") == "forced\n"
+    # skipCache on the builder: only the steps after it ran again.
+    assert got["filesAgain"] == [24], got
+
+    # `WORKDIR $APP` from the JS Dockerfile parser is expanded, not created literally.
+    assert exec_in(strata, team_name, "js-dockerfile", "cat /srv/js/here; pwd; test -e '/$APP' || echo no-literal") == (
+        "/srv/js\n/srv/js\n/srv/js\nno-literal\n"
+    )
+    assert exec_in(strata, team_name, "js-base", "cat /home/user/sudo-as; test -e /home/user/up && echo up") == "root\nup\n"
+    # defaultBuildLogger printed that build's steps.
+    assert "RUN sudo -n id -un > /home/user/sudo-as" in out.stdout + out.stderr, out.stdout
+    assert "[finalize] READY sleep 1" in got["debianLogs"], got
+    assert exec_in(strata, team_name, "js-debian", "cat /home/user/codename") == "bookworm\n"
+    assert got["againExecuted"] == [1], got
+
+    assert got["toJSON"]["fromImage"] == "busybox", got
+    assert [s["type"] for s in got["toJSON"]["steps"]] == ["ENV", "WORKDIR", "RUN", "USER"], got
+    assert got["toDockerfile"].startswith("FROM busybox"), got
+    assert exec_in(strata, team_name, "js-roundtrip", "cat /srv/round/made; id -un; pwd") == "trip\nroot\n/srv/round\n"
+
+    assert got["statusRightAfterStart"] == "building" and got["statusAtEnd"] == "ready", got
+    assert exec_in(strata, team_name, "js-background", "test -s /home/user/bg && echo built") == "built\n"
+
+    assert exec_in(strata, team_name, "js-mcp", "cat /var/log/mcp-gateway.calls") == (
+        "root /usr/local/bin/mcp-gateway pull exa brave\n"
+    )
+    assert exec_in(strata, team_name, "js-dev", "cat /var/log/devcontainer.calls /devcontainer.sh; test -e /devcontainer.up && echo up") == (
+        "root /usr/local/bin/devcontainer build --workspace-folder /home/user/proj\n"
+        "root /usr/local/bin/devcontainer up --workspace-folder /home/user/proj\n"
+        "echo exec-into /home/user/proj\n"
+        "up\n"
+    )
+
+    assert got["alpineError"] and "alpine" in got["alpineError"], got
+    assert got["gitError"] and "git" in got["gitError"], got

@@ -62,7 +62,7 @@ def test_a_recipe_builds_and_its_files_env_user_and_outputs_are_in_the_template(
         "stat -c '%a %U:%G' /opt/app/app/bin/run.sh /opt/app/app/config.txt /opt/tools/run.sh; "
         "readlink /opt/app/app/link.txt; cat /opt/app/app/nested/deep/data.txt; "
         "test ! -e /opt/app/app/secret.env && echo ignored; "
-        "ls /opt/notes; cat /root-mark; stat -c %U /root-mark; echo \"$GREETING $DERIVED\"; id -un; pwd",
+        "ls /opt/notes; cat /root-mark; stat -c %U /root-mark; echo \"[$GREETING $DERIVED]\"; id -un; pwd",
     )
     lines = out.split("\n")
     assert lines[0:3] == ["hello-world", "user", "/opt/app"], out
@@ -74,7 +74,8 @@ def test_a_recipe_builds_and_its_files_env_user_and_outputs_are_in_the_template(
     assert lines[8] == "ignored", out
     assert lines[9:11] == ["a.md", "b.md"], out
     assert lines[11:13] == ["root-step", "root"], out
-    assert lines[13] == "hello hello-world", out
+    # ENV is build-time only, as on E2B: the RUN above saw it, a sandbox's commands do not.
+    assert lines[13] == "[ ]", out
     assert lines[14:16] == ["user", "/home/user"], out
 
 
@@ -116,10 +117,13 @@ def test_from_dockerfile_and_from_template(strata, team, context_dir):
     Template.build(Template(file_context_path=str(context_dir)).from_dockerfile(dockerfile), "from-df", **opts)
     assert exec_in(strata, team_name, "from-df", "cat /srv/app/settings.txt") == "plain 3000 production\nconfig-v1\n"
 
-    derived = Template().from_template("from-df").run_cmd("cp /srv/app/settings.txt /home/user/derived.txt")
+    # The parent's ENV reaches the derived build's steps (build-time), not its sandboxes.
+    derived = Template().from_template("from-df").run_cmd(
+        "cp /srv/app/settings.txt /home/user/derived.txt && echo \"port=$PORT\" >> /home/user/derived.txt"
+    )
     Template.build(derived, "derived", **opts)
-    out = exec_in(strata, team_name, "derived", "cat /home/user/derived.txt; echo $PORT")
-    assert out == "plain 3000 production\nconfig-v1\n3000\n"
+    out = exec_in(strata, team_name, "derived", "cat /home/user/derived.txt; echo \"[$PORT]\"")
+    assert out == "plain 3000 production\nconfig-v1\nport=3000\n[]\n"
 
 
 def test_skip_cache_and_force_upload(strata, team, context_dir):
@@ -146,7 +150,7 @@ def test_skip_cache_and_force_upload(strata, team, context_dir):
                 timeout=10,
             )
         )["streams"]
-        if s["stream_id"].startswith(f"files-{team_name}-")
+        if s["stream_id"].startswith(f"files-{team_name}:")
     ]
     assert len(files_streams) == 1, files_streams
     published = [e for e in admin_events(strata, files_streams[0]) if e["type"] == "GenerationPublished.v1"]
@@ -182,4 +186,4 @@ def test_two_teams_building_the_same_content_stay_isolated(strata, context_dir):
                 timeout=10,
             )
         )["streams"]
-        assert any(s["stream_id"].startswith(f"files-{name}-") for s in streams)
+        assert any(s["stream_id"].startswith(f"files-{name}:") for s in streams)

@@ -27,7 +27,7 @@ def uploads(strata, team_name):
     streams = [
         s["stream_id"]
         for s in admin(strata, "/admin/streams?category=files&limit=1000")["streams"]
-        if s["stream_id"].startswith(f"files-{team_name}-")
+        if s["stream_id"].startswith(f"files-{team_name}:")
     ]
     return sum(
         1

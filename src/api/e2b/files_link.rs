@@ -49,7 +49,7 @@ pub async fn upload_link(
     check_team_template(&state, &team.0, &template_id).await?;
     let build = waiting_build(&state, &template_id).await?;
 
-    let now = Utc::now();
+    let now = crate::streams::database_now(&state.pool).await?;
     let url_expires_at = now + state.protocol.upload_url_ttl;
     let command = ReserveUpload {
         build,
@@ -98,7 +98,7 @@ async fn reserve(state: &AppState, command: &ReserveUpload) -> Result<LinkRespon
     .await
 }
 
-/// Loads a build and the `files-{scope}-{hash}` stream of its scope, runs `decide` over both,
+/// Loads a build and the `files-{scope}:{hash}` stream of its scope, runs `decide` over both,
 /// and appends the decision's events to both streams at the versions read, in one transaction
 /// (deciding again on a version conflict). The upload link and the upload completion are both
 /// this shape.

@@ -5,7 +5,6 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use chrono::Utc;
 use serde::Serialize;
 
 use super::auth::Team;
@@ -48,7 +47,7 @@ pub async fn register_build(
         }
     }
     let tags = request.effective_tags();
-    let now = Utc::now();
+    let now = crate::streams::database_now(&state.pool).await?;
     let command = RegisterBuild {
         team: team.0.clone(),
         name: request.name.clone(),

@@ -5,7 +5,6 @@
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use chrono::Utc;
 
 use super::auth::Team;
 use super::{api_metadata, check_team_template, command_error, parse_template_id};
@@ -51,7 +50,7 @@ pub async fn start_build(
         }
         _ => None,
     };
-    let now = Utc::now();
+    let now = crate::streams::database_now(&state.pool).await?;
     let command = Command::StartBuild {
         spec,
         now,

@@ -89,7 +89,7 @@ pub async fn assign_tags(
         &Command::AssignTags {
             build,
             tags: tags.clone(),
-            now: Utc::now(),
+            now: crate::streams::database_now(&state.pool).await?,
         },
         &ctx,
     )
@@ -139,7 +139,7 @@ async fn remove(
         &template_stream(template_id),
         &Command::RemoveTags {
             tags,
-            now: Utc::now(),
+            now: crate::streams::database_now(&state.pool).await?,
         },
         &ctx,
     )
@@ -184,7 +184,7 @@ pub async fn list_tags(
                 json!({
                     "tag": tag.as_str(),
                     "buildID": build.to_string(),
-                    "createdAt": assigned_at.get(tag).copied().unwrap_or_else(Utc::now),
+                    "createdAt": assigned_at.get(tag).copied().unwrap_or_else(crate::clock::local_now),
                 })
             })
             .collect(),

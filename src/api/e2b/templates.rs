@@ -9,9 +9,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::auth::Team;
-use super::{
-    api_metadata, check_team_template, command_error, load_team_template, parse_template_id,
-};
+use super::{api_metadata, check_team_template, command_error, load_team_template};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::domain::build_spec::parse_name_and_tag;
@@ -19,7 +17,23 @@ use crate::domain::ids::{TeamId, TemplateId};
 use crate::domain::template::{self, NameEvent};
 use crate::events::command::{execute_writes, load, CommandContext};
 use crate::events::{CommandError, StreamWrite};
-use crate::streams::{template_name_stream, template_stream, Template, TemplateName};
+use crate::streams::{database_now, template_name_stream, template_stream, Template, TemplateName};
+
+/// Whether `template_id` is `team`'s template and deleted (read from the exact `templates` read
+/// model); another team's template is `false`, exactly like a missing one.
+async fn team_template_deleted(
+    state: &AppState,
+    team: &TeamId,
+    template_id: &TemplateId,
+) -> Result<bool, ApiError> {
+    let deleted: Option<bool> =
+        sqlx::query_scalar("SELECT deleted FROM templates WHERE template_id = $1 AND team_id = $2")
+            .bind(template_id.as_str())
+            .bind(team.as_str())
+            .fetch_optional(&state.pool)
+            .await?;
+    Ok(deleted == Some(true))
+}
 
 /// Resolves `name` (optionally `name:tag`, optionally namespaced to the caller's team) to the
 /// team's template holding it.
@@ -41,7 +55,35 @@ pub(crate) async fn template_by_name(
     let claim = load::<TemplateName>(&state.events, &template_name_stream(team, &name.name))
         .await
         .map_err(|e| command_error(e, |e: std::convert::Infallible| match e {}))?;
-    Ok(claim.state.holder)
+    let Some(holder) = claim.state.holder else {
+        return Ok(None);
+    };
+    // The claim stream is the team's own, so its holder is the team's template; checked again
+    // because a name that resolves across teams leaks another team's template (issue 9).
+    match check_team_template(state, team, &holder).await {
+        Ok(()) => Ok(Some(holder)),
+        Err(e) if e.status == StatusCode::NOT_FOUND => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A template path parameter: the team's template with that id, else the team's template of
+/// that name (as E2B accepts either). Another team's template is reported as missing.
+pub(crate) async fn team_template_by_ref(
+    state: &AppState,
+    team: &TeamId,
+    raw: &str,
+) -> Result<TemplateId, ApiError> {
+    if let Ok(id) = TemplateId::parse(raw) {
+        match check_team_template(state, team, &id).await {
+            Ok(()) => return Ok(id),
+            Err(e) if e.status == StatusCode::NOT_FOUND => {}
+            Err(e) => return Err(e),
+        }
+    }
+    template_by_name(state, team, raw)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("template {raw:?} not found for this team")))
 }
 
 /// `GET /templates/aliases/{alias}`: 200 when the team has a template of that name, else 404.
@@ -109,7 +151,7 @@ pub async fn get_template(
     team: Team,
     Path(template_id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let template_id = parse_template_id(&template_id)?;
+    let template_id = team_template_by_ref(&state, &team.0, &template_id).await?;
     let loaded = load_team_template(&state, &team.0, &template_id).await?;
     let rows: Vec<(Uuid, String, DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
         "SELECT build_id, phase, registered_at, updated_at FROM builds
@@ -147,26 +189,31 @@ pub async fn get_template(
 
 fn e2b_status(phase: &str) -> &'static str {
     match phase {
-        "waiting" | "queued" => "waiting",
-        "active" | "publishing" => "building",
+        "waiting" => "waiting",
+        "queued" | "active" | "publishing" => "building",
         "ready" => "ready",
         _ => "error",
     }
 }
 
 /// `DELETE /templates/{templateID}`: the template rejects new builds and its names are released
-/// for reuse, in one transaction.
+/// for reuse, in one transaction. Deleting the team's already deleted template answers 204 as
+/// well: a client that lost the first reply and retries must see success, not 404.
 pub async fn delete_template(
     State(state): State<AppState>,
     team: Team,
-    Path(template_id): Path<String>,
+    Path(template_ref): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let template_id = parse_template_id(&template_id)?;
-    check_team_template(&state, &team.0, &template_id).await?;
+    if let Ok(id) = TemplateId::parse(&template_ref) {
+        if team_template_deleted(&state, &team.0, &id).await? {
+            return Ok(StatusCode::NO_CONTENT);
+        }
+    }
+    let template_id = team_template_by_ref(&state, &team.0, &template_ref).await?;
     let ctx = CommandContext::new(api_metadata(&state));
-    let now = Utc::now();
+    let now = database_now(&state.pool).await?;
     let (st, ctx, tid, team_id) = (&state, &ctx, &template_id, &team.0);
-    execute_writes(&state.events, 16, move || async move {
+    let deleted = execute_writes(&state.events, 16, move || async move {
         let t_stream = template_stream(tid);
         let tpl = load::<Template>(&st.events, &t_stream)
             .await
@@ -194,15 +241,13 @@ pub async fn delete_template(
         }
         Ok(writes)
     })
-    .await
-    .map_err(|e| {
-        command_error(e, |e: template::Error| match e {
-            template::Error::Deleted => {
-                ApiError::not_found(format!("template {template_id} not found"))
-            }
-            other => ApiError::bad_request(other.to_string()),
-        })
-    })?;
+    .await;
+    match deleted {
+        // Deleted by a concurrent request (or an earlier try of this one): the outcome asked for
+        // holds.
+        Ok(_) | Err(CommandError::Rejected(template::Error::Deleted)) => {}
+        Err(e) => return Err(command_error(e, |e| ApiError::bad_request(e.to_string()))),
+    }
     tracing::info!(template = %template_id, "template deleted");
     Ok(StatusCode::NO_CONTENT)
 }

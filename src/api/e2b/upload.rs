@@ -10,7 +10,6 @@
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
-use chrono::Utc;
 
 use super::command_error;
 use super::files_link::decide_build_and_files;
@@ -31,12 +30,14 @@ pub async fn upload_context(
     headers: axum::http::HeaderMap,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
+    // Expiry is judged by the database's clock, like every lease and deadline (crate::clock).
+    let now = crate::streams::database_now(&state.pool).await?;
     let grant = verify(
         uri.path(),
         uri.query().unwrap_or(""),
         METHOD_PUT,
         &state.upload_secret,
-        Utc::now(),
+        now,
     )
     .map_err(url_error)?;
     let span = tracing::Span::current();
@@ -84,7 +85,7 @@ pub async fn upload_context(
         generation: grant.generation,
         blob_digest: digest,
         size: declared,
-        now: Utc::now(),
+        now: crate::streams::database_now(&state.pool).await?,
     };
     complete(&state, &command).await?;
     tracing::info!("upload completed and bound");

@@ -184,8 +184,8 @@ pub enum Error {
 pub(super) fn status_word(phase: &Phase) -> &'static str {
     match phase {
         Phase::Unregistered => "unregistered",
-        Phase::Waiting { .. } | Phase::Queued { .. } => "waiting",
-        Phase::Active { .. } | Phase::Publishing { .. } => "building",
+        Phase::Waiting { .. } => "waiting",
+        Phase::Queued { .. } | Phase::Active { .. } | Phase::Publishing { .. } => "building",
         Phase::Ready { .. } => "ready",
         Phase::Error { .. } => "error",
     }

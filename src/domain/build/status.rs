@@ -3,9 +3,10 @@
 //! Layout: [`BuildStatus`] and [`status_of`]; [`ErrorReason`] and [`reason_of`]; [`LogEntry`],
 //! [`LogLevel`] and [`page_logs`]; [`StatusResponse`], the whole response body.
 //!
-//! The SDK accepts exactly `waiting|building|ready|error`; a queued build is `waiting` (as E2B
-//! reports builds that are not yet triggered), publishing is still `building`, and only Ready is
-//! `ready`: the status never says ready before the result is visible.
+//! The SDK accepts exactly `waiting|building|ready|error`. As on E2B, only a registered build
+//! that was never started is `waiting`; a started build is `building` from the moment it is
+//! started, whether it is queued for a node or running, and publishing is still `building`.
+//! Only Ready is `ready`: the status never says ready before the result is visible.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -26,8 +27,10 @@ pub enum BuildStatus {
 pub fn status_of(state: &State) -> Option<BuildStatus> {
     match state.phase {
         Phase::Unregistered => None,
-        Phase::Waiting { .. } | Phase::Queued { .. } => Some(BuildStatus::Waiting),
-        Phase::Active { .. } | Phase::Publishing { .. } => Some(BuildStatus::Building),
+        Phase::Waiting { .. } => Some(BuildStatus::Waiting),
+        Phase::Queued { .. } | Phase::Active { .. } | Phase::Publishing { .. } => {
+            Some(BuildStatus::Building)
+        }
         Phase::Ready { .. } => Some(BuildStatus::Ready),
         Phase::Error { .. } => Some(BuildStatus::Error),
     }

@@ -362,6 +362,8 @@ fn freeze_rejects_missing_bindings_and_later_uploads() {
     w.start(spec_copying(&[a.clone(), b.clone()]), t(6), false)
         .unwrap();
     assert!(matches!(w.build.phase, Phase::Queued { .. }));
+    // E2B reports a started build as building even before a node takes it.
+    assert_eq!(status_of(&w.build), Some(BuildStatus::Building));
     assert!(matches!(
         w.upload(3, b"a2", t(7)),
         Err(UploadError::NotWaiting { .. })

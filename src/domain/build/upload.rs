@@ -1,4 +1,4 @@
-//! The two transitions that span a build and the `files-{scope}-{hash}` stream of one archive name.
+//! The two transitions that span a build and the `files-{scope}:{hash}` stream of one archive name.
 //!
 //! Layout: [`ReserveUpload`] / [`reserve_upload`] (the link response), [`CompleteUpload`] /
 //! [`complete_upload`] (the upload's 2xx), their shared [`UploadError`], and [`Decision`], the

@@ -53,6 +53,24 @@ impl CgroupDriver {
         }
     }
 
+    /// The cgroup directories of sandbox `id` that exist, as [`create`](Self::create) made
+    /// them: for sweeping a sandbox whose owner died.
+    pub fn existing(&self, id: &str) -> SandboxCgroup {
+        let candidates: Vec<PathBuf> = match self {
+            CgroupDriver::V2 { root } => vec![root.join("strata").join(id)],
+            // The pids hierarchy first: it is how members are listed.
+            CgroupDriver::V1 { memory, pids, cpu } => [pids, memory, cpu]
+                .into_iter()
+                .flatten()
+                .map(|h| h.join("strata").join(id))
+                .collect(),
+        };
+        SandboxCgroup {
+            dirs: candidates.into_iter().filter(|d| d.is_dir()).collect(),
+            v2: matches!(self, CgroupDriver::V2 { .. }),
+        }
+    }
+
     /// Creates the sandbox's cgroups and writes its limits.
     pub fn create(&self, id: &str, limits: &Limits) -> Result<SandboxCgroup> {
         let mut cg = SandboxCgroup {

@@ -8,7 +8,9 @@
 //! resolv.conf, prints `ready`, and then only reaps zombies and turns SIGTERM/SIGINT/SIGHUP
 //! into "kill everything and exit". Every mount lives in the sandbox's own mount namespace and
 //! disappears with it. The parent stays outside the pid namespace, reports pid 1's host pid
-//! (`init-pid N`) and waits for it.
+//! (`init-pid N`) and waits for it, or for the [`lifeline`](super::lifeline) to break, on which
+//! it kills pid 1 (and with it the sandbox): a sandbox never outlives the strata process that
+//! started it.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -62,6 +64,14 @@ pub fn run(spec_json: &str) -> i32 {
     let mut out = std::io::stdout();
     let _ = writeln!(out, "init-pid {pid}");
     let _ = out.flush();
+    if super::lifeline::inherited() {
+        return match super::lifeline::wait_child_or_lifeline(pid) {
+            Some(status) if libc::WIFEXITED(status) => libc::WEXITSTATUS(status),
+            Some(status) => 128 + libc::WTERMSIG(status),
+            // The strata process that started this sandbox is gone; so is the sandbox now.
+            None => 128 + libc::SIGKILL,
+        };
+    }
     loop {
         let mut status = 0;
         // SAFETY: waiting for our own child.
@@ -256,10 +266,12 @@ fn loopback_up() -> Result<(), String> {
 }
 
 fn pid1(spec: &InitSpec) -> Result<std::convert::Infallible, String> {
-    // SAFETY: prctl/umask on ourselves.
+    // SAFETY: prctl/umask/close on ourselves. sandbox-init is single-threaded, so its death
+    // (the lifeline broke, or it was killed) is what the parent-death signal reports.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
         libc::umask(0o022);
+        libc::close(super::lifeline::LIFELINE_FD);
     }
     mount("none", "/", "", libc::MS_REC | libc::MS_PRIVATE, "")?;
     let resolv = if spec.network_none {

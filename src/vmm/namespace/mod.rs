@@ -4,16 +4,25 @@
 //! * [`init`]: pid 1 of a sandbox (mounts, pivot, reaper).
 //! * [`agent`]: runs inside a sandbox for each exec, COPY and user creation.
 //! * [`cgroup`]: v1/v2 limits and teardown.
+//! * [`lifeline`]: sandboxes die with the strata process that started them.
+//! * [`owner`], [`sweep`]: which live process owns which sandbox directory, and the removal of
+//!   every sandbox whose owner is dead, when a backend starts.
 //! * this file: the host side ([`NamespaceBackend`], [`NamespaceSandbox`]).
 //!
-//! Host layout under the data directory: `sandboxes/<id>/{upper-N,work-N,root}`. The overlay
+//! Host layout under the data directory: `sandboxes/<id>/{upper-N,work-N,root}`, with
+//! `id = sbx-<owner>-<random>` and the owner's lock `sandboxes/.owner-<owner>.lock`. The overlay
 //! is only ever mounted inside the sandbox's mount namespace, so nothing stays mounted on the
-//! host once its processes are gone. A checkpoint stops the sandbox, seals `upper-N`, and
-//! boots it again on the longer stack with a fresh `upper-N+1`.
+//! host once its processes are gone; the processes die with the strata process that started
+//! them, and what is left on disk is swept by the next backend started on the data directory.
+//! A checkpoint stops the sandbox, seals `upper-N`, and boots it again on the longer stack with
+//! a fresh `upper-N+1`.
 
 pub mod agent;
 pub mod cgroup;
 pub mod init;
+pub mod lifeline;
+pub mod owner;
+pub mod sweep;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -28,6 +37,7 @@ use tokio::process::{Child, Command};
 use self::agent::AgentRequest;
 use self::cgroup::{CgroupDriver, SandboxCgroup};
 use self::init::InitSpec;
+use self::owner::SandboxOwner;
 use super::backend::*;
 use super::blob_store::{Digest, LocalBlobStore};
 use super::copy::CopySpec;
@@ -49,6 +59,7 @@ struct Shared {
     blobs: Arc<LocalBlobStore>,
     layers: LayerCache,
     cgroups: CgroupDriver,
+    owner: SandboxOwner,
 }
 
 #[derive(Clone)]
@@ -64,16 +75,31 @@ impl NamespaceBackend {
         }
         let blobs = Arc::new(LocalBlobStore::open(config.data_dir.join("blobs"))?);
         let layers = LayerCache::open(config.data_dir.join("layers"))?;
-        std::fs::create_dir_all(config.data_dir.join("sandboxes"))
+        let sandboxes = config.data_dir.join("sandboxes");
+        std::fs::create_dir_all(&sandboxes)
             .map_err(VmmError::io("creating the sandboxes directory"))?;
+        let owner = SandboxOwner::register(&sandboxes)?;
+        let cgroups = CgroupDriver::detect();
+        sweep::sweep_dead_owners(&sandboxes, &cgroups, owner.id());
         Ok(NamespaceBackend {
             shared: Arc::new(Shared {
                 config,
                 blobs,
                 layers,
-                cgroups: CgroupDriver::detect(),
+                cgroups,
+                owner,
             }),
         })
+    }
+
+    /// The owner id in this backend's sandbox ids (`sbx-<owner>-…`) and lock file.
+    pub fn owner_id(&self) -> &str {
+        self.shared.owner.id()
+    }
+
+    /// Where sandbox `id`'s directories live on the host.
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.shared.config.data_dir.join("sandboxes").join(id)
     }
 
     pub fn blobs(&self) -> Arc<LocalBlobStore> {
@@ -97,11 +123,24 @@ impl NamespaceBackend {
                 .map(|d| shared.layers.ensure(shared.blobs.as_ref(), d))
                 .collect::<Result<Vec<_>>>()?;
             dirs.reverse();
-            Ok(dirs)
+            Ok(topmost_occurrences(dirs))
         })
         .await
         .expect("layer extraction task")
     }
+}
+
+/// Keeps only the topmost occurrence of each lower directory (`lowers` is top first). Two
+/// steps with byte-identical diffs put one layer twice in a stack, and overlayfs refuses a
+/// lower directory that appears twice (ELOOP). Dropping the lower occurrence changes nothing
+/// visible: every path the layer holds is decided by its upper occurrence, and the lower one
+/// holds no other path.
+fn topmost_occurrences(lowers: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut seen = std::collections::HashSet::new();
+    lowers
+        .into_iter()
+        .filter(|d| seen.insert(d.clone()))
+        .collect()
 }
 
 #[async_trait]
@@ -113,8 +152,8 @@ impl SandboxBackend for NamespaceBackend {
     async fn boot(&self, spec: BootSpec) -> Result<Box<dyn Sandbox>> {
         self.shared.config.depth.check(spec.layers.len())?;
         let lowers = self.lowers(&spec.layers).await?;
-        let id = format!("sbx-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-        let dir = self.shared.config.data_dir.join("sandboxes").join(&id);
+        let id = self.shared.owner.new_sandbox_id();
+        let dir = self.sandbox_dir(&id);
         std::fs::create_dir_all(dir.join("root"))
             .map_err(VmmError::io("creating the sandbox directory"))?;
         let cgroup = match self.shared.cgroups.create(&id, &spec.limits) {
@@ -189,7 +228,7 @@ async fn pump(mut reader: impl AsyncRead + Unpin, stream: OutputStream, sink: Ou
     let send = |bytes: &[u8]| {
         let _ = sink.send(OutputLine {
             stream,
-            at: chrono::Utc::now(),
+            at: crate::clock::local_now(),
             line: String::from_utf8_lossy(bytes).into_owned(),
         });
     };
@@ -269,6 +308,7 @@ impl NamespaceSandbox {
         let spec_json = serde_json::to_string(&spec).expect("init spec serializes");
         let cgroup_fds = open_fds(&self.cgroup().procs_files(), true)?;
         let raw_cgroup: Vec<i32> = cgroup_fds.iter().map(|f| f.as_raw_fd()).collect();
+        let lifeline = lifeline::read_end().map_err(VmmError::io("creating the lifeline pipe"))?;
         let mut flags =
             libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         if spec.network_none {
@@ -291,6 +331,15 @@ impl NamespaceSandbox {
                     }
                 }
                 if libc::unshare(flags) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // After the cgroup writes: their descriptors may have the lifeline's number.
+                let handed = if lifeline == lifeline::LIFELINE_FD {
+                    libc::fcntl(lifeline, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(lifeline, lifeline::LIFELINE_FD)
+                };
+                if handed < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -642,7 +691,7 @@ impl Sandbox for NamespaceSandbox {
         }
     }
 
-    async fn checkpoint(&mut self) -> Result<LayerRef> {
+    async fn checkpoint(&mut self) -> Result<Option<LayerRef>> {
         let depth = &self.shared().config.depth;
         if self.layers.len() + 1 > depth.overlay_max {
             return Err(VmmError::StackTooDeep {
@@ -657,15 +706,22 @@ impl Sandbox for NamespaceSandbox {
         let work = self.work();
         let shared = self.backend.shared.clone();
         let sealed = tokio::task::spawn_blocking(move || {
-            let layer = layer::seal_dir(&upper, shared.blobs.as_ref())?;
-            shared.layers.ensure(shared.blobs.as_ref(), &layer.digest)?;
+            let layer = if layer::is_empty_dir(&upper)? {
+                None
+            } else {
+                let layer = layer::seal_dir(&upper, shared.blobs.as_ref())?;
+                shared.layers.ensure(shared.blobs.as_ref(), &layer.digest)?;
+                Some(layer)
+            };
             let _ = std::fs::remove_dir_all(&upper);
             let _ = std::fs::remove_dir_all(&work);
             Ok::<_, VmmError>(layer)
         })
         .await
         .expect("seal task")?;
-        self.layers.push(sealed.digest.clone());
+        if let Some(layer) = &sealed {
+            self.layers.push(layer.digest.clone());
+        }
         self.generation += 1;
         let lowers = self.backend.lowers(&self.layers).await?;
         self.start(lowers).await?;

@@ -1,0 +1,111 @@
+//! Issue 9, item 5: a reply lost after the commit of a worker's write. The store commits and
+//! then answers with a connection error; that interleaving is produced with the store's fault
+//! hook (`EventStore::lose_next_reply`, a fake for exactly this one fault, which no outside
+//! signal can place between COMMIT and the reply). Real Postgres, real commands otherwise.
+
+mod common;
+
+use std::time::Duration;
+
+use common::build_api::{stream, Api};
+use serde_json::json;
+use strata::domain::build::Phase;
+use strata::domain::ids::{self, BuildId, Epoch, TeamId};
+use strata::events::command::load;
+use strata::events::EventStore;
+use strata::streams::Build;
+use strata::worker::attempt;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+async fn queued_build(store: &EventStore) -> BuildId {
+    let api = Api {
+        store: store.clone(),
+        team: TeamId::parse("team-lost-reply").unwrap(),
+    };
+    let (_, build) = api.register("lost-reply").await;
+    let run = |cmd: &str| json!({"type": "RUN", "args": [cmd], "force": false});
+    api.start(
+        build,
+        json!({"fromImage": "busybox", "force": false, "steps": [run("true"), run("true")]}),
+    )
+    .await;
+    build
+}
+
+async fn event_types(store: &EventStore, build: BuildId) -> Vec<String> {
+    store
+        .read_stream_all(&stream(ids::stream::build(&build)))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect()
+}
+
+/// `AcquireAttempt` commits and its reply is lost. Before: the worker got an error, dropped the
+/// claim, and every later acquire answered "not queued": the build sat Active with nobody
+/// running it until its lease passed. Now the retry is a replay and the worker keeps the claim.
+#[tokio::test]
+async fn a_lost_acquire_reply_keeps_the_claim() {
+    let db = common::test_db().await;
+    let store = EventStore::new(db.pool.clone());
+    let build = queued_build(&store).await;
+
+    store.lose_next_reply("build");
+    let claimed = attempt::acquire(&store, build, "node-a", LEASE)
+        .await
+        .expect("a lost reply is retried, not reported")
+        .expect("the retry finds the claim this node made");
+    assert_eq!(claimed.epoch, Epoch::FIRST);
+    assert_eq!(claimed.node, "node-a");
+    let acquired = event_types(&store, build)
+        .await
+        .into_iter()
+        .filter(|t| t.starts_with("AttemptAcquired"))
+        .count();
+    assert_eq!(acquired, 1, "the retry appended nothing");
+
+    // The claim is usable: the attempt's own writes pass the fencing check.
+    claimed.renew(LEASE).await.unwrap();
+    // Another node still cannot take it.
+    assert!(attempt::acquire(&store, build, "node-b", LEASE)
+        .await
+        .unwrap()
+        .is_none());
+}
+
+/// Step completion commits and its reply is lost. Before: the worker abandoned a healthy
+/// attempt. Now the retry is a replay: one `StepCompleted`, and the attempt goes on.
+#[tokio::test]
+async fn a_lost_step_completion_reply_is_a_replay() {
+    let db = common::test_db().await;
+    let store = EventStore::new(db.pool.clone());
+    let build = queued_build(&store).await;
+    let claimed = attempt::acquire(&store, build, "node-a", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+
+    store.lose_next_reply("build");
+    claimed
+        .record_step(1)
+        .await
+        .expect("a lost reply is retried, not reported");
+    claimed.record_step(2).await.unwrap();
+    let completed = event_types(&store, build)
+        .await
+        .into_iter()
+        .filter(|t| t.starts_with("StepCompleted"))
+        .count();
+    assert_eq!(completed, 2, "one StepCompleted per step");
+    let state = load::<Build>(&store, &stream(ids::stream::build(&build)))
+        .await
+        .unwrap()
+        .state;
+    assert!(
+        matches!(state.phase, Phase::Active { epoch, .. } if epoch == Epoch::FIRST),
+        "{:?}",
+        state.phase
+    );
+}
