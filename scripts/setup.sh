@@ -16,6 +16,11 @@ command -v openssl >/dev/null || need_apt+=(openssl)
 command -v chromium >/dev/null || need_apt+=(chromium)
 # README examples (tests/ops_readme.rs) use curl.
 command -v curl >/dev/null || need_apt+=(curl)
+# Registry pulls are tested against a real registry (CNCF distribution) on loopback, with
+# images pushed by skopeo; htpasswd makes the password file of the protected instance.
+command -v docker-registry >/dev/null || need_apt+=(docker-registry)
+command -v skopeo >/dev/null || need_apt+=(skopeo)
+command -v htpasswd >/dev/null || need_apt+=(apache2-utils)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2

@@ -114,6 +114,54 @@ pub struct BuildNodeArgs {
     /// How often the build queue is polled when no notification arrives.
     #[arg(long, env = "STRATA_QUEUE_POLL_MS", default_value_t = 2000)]
     pub queue_poll_ms: u64,
+
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+/// How base images are pulled from OCI registries.
+#[derive(Debug, Clone, Default, Args)]
+pub struct RegistryArgs {
+    /// Registry mirrors, comma-separated `registry=url` (e.g. `docker.io=http://127.0.0.1:5000`).
+    /// A mirrored registry is reached only through its mirror.
+    #[arg(long = "registry-mirror", env = "STRATA_REGISTRY_MIRRORS", value_delimiter = ',', value_parser = parse_mirror)]
+    pub registry_mirrors: Vec<(String, String)>,
+
+    /// Registry hosts reached over plain HTTP, comma-separated (loopback hosts always are).
+    #[arg(
+        long = "insecure-registry",
+        env = "STRATA_INSECURE_REGISTRIES",
+        value_delimiter = ','
+    )]
+    pub insecure_registries: Vec<String>,
+
+    /// Largest image (compressed bytes of its layers) a pull accepts.
+    #[arg(long, env = "STRATA_PULL_MAX_BYTES")]
+    pub pull_max_bytes: Option<u64>,
+}
+
+fn parse_mirror(text: &str) -> Result<(String, String), String> {
+    let s = crate::registry::RegistrySettings::parse(Some(text), None, None)
+        .map_err(|e| e.to_string())?;
+    s.mirrors
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("registry mirror {text:?} is empty"))
+}
+
+impl RegistryArgs {
+    pub fn settings(&self) -> crate::registry::RegistrySettings {
+        crate::registry::RegistrySettings {
+            mirrors: self.registry_mirrors.iter().cloned().collect(),
+            insecure: self
+                .insecure_registries
+                .iter()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+                .collect(),
+            max_bytes: self.pull_max_bytes,
+        }
+    }
 }
 
 impl BuildNodeArgs {
@@ -130,6 +178,7 @@ impl BuildNodeArgs {
         s.ready_timeout = Duration::from_secs(self.ready_timeout_secs);
         s.step_timeout = Duration::from_secs(self.step_timeout_secs);
         s.poll_interval = Duration::from_millis(self.queue_poll_ms.max(50));
+        s.registry = self.registry.settings();
         s
     }
 }

@@ -7,6 +7,7 @@
 //! * [`reconcilers`]: workers that drive every build to a terminal state.
 //! * [`api`]: the E2B-compatible HTTP API and the operator (audit) API.
 //! * [`vmm`]: sandbox backends, layers and images.
+//! * [`registry`]: pulling base images from OCI registries.
 //! * [`worker`]: the build node: claims builds, runs their steps in sandboxes, publishes results.
 //! * [`metrics`]: Prometheus families and `/metrics`; [`inspect`]: read-only operator queries
 //!   (`strata why`, `/ui`).
@@ -25,6 +26,7 @@ pub mod metrics;
 pub mod projections;
 pub mod reconcilers;
 pub mod registration;
+pub mod registry;
 pub mod streams;
 pub mod telemetry;
 pub mod trace;

@@ -212,7 +212,7 @@ async fn a_failing_run_ends_the_build_in_error_at_its_step_with_the_exit_code() 
     };
     assert_eq!(reason.step, Some(FailedStep::Base));
     assert!(
-        reason.message.contains("\"no-such-image:1\""),
+        reason.message.contains("no-such-image:1") && reason.message.contains("strata image"),
         "{}",
         reason.message
     );

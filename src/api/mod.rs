@@ -3,7 +3,7 @@
 pub mod admin;
 pub mod e2b;
 pub mod error;
-mod state;
+pub mod state;
 mod ui;
 pub mod upload_ingest;
 

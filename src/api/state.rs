@@ -53,6 +53,8 @@ pub struct AppState {
     pub blobs: Arc<LocalBlobStore>,
     /// Signs and verifies upload URLs; never logged.
     pub upload_secret: Arc<UploadSecret>,
+    /// Seals the registry credentials a build start brings (key derived from the same secret).
+    pub credential_seal: crate::registry::sealed::CredentialSeal,
     pub protocol: Arc<ProtocolSettings>,
     /// The node's data dir: `/metrics` and `/ui` report its bytes on disk.
     pub data_dir: std::path::PathBuf,
@@ -65,10 +67,9 @@ impl AppState {
         node_id: String,
         data_dir: &Path,
     ) -> Result<Self, StateError> {
-        let secret = match &serve.upload_secret {
-            Some(s) => UploadSecret::new(s.as_bytes().to_vec())?,
-            None => UploadSecret::new(secret_from_file(&data_dir.join("upload-secret"))?)?,
-        };
+        let secret_bytes = server_secret(serve.upload_secret.as_deref(), data_dir)?;
+        let credential_seal = crate::registry::sealed::CredentialSeal::from_secret(&secret_bytes);
+        let secret = UploadSecret::new(secret_bytes)?;
         let secs = |s: u64| Duration::seconds(s as i64);
         Ok(Self {
             events: EventStore::new(pool.clone()),
@@ -78,6 +79,7 @@ impl AppState {
             node_id,
             blobs: Arc::new(LocalBlobStore::open(data_dir.join("blobs"))?),
             upload_secret: Arc::new(secret),
+            credential_seal,
             protocol: Arc::new(ProtocolSettings {
                 upload_max_bytes: serve.upload_max_bytes,
                 upload_url_ttl: secs(serve.upload_url_ttl_secs),
@@ -86,6 +88,14 @@ impl AppState {
             }),
             data_dir: data_dir.to_path_buf(),
         })
+    }
+}
+
+/// The server secret: `STRATA_UPLOAD_SECRET` when given, else `<data-dir>/upload-secret`.
+pub fn server_secret(explicit: Option<&str>, data_dir: &Path) -> Result<Vec<u8>, StateError> {
+    match explicit {
+        Some(s) => Ok(s.as_bytes().to_vec()),
+        None => secret_from_file(&data_dir.join("upload-secret")),
     }
 }
 

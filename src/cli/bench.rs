@@ -46,6 +46,8 @@ pub enum BenchCommand {
     Lifecycle(super::bench_lifecycle::LifecycleBenchArgs),
     /// The step cache: cold build, unchanged rebuild, last step changed; warm/cold ratios.
     Cache(super::bench_cache::BenchCacheArgs),
+    /// A cold registry pull of a multi-layer image against `skopeo copy` + `tar -x`; a warm pull.
+    Pull(super::bench_pull::BenchPullArgs),
     /// Blob and layer durability and verification against the plain (unsynced, unverified)
     /// paths: put, cache probe, layer extraction.
     Blobs(super::bench_blobs::BenchBlobsArgs),
@@ -71,6 +73,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Sdk(args) => super::bench_sdk::run(args).await,
         BenchCommand::Lifecycle(args) => super::bench_lifecycle::run(args).await,
         BenchCommand::Cache(args) => super::bench_cache::run(args).await,
+        BenchCommand::Pull(args) => super::bench_pull::run(args).await,
         BenchCommand::Blobs(args) => super::bench_blobs::run(args).await,
     }
 }

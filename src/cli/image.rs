@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use strata::domain::image_ref::ImageRef;
+use strata::registry::{BasicAuth, Puller};
 use strata::vmm::image::{self, ImageCatalog};
 use strata::vmm::{BlobStore, NamespaceBackend, NamespaceConfig};
 
@@ -49,6 +51,23 @@ enum ImageCommand {
     Copy {
         #[arg(long)]
         from: PathBuf,
+    },
+    /// Pull an image from its registry (as a build would) into the node's layer store.
+    Pull {
+        /// Image reference, e.g. `debian:stable`, `ghcr.io/org/app:1`, `name@sha256:…`.
+        reference: String,
+        /// Registry username (the password is read from STRATA_REGISTRY_PASSWORD).
+        #[arg(long, env = "STRATA_REGISTRY_USERNAME")]
+        username: Option<String>,
+        #[arg(
+            long,
+            env = "STRATA_REGISTRY_PASSWORD",
+            hide_env_values = true,
+            hide = true
+        )]
+        password: Option<String>,
+        #[command(flatten)]
+        registry: strata::config::RegistryArgs,
     },
     /// List images: name, manifest digest, layers, size.
     Ls,
@@ -104,6 +123,8 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             progress.finish();
         }
         ImageCommand::Import { path, name } => {
+            // Builds find the image by any Docker spelling of this name.
+            ImageRef::parse(&name).context("--name must be an image reference")?;
             let d = data_dir.clone();
             let m = tokio::task::spawn_blocking(move || {
                 image::import(&path, &name, &d, blobs.as_ref())
@@ -120,6 +141,33 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
                 println!("{}\t{}", m.name, m.digest());
             }
         }
+        ImageCommand::Pull {
+            reference,
+            username,
+            password,
+            registry,
+        } => {
+            let parsed = ImageRef::parse(&reference)?;
+            let puller = Puller::new(&data_dir, blobs.clone(), registry.settings())?;
+            let credentials = match (username, password) {
+                (Some(username), Some(password)) => Some(BasicAuth { username, password }),
+                (None, None) => None,
+                _ => anyhow::bail!("give both --username and STRATA_REGISTRY_PASSWORD, or neither"),
+            };
+            let started = std::time::Instant::now();
+            let progress: strata::registry::pull::ProgressFn =
+                std::sync::Arc::new(|p| eprintln!("{p}"));
+            let (pulled, stats) = puller.pull(&parsed, credentials, Some(progress)).await?;
+            println!(
+                "{}\t{}\t{} layers\t{} downloaded ({} bytes) in {:.2}s",
+                pulled.reference,
+                pulled.digest,
+                pulled.layers.len(),
+                stats.layers_downloaded,
+                stats.bytes_downloaded,
+                started.elapsed().as_secs_f64()
+            );
+        }
         ImageCommand::Ls => {
             println!(
                 "{:<24} {:<73} {:>6} {:>12}",
@@ -132,6 +180,16 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
                     m.digest().to_string(),
                     m.layers.len(),
                     m.size()
+                );
+            }
+            let puller = Puller::new(&data_dir, blobs.clone(), Default::default())?;
+            for p in puller.list() {
+                println!(
+                    "{:<24} {:<73} {:>6} {:>12}",
+                    p.reference,
+                    p.digest.to_string(),
+                    p.layers.len(),
+                    p.layers.iter().map(|l| l.size).sum::<u64>()
                 );
             }
         }

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod bench_blobs;
 pub mod bench_cache;
 pub mod bench_lifecycle;
+pub mod bench_pull;
 pub mod bench_sandbox;
 pub mod bench_sdk;
 pub mod bench_upload;

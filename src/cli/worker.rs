@@ -45,7 +45,18 @@ pub fn settings(
     storage: &StorageArgs,
 ) -> anyhow::Result<WorkerSettings> {
     let agent = std::env::current_exe().context("locating the strata binary")?;
-    Ok(build.settings(node.node_id(), storage.data_dir.clone(), agent))
+    let mut settings = build.settings(node.node_id(), storage.data_dir.clone(), agent);
+    // Registry credentials are sealed by the API under the server secret; every node opens
+    // them with the same one (STRATA_UPLOAD_SECRET, or the data directory's secret file).
+    let secret = strata::api::state::server_secret(
+        std::env::var("STRATA_UPLOAD_SECRET").ok().as_deref(),
+        &storage.data_dir,
+    )
+    .context("reading the server secret that seals registry credentials")?;
+    settings.credential_seal = Some(strata::registry::sealed::CredentialSeal::from_secret(
+        &secret,
+    ));
+    Ok(settings)
 }
 
 /// Runs a build node until `shutdown`.

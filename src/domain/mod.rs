@@ -32,6 +32,7 @@ pub mod cache_key;
 pub mod canonical;
 pub mod files;
 pub mod ids;
+pub mod image_ref;
 pub mod promotion;
 pub mod snapshot;
 pub mod start;

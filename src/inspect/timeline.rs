@@ -290,6 +290,9 @@ fn summary(event: &Event) -> String {
         Event::IntentExpired { intent, .. } => format!("intent {intent:?} expired"),
         Event::BuildFrozen { spec, .. } => format!("{} steps frozen", spec.steps.len()),
         Event::AttemptAcquired { epoch, node, .. } => format!("epoch {epoch} on {node}"),
+        Event::BaseImageResolved {
+            reference, digest, ..
+        } => format!("{reference} pinned to {digest}"),
         Event::LeaseRenewed {
             lease_expires_at, ..
         } => {

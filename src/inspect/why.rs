@@ -223,6 +223,7 @@ fn default_message(kind: FailureKind) -> &'static str {
         FailureKind::WaitingExpired => "the build was never started before its deadline",
         FailureKind::QueueExpired => "no node claimed the build before its deadline",
         FailureKind::PromotionFailed => "promotion failed",
+        FailureKind::TemplateDeleted => "the template was deleted before the build was published",
     }
 }
 

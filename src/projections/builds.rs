@@ -124,6 +124,7 @@ async fn apply_one(
             .bind(build_id)
             .execute(&mut *conn)
             .await?;
+            destroy_credentials(conn, build_id).await?;
         }
         Event::BuildFailed { .. } => {
             sqlx::query(
@@ -134,6 +135,7 @@ async fn apply_one(
             .bind(at)
             .execute(&mut *conn)
             .await?;
+            destroy_credentials(conn, build_id).await?;
         }
         Event::UploadReserved { .. }
         | Event::ContextBound { .. }
@@ -141,6 +143,7 @@ async fn apply_one(
         | Event::IntentExpired { .. }
         | Event::StepCompleted { .. }
         | Event::CacheConsulted { .. }
+        | Event::BaseImageResolved { .. }
         | Event::ContextReleased { .. } => {}
     }
     sqlx::query("UPDATE builds SET updated_at = $2, stream_version = $3 WHERE build_id = $1")
@@ -150,4 +153,17 @@ async fn apply_one(
         .execute(&mut *conn)
         .await?;
     Ok(())
+}
+
+/// A build's registry credentials (src/registry/sealed.rs) end with the build, in the same
+/// transaction as the event that ends it.
+async fn destroy_credentials(
+    conn: &mut sqlx::PgConnection,
+    build_id: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM build_credentials WHERE build_id = $1")
+        .bind(build_id)
+        .execute(&mut *conn)
+        .await
+        .map(drop)
 }

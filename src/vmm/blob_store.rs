@@ -341,6 +341,19 @@ impl Write for BlobWriter {
 }
 
 impl BlobWriter {
+    /// Publishes the blob only if its content hashes to `expected` (bytes that arrived from
+    /// elsewhere, such as a registry layer and its diff id); otherwise nothing is stored.
+    pub fn commit_expecting(self, expected: &Digest) -> Result<(Digest, u64)> {
+        let actual = Digest::from_hasher(self.hasher.clone());
+        if &actual != expected {
+            return Err(VmmError::DigestMismatch {
+                expected: expected.to_string(),
+                actual: actual.to_string(),
+            });
+        }
+        self.commit()
+    }
+
     /// Publishes the blob durably. If the digest is already stored, this copy replaces it: the
     /// stored one may be torn by a crash, this one was hashed as it was written.
     pub fn commit(self) -> Result<(Digest, u64)> {

@@ -22,6 +22,7 @@ use super::backend::{BootSpec, ExecRequest, Limits, Sandbox, SandboxBackend};
 use super::blob_store::{BlobStore, Digest};
 use super::error::{Result, VmmError};
 use super::layer::{self, LayerRef};
+use crate::domain::image_ref::ImageRef;
 
 pub const BUSYBOX: &str = "busybox";
 pub const DEBIAN: &str = "debian:bookworm";
@@ -86,11 +87,24 @@ impl ImageCatalog {
         Ok(ImageCatalog { dir })
     }
 
+    /// The entry named `name`, compared as Docker compares references (`debian:bookworm`,
+    /// `docker.io/library/debian:bookworm` and `e2bdev/base:latest` / `e2bdev/base` are the
+    /// same names). A reference pinned by digest names a registry manifest, never an entry here.
     pub fn get(&self, name: &str) -> Result<ImageManifest> {
         let path = self.dir.join(file_name(name));
-        let bytes = fs::read(&path).map_err(|_| VmmError::ImageNotFound(name.to_string()))?;
-        serde_json::from_slice(&bytes)
-            .map_err(|e| VmmError::Image(format!("{}: {e}", path.display())))
+        if let Ok(bytes) = fs::read(&path) {
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| VmmError::Image(format!("{}: {e}", path.display())));
+        }
+        let not_found = || VmmError::ImageNotFound(name.to_string());
+        let wanted = ImageRef::parse(name).map_err(|_| not_found())?;
+        if wanted.digest().is_some() {
+            return Err(not_found());
+        }
+        self.list()?
+            .into_iter()
+            .find(|m| ImageRef::parse(&m.name).is_ok_and(|r| r == wanted))
+            .ok_or_else(not_found)
     }
 
     pub fn put(&self, manifest: &ImageManifest) -> Result<()> {
@@ -700,5 +714,45 @@ mod tests {
         assert!(how_to_get(BUSYBOX).contains("`strata image build-base --busybox-only`"));
         assert!(how_to_get("acme/app:1").contains("`strata image import"));
         assert!(how_to_get("acme/app:1").contains("--name acme/app:1`"));
+    }
+
+    fn entry(name: &str) -> ImageManifest {
+        ImageManifest {
+            name: name.into(),
+            layers: vec![],
+            config: ImageConfig::default(),
+            license_notice: None,
+            source: "test".into(),
+        }
+    }
+
+    #[test]
+    fn catalog_names_match_every_docker_spelling_of_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = ImageCatalog::open(dir.path()).unwrap();
+        catalog.put(&entry(E2B_BASE)).unwrap();
+        catalog.put(&entry(DEBIAN)).unwrap();
+        for (asked, found) in [
+            ("e2bdev/base", E2B_BASE),
+            ("e2bdev/base:latest", E2B_BASE),
+            ("docker.io/e2bdev/base", E2B_BASE),
+            ("debian:bookworm", DEBIAN),
+            ("docker.io/library/debian:bookworm", DEBIAN),
+            ("library/debian:bookworm", DEBIAN),
+        ] {
+            assert_eq!(catalog.get(asked).unwrap().name, found, "{asked}");
+        }
+        for absent in [
+            "debian",
+            "debian:stable",
+            "ghcr.io/e2bdev/base",
+            "Not A Reference",
+            &format!("e2bdev/base@sha256:{}", "a".repeat(64)),
+        ] {
+            assert!(
+                matches!(catalog.get(absent), Err(VmmError::ImageNotFound(_))),
+                "{absent}"
+            );
+        }
     }
 }

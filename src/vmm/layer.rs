@@ -193,6 +193,39 @@ impl LayerCache {
         self.root.join(digest.hex())
     }
 
+    /// Whether `digest` is extracted (and marked complete) on this node.
+    pub fn contains(&self, digest: &Digest) -> bool {
+        self.is_complete(digest)
+    }
+
+    /// A fresh temporary directory to extract `digest` into, on the cache's filesystem; hand it
+    /// to [`Self::publish_staged`] once its content is verified, or remove it.
+    pub fn staging(&self, digest: &Digest) -> Result<PathBuf> {
+        let tmp = self.root.join(format!(
+            ".tmp-{}-{}",
+            digest.hex(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        fs::create_dir(&tmp).map_err(VmmError::io(format!("creating {}", tmp.display())))?;
+        Ok(tmp)
+    }
+
+    /// Publishes a verified extraction made in [`Self::staging`] as [`Self::ensure`] publishes
+    /// its own (synced, renamed, marked complete); a concurrent identical one may have won.
+    pub fn publish_staged(&self, staged: &Path, digest: &Digest) -> Result<PathBuf> {
+        let result = fs::File::open(staged)
+            .map_err(VmmError::io("opening an extracted layer"))
+            .and_then(|dir| {
+                rustix::fs::syncfs(&dir)
+                    .map_err(|e| VmmError::io("syncing an extracted layer")(e.into()))
+            })
+            .and_then(|()| self.publish(staged, digest));
+        if result.is_err() {
+            let _ = fs::remove_dir_all(staged);
+        }
+        result.map(|()| self.path(digest))
+    }
+
     fn mark(&self, digest: &Digest) -> PathBuf {
         self.root.join(format!("{}.complete", digest.hex()))
     }

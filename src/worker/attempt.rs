@@ -267,9 +267,7 @@ impl Attempt {
             now,
             lease_expires_at: now + lease,
         };
-        self.command_once(&command, &self.context())
-            .await
-            .map(drop)
+        self.command_once(&command, &self.context()).await.map(drop)
     }
 
     /// Records that `step` ran without a checkpoint.

@@ -1,15 +1,22 @@
-//! The base of a build (step `base`): an image from the node's catalog (`fromImage`) or another
-//! template's build-base checkpoint (`fromTemplate`: its steps, not what its start command did),
-//! as a layer stack and the command context to start from.
+//! The base of a build (step `base`): an image (`fromImage`) from the node's catalog or, when the
+//! catalog lacks it, pulled from its registry; or another template's build-base checkpoint
+//! (`fromTemplate`: its steps, not what its start command did); as a layer stack and the command
+//! context to start from.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use super::build_log::BuildLog;
 use super::error::WorkerError;
 use super::template_lookup::{self, Checkpoint, LookupError};
-use crate::domain::build_spec::{BaseSource, CommandContext};
+use crate::domain::build::BasePin;
+use crate::domain::build_spec::{BaseSource, CommandContext, RegistryCredentials};
 use crate::domain::ids::{self, TeamId};
+use crate::domain::image_ref::ImageRef;
 use crate::domain::start::StartCommands;
 use crate::events::EventStore;
+use crate::registry::pull::ProgressFn;
+use crate::registry::{credentials, PullError, Puller};
 use crate::vmm::image::ImageCatalog;
 use crate::vmm::{Digest, VmmError};
 
@@ -24,6 +31,8 @@ pub struct ResolvedBase {
     pub image_digest: Option<ids::Digest>,
     /// `fromTemplate` bases already have the default user; the implicit step is skipped.
     pub from_template: bool,
+    /// For a base pulled from a registry: what its reference resolved to, to record once.
+    pub pin: Option<BasePin>,
     /// The parent template's start and ready commands: a `fromTemplate` build that sets
     /// neither finalizes with these, in the parent's final context, as E2B does.
     pub inherited_start: Option<StartCommands>,
@@ -47,29 +56,29 @@ pub fn to_domain(d: &Digest) -> ids::Digest {
     ids::Digest::parse(&d.to_string()).expect("a sha256 digest is a valid domain digest")
 }
 
+/// How a registry base is reached: the node's puller, the build's credentials, its pin.
+pub struct Registry<'a> {
+    pub puller: &'a Puller,
+    pub credentials: Result<Option<RegistryCredentials>, String>,
+    /// The digest an earlier attempt of this build resolved the tag to.
+    pub pin: Option<&'a BasePin>,
+    pub log: &'a BuildLog,
+}
+
 pub async fn resolve(
     store: &EventStore,
     catalog: &ImageCatalog,
+    registry: Registry<'_>,
     team: &TeamId,
     base: &BaseSource,
 ) -> Result<ResolvedBase, BaseError> {
     match base {
         BaseSource::Image { reference, .. } => {
+            let parsed =
+                ImageRef::parse(reference).map_err(|e| BaseError::Unavailable(format!("{e}")))?;
             let manifest = match catalog.get(reference) {
                 Ok(m) => m,
-                Err(VmmError::ImageNotFound(_)) => {
-                    let available = catalog
-                        .list()
-                        .map_err(WorkerError::from)?
-                        .into_iter()
-                        .map(|m| m.name)
-                        .collect::<Vec<_>>();
-                    return Err(BaseError::Unavailable(format!(
-                        "base image {reference:?} is not available on this build node; available images: {}. Use one of them, or {} on the node",
-                        if available.is_empty() { "none".to_owned() } else { available.join(", ") },
-                        crate::vmm::image::how_to_get(reference)
-                    )));
-                }
+                Err(VmmError::ImageNotFound(_)) => return pull(catalog, registry, &parsed).await,
                 Err(e) => return Err(BaseError::Worker(e.into())),
             };
             let env: BTreeMap<String, String> = manifest.config.env.iter().cloned().collect();
@@ -90,6 +99,7 @@ pub async fn resolve(
                 },
                 image_digest: Some(to_domain(&manifest.digest())),
                 from_template: false,
+                pin: None,
                 inherited_start: None,
             })
         }
@@ -105,6 +115,7 @@ pub async fn resolve(
                 context: found.record.context.clone(),
                 image_digest: found.record.base_image_digest,
                 from_template: true,
+                pin: None,
                 inherited_start: StartCommands::of(
                     found.record.start_cmd.as_deref(),
                     found.record.ready_cmd.as_deref(),
@@ -112,4 +123,102 @@ pub async fn resolve(
             })
         }
     }
+}
+
+/// Pulls a base that is not in the node catalog. The context is what E2B starts an image
+/// build with: root in `/`, and the image's ENV (entries with an empty name or value dropped,
+/// names and values trimmed); the image's USER and WORKDIR are not applied (ADR 0014).
+async fn pull(
+    catalog: &ImageCatalog,
+    registry: Registry<'_>,
+    reference: &ImageRef,
+) -> Result<ResolvedBase, BaseError> {
+    let target = match registry.pin {
+        Some(pin) => {
+            registry.log.info(
+                Some("base"),
+                format!("[base] using {} as pinned by this build", pin.digest),
+            );
+            reference.pinned(pin.digest)
+        }
+        None => reference.clone(),
+    };
+    let credentials = match &registry.credentials {
+        Ok(None) => None,
+        Ok(Some(c)) => Some(
+            credentials::basic_auth(registry.puller.http(), &reference.familiar(), c)
+                .await
+                .map_err(|e| {
+                    BaseError::Unavailable(format!("pulling the base image failed: {e}"))
+                })?,
+        ),
+        Err(why) => {
+            return Err(BaseError::Unavailable(format!(
+            "pulling the base image failed: the build's registry credentials cannot be read: {why}"
+        )))
+        }
+    };
+    let log = registry.log.clone();
+    let progress: ProgressFn = Arc::new(move |p| log.info(Some("base"), format!("[base] {p}")));
+    let (pulled, stats) = match registry
+        .puller
+        .pull(&target, credentials, Some(progress))
+        .await
+    {
+        Ok(p) => p,
+        Err(e) if e.is_node_fault() => {
+            return Err(BaseError::Worker(WorkerError::Sandbox(match e {
+                PullError::Store { source, .. } => source,
+                _ => unreachable!("node faults are store errors"),
+            })))
+        }
+        Err(e) => {
+            let available = catalog
+                .list()
+                .map(|l| l.into_iter().map(|m| m.name).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default();
+            let hint = match e {
+                PullError::NotFound { .. } | PullError::Transport { .. } => format!(
+                    " Images on this node: {}; `strata image pull REF` or `strata image import` adds one.",
+                    if available.is_empty() { "none".into() } else { available }
+                ),
+                _ => String::new(),
+            };
+            return Err(BaseError::Unavailable(format!(
+                "pulling the base image failed: {e}.{hint}"
+            )));
+        }
+    };
+    registry.log.info(
+        Some("base"),
+        format!(
+            "[base] {} resolved to {} ({} layers, {} downloaded)",
+            reference.familiar(),
+            pulled.digest,
+            pulled.layers.len(),
+            stats.layers_downloaded
+        ),
+    );
+    let env = pulled
+        .config
+        .env
+        .iter()
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .collect();
+    Ok(ResolvedBase {
+        layers: pulled.layers.iter().map(|l| l.digest.clone()).collect(),
+        context: CommandContext {
+            user: "root".into(),
+            workdir: "/".into(),
+            env,
+        },
+        image_digest: Some(pulled.digest),
+        from_template: false,
+        inherited_start: None,
+        pin: Some(BasePin {
+            reference: reference.unpinned().to_string(),
+            digest: pulled.digest,
+        }),
+    })
 }

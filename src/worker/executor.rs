@@ -51,6 +51,11 @@ pub struct BuildJob {
     pub spec: TemplateBuildStartV2,
     pub bindings: BTreeMap<FilesHash, Binding>,
     pub resources: Resources,
+    /// What an earlier attempt resolved the base image's tag to.
+    pub base_pin: Option<crate::domain::build::BasePin>,
+    /// Credentials for the base image's registry, when the build brought some; `Err` says why
+    /// they could not be read (the build then fails at `base` if it needs them).
+    pub credentials: Result<Option<crate::domain::build_spec::RegistryCredentials>, String>,
 }
 
 /// A build that failed: where, and the message the SDK raises.
@@ -105,6 +110,7 @@ pub struct Executor<'a> {
     pub backend: &'a dyn SandboxBackend,
     pub blobs: Arc<dyn BlobStore>,
     pub catalog: &'a ImageCatalog,
+    pub puller: &'a crate::registry::Puller,
     pub settings: &'a WorkerSettings,
     pub attempt: &'a Attempt,
     pub log: BuildLog,
@@ -133,18 +139,45 @@ impl Executor<'_> {
             BaseSource::Template { reference } => format!("FROM TEMPLATE {reference}"),
         };
         self.log.info(Some("base"), format!("[base] {base_line}"));
-        let resolved =
-            match base::resolve(&self.attempt.store, self.catalog, &job.team, &job.spec.base).await
-            {
-                Ok(r) => r,
-                Err(BaseError::Unavailable(m)) => {
-                    return Ok(Outcome::Failed(StepFailure {
-                        step: FailedStep::Base,
-                        message: m,
-                    }))
-                }
-                Err(BaseError::Worker(e)) => return Err(e),
-            };
+        let registry = base::Registry {
+            puller: self.puller,
+            credentials: job.credentials.clone(),
+            pin: job.base_pin.as_ref(),
+            log: &self.log,
+        };
+        let resolve = base::resolve(
+            &self.attempt.store,
+            self.catalog,
+            registry,
+            &job.team,
+            &job.spec.base,
+        );
+        let resolved = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Err(self.abandoned()),
+            r = resolve => r,
+        };
+        let resolved = match resolved {
+            Ok(r) => r,
+            Err(BaseError::Unavailable(m)) => {
+                return Ok(Outcome::Failed(StepFailure {
+                    step: FailedStep::Base,
+                    message: m,
+                }))
+            }
+            Err(BaseError::Worker(e)) => return Err(e),
+        };
+        if let (Some(pin), None) = (&resolved.pin, &job.base_pin) {
+            let now = self.attempt.now().await?;
+            self.attempt
+                .command(crate::domain::build::Command::PinBaseImage {
+                    epoch: self.attempt.epoch,
+                    reference: pin.reference.clone(),
+                    digest: pin.digest,
+                    now,
+                })
+                .await?;
+        }
         let (writer, found, flight) = self.consult_cache(job, &resolved).await?;
         let total = job.spec.steps.len();
         let (layers, context, start) = match found {

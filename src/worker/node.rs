@@ -42,6 +42,7 @@ pub struct Worker {
     backend: Arc<dyn SandboxBackend>,
     blobs: Arc<dyn BlobStore>,
     catalog: Arc<ImageCatalog>,
+    puller: crate::registry::Puller,
     settings: Arc<WorkerSettings>,
     flights: crate::worker::cache::Flights,
 }
@@ -55,8 +56,14 @@ impl Worker {
             depth: settings.depth,
         })?;
         let catalog = ImageCatalog::open(&settings.data_dir)?;
+        let puller = crate::registry::Puller::new(
+            &settings.data_dir,
+            backend.blobs(),
+            settings.registry.clone(),
+        )?;
         Ok(Worker {
             store,
+            puller,
             blobs: backend.blobs(),
             backend: Arc::new(backend),
             catalog: Arc::new(catalog),
@@ -212,11 +219,28 @@ impl Worker {
                 })
             }
         };
+        let credentials = if freeze.registry_credentials {
+            match &self.settings.credential_seal {
+                None => Err("this build node has no key to open them (set STRATA_UPLOAD_SECRET to the API's)".to_owned()),
+                Some(seal) => match crate::registry::sealed::load(self.store.pool(), seal, &attempt.build, attempt.epoch).await {
+                    Ok(Some(c)) => Ok(Some(c)),
+                    Ok(None) => Err("they are no longer stored (the build ended or was started without them)".to_owned()),
+                    Err(crate::registry::sealed::SealError::Store { source, .. }) => {
+                        return Err(WorkerError::Database(source))
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+            }
+        } else {
+            Ok(None)
+        };
         let job = BuildJob {
             team: registration.team.clone(),
             spec: freeze.spec.clone(),
             bindings: freeze.bindings.clone(),
             resources: registration.resources,
+            base_pin: state.base_pin.clone(),
+            credentials,
         };
         log.info(
             None,
@@ -229,6 +253,7 @@ impl Worker {
             backend: self.backend.as_ref(),
             blobs: self.blobs.clone(),
             catalog: &self.catalog,
+            puller: &self.puller,
             settings: &self.settings,
             attempt,
             log: log.clone(),

@@ -26,6 +26,10 @@ pub struct WorkerSettings {
     /// The sandbox stack's depth limit. Builds plan their checkpoints within it: steps past the
     /// per-build budget run without a checkpoint instead of failing.
     pub depth: crate::vmm::depth::DepthBudget,
+    /// Mirrors, insecure registries and the size ceiling for base-image pulls.
+    pub registry: crate::registry::RegistrySettings,
+    /// Opens the registry credentials builds bring; without it such builds fail at `base`.
+    pub credential_seal: Option<crate::registry::sealed::CredentialSeal>,
 }
 
 impl WorkerSettings {
@@ -44,6 +48,8 @@ impl WorkerSettings {
             step_timeout: Duration::from_secs(3600),
             poll_interval: Duration::from_secs(2),
             depth: Default::default(),
+            registry: Default::default(),
+            credential_seal: None,
         }
     }
 

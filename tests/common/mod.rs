@@ -12,6 +12,7 @@ pub mod api;
 pub mod build_api;
 pub mod http_build;
 pub mod process;
+pub mod registry;
 pub mod sandbox;
 pub mod worker_fixture;
 

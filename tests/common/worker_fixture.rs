@@ -38,6 +38,11 @@ pub fn settings() -> WorkerSettings {
     s.lease = Duration::from_secs(6);
     s.poll_interval = Duration::from_millis(200);
     s.ready_timeout = Duration::from_secs(20);
+    // Tests reach nothing beyond loopback: Docker Hub is "mirrored" to a closed local port, so
+    // an image missing from the catalog fails fast instead of going to the internet.
+    s.registry
+        .mirrors
+        .insert("docker.io".into(), "http://127.0.0.1:9".into());
     s
 }
 

@@ -5,8 +5,13 @@ base images copied in from the node's image store (built by scripts/setup.sh; on
 written), API on a free loopback port. Each test gets its own team and API key from `strata keys create`.
 """
 
+import gzip
+import hashlib
+import io
+import json
 import os
 import pathlib
+import tarfile
 import shutil
 import socket
 import subprocess
@@ -100,11 +105,167 @@ def copy_node_images(data_dir: pathlib.Path):
         )
 
 
+class Registry:
+    """A real registry (Debian's docker-registry, CNCF distribution) on loopback, open or
+    behind an htpasswd file; images are pushed to it with skopeo from OCI layouts."""
+
+    def __init__(self, root: pathlib.Path, credentials=None):
+        root.mkdir(parents=True)
+        self.root = root
+        self.addr = f"127.0.0.1:{free_port()}"
+        self.credentials = credentials
+        config = (
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {root / 'storage'}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: {self.addr}\n"
+        )
+        if credentials:
+            user, password = credentials
+            line = subprocess.run(
+                ["htpasswd", "-Bbn", user, password], capture_output=True, check=True
+            ).stdout
+            (root / "htpasswd").write_bytes(line)
+            config += f"auth:\n  htpasswd:\n    realm: e2e\n    path: {root / 'htpasswd'}\n"
+        (root / "config.yml").write_text(config)
+        self.log = open(root / "registry.log", "w")
+        self.proc = subprocess.Popen(
+            ["docker-registry", "serve", str(root / "config.yml")],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 15
+        while True:
+            try:
+                socket.create_connection(tuple(self.addr.split(":")), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"docker-registry did not start; see {root / 'registry.log'}")
+                time.sleep(0.05)
+
+    def push(self, layout: "Layout", name: str, dest: str):
+        cmd = ["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false"]
+        if self.credentials:
+            cmd.append("--dest-creds={}:{}".format(*self.credentials))
+        cmd += [f"oci:{layout.dir}:{name}", f"docker://{self.addr}/{dest}"]
+        subprocess.run(cmd, check=True, capture_output=True)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+class Layout:
+    """An OCI image layout: gzip layers from tar bytes, a config, a manifest, named refs."""
+
+    def __init__(self, root: pathlib.Path):
+        self.dir = root
+        (root / "blobs" / "sha256").mkdir(parents=True)
+        (root / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+        self.refs = []
+
+    def blob(self, data: bytes):
+        digest = hashlib.sha256(data).hexdigest()
+        (self.dir / "blobs" / "sha256" / digest).write_bytes(data)
+        return f"sha256:{digest}", len(data)
+
+    def image(self, tars, env, name):
+        layers, diff_ids = [], []
+        for tar in tars:
+            diff_ids.append("sha256:" + hashlib.sha256(tar).hexdigest())
+            digest, size = self.blob(gzip.compress(tar, compresslevel=1, mtime=0))
+            layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest, "size": size})
+        config = {
+            "architecture": "amd64" if os.uname().machine == "x86_64" else "arm64",
+            "os": "linux",
+            "config": {"Env": env, "WorkingDir": "/srv", "User": "nobody"},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        }
+        cdigest, csize = self.blob(json.dumps(config).encode())
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cdigest, "size": csize},
+            "layers": layers,
+        }
+        digest, size = self.blob(json.dumps(manifest).encode())
+        self.refs = [r for r in self.refs if r["annotations"]["org.opencontainers.image.ref.name"] != name]
+        self.refs.append({
+            "mediaType": manifest["mediaType"], "digest": digest, "size": size,
+            "annotations": {"org.opencontainers.image.ref.name": name},
+        })
+        (self.dir / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": self.refs}))
+        return {"digest": digest, "diff_ids": diff_ids}
+
+
+def tar_of(files: dict) -> bytes:
+    """An uncompressed layer tar holding `files` (path -> text)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.mtime = len(data), 0o644, 1700000000
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class Registries:
+    """The open registry (the docker.io mirror) and the password-protected one, plus the
+    busybox root filesystem every pushed image starts from."""
+
+    PASSWORD = "reg-Pa55word-e2e"
+
+    def __init__(self, root: pathlib.Path, node_images: pathlib.Path):
+        self.root = root
+        self.open = Registry(root / "open")
+        self.private = Registry(root / "private", ("builder", self.PASSWORD))
+        manifest = json.loads((node_images / "images" / "busybox.json").read_text())
+        hexdigest = manifest["layers"][0]["digest"].split(":")[1]
+        self.busybox_tar = (node_images / "blobs" / "sha256" / hexdigest).read_bytes()
+
+    def push_image(self, registry: Registry, dest: str, marker: str, env=None):
+        """Pushes busybox plus a layer with /etc/image-marker = marker; returns its digests."""
+        layout = Layout(self.root / f"layout-{uuid.uuid4().hex[:8]}")
+        image = layout.image(
+            [self.busybox_tar, tar_of({"etc/image-marker": marker})],
+            env or ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "IMAGE_VAR=from-image"],
+            "img",
+        )
+        registry.push(layout, "img", dest)
+        return image
+
+    def stop(self):
+        self.open.stop()
+        self.private.stop()
+
+
 @pytest.fixture(scope="session")
-def strata(tmp_path_factory):
+def registries(tmp_path_factory):
+    root = tmp_path_factory.mktemp("registries")
+    node = NODE_IMAGES if (NODE_IMAGES / "images" / "busybox.json").exists() else None
+    if node is None:
+        node = root / "node"
+        node.mkdir()
+        subprocess.run(
+            [BIN, "image", "build-base", "--busybox-only", "--data-dir", str(node)], check=True
+        )
+    regs = Registries(root, node)
+    # What Docker Hub would serve, through the mirror: from_debian_image() and
+    # from_python_image() resolve to these.
+    regs.push_image(regs.open, "library/debian:stable", "debian-stable")
+    regs.push_image(regs.open, "library/python:3", "python-3")
+    yield regs
+    regs.stop()
+
+
+@pytest.fixture(scope="session")
+def strata(tmp_path_factory, registries):
     data_dir = tmp_path_factory.mktemp("strata-data")
     copy_node_images(data_dir)
     server = Strata(data_dir)
+    server.env["STRATA_REGISTRY_MIRRORS"] = f"docker.io=http://{registries.open.addr}"
     server.start()
     yield server
     server.stop()

@@ -11,9 +11,11 @@ use super::{api_metadata, check_team_template, command_error, parse_template_id}
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::domain::build::{self, Command};
-use crate::domain::build_spec::TemplateBuildStartV2;
+use crate::domain::build_spec::{BaseSource, TemplateBuildStartV2};
 use crate::domain::ids::{BuildId, TeamId, TemplateId};
+use crate::domain::image_ref::ImageRef;
 use crate::events::command::{execute, load, CommandContext};
+use crate::registry::sealed;
 use crate::streams::{build_stream, Build};
 use tracing::Instrument;
 
@@ -31,6 +33,24 @@ pub async fn start_build(
         .map_err(|e| ApiError::bad_request(format!("invalid build start request: {e}")))?;
     check_build_of(&state, &team.0, &template_id, &build_id).await?;
 
+    if let BaseSource::Image { reference, .. } = &spec.base {
+        ImageRef::parse(reference)
+            .map_err(|e| ApiError::bad_request(format!("invalid 'fromImage': {e}")))?;
+    }
+    // Credentials never enter the event; they are sealed for the worker that claims the build.
+    let sealed = match &spec.base {
+        BaseSource::Image {
+            registry: Some(credentials),
+            ..
+        } => {
+            let sealed = state.credential_seal.seal(&build_id, credentials);
+            let stored = sealed::store(&state.pool, &build_id, &sealed)
+                .await
+                .map_err(|e| ApiError::internal("storing the registry credentials", &e))?;
+            stored.then_some(sealed)
+        }
+        _ => None,
+    };
     let now = crate::streams::database_now(&state.pool).await?;
     let command = Command::StartBuild {
         spec,
@@ -40,10 +60,14 @@ pub async fn start_build(
     };
     let span = crate::trace::build_span(&state.events, build_id, "build.start").await;
     let ctx = span.in_scope(|| CommandContext::new(api_metadata(&state)));
-    execute::<Build>(&state.events, &build_stream(&build_id), &command, &ctx)
+    let started = execute::<Build>(&state.events, &build_stream(&build_id), &command, &ctx)
         .instrument(span)
-        .await
-        .map_err(|e| command_error(e, start_error))?;
+        .await;
+    if let (Err(_), Some(sealed)) = (&started, &sealed) {
+        // This start stored them and was refused: they belong to no build.
+        let _ = sealed::discard(&state.pool, &build_id, sealed).await;
+    }
+    started.map_err(|e| command_error(e, start_error))?;
     tracing::info!("build started and queued");
     Ok(StatusCode::ACCEPTED)
 }

@@ -68,6 +68,14 @@ pub enum Command {
         consultation: super::CacheConsultation,
         now: DateTime<Utc>,
     },
+    /// The base image's tag resolved to `digest`: pins the base for this and every later
+    /// attempt. Recording the same pin again is a no-op; another digest is a conflict.
+    PinBaseImage {
+        epoch: Epoch,
+        reference: String,
+        digest: Digest,
+        now: DateTime<Utc>,
+    },
     /// The irreversible commit: the candidate is complete, promotion takes over.
     BeginPublishing {
         epoch: Epoch,
@@ -135,6 +143,8 @@ pub enum Error {
     },
     #[error("step {step} is out of range: the build has {steps} steps")]
     StepOutOfRange { step: u32, steps: usize },
+    #[error("the base image was already pinned to {pinned}; a build's base resolves once")]
+    BasePinConflict { pinned: Digest },
     #[error("step {step} was already recorded with a different outcome")]
     StepConflict { step: u32 },
     #[error("the build is {status}; terminal states never change")]
@@ -246,6 +256,12 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
                 consulted_at: *now,
             }])
         }
+        Command::PinBaseImage {
+            epoch,
+            reference,
+            digest,
+            now,
+        } => pin_base(state, *epoch, reference, digest, *now),
         Command::BeginPublishing { epoch, result, now } => {
             begin_publishing(state, *epoch, result, *now)
         }
@@ -516,6 +532,26 @@ fn record_step(
             step,
             outcome: outcome.clone(),
             completed_at: now,
+        }]),
+    }
+}
+
+fn pin_base(
+    state: &State,
+    epoch: Epoch,
+    reference: &str,
+    digest: &Digest,
+    now: DateTime<Utc>,
+) -> Result<Vec<Event>, Error> {
+    open_attempt(state, epoch, now, true, false)?;
+    match &state.base_pin {
+        Some(pin) if &pin.digest == digest => Ok(vec![]),
+        Some(pin) => Err(Error::BasePinConflict { pinned: pin.digest }),
+        None => Ok(vec![Event::BaseImageResolved {
+            epoch,
+            reference: reference.to_owned(),
+            digest: *digest,
+            resolved_at: now,
         }]),
     }
 }

@@ -252,6 +252,17 @@ pub struct State {
     pub result: Option<BuildResult>,
     /// Set once `ContextReleased` is recorded: nothing of this build pins context any more.
     pub context_released: bool,
+    /// The manifest digest the base image's tag resolved to, once per build: every later
+    /// attempt pulls this digest, whatever the tag points at by then.
+    pub base_pin: Option<BasePin>,
+}
+
+/// A registry base image, pinned.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct BasePin {
+    /// The reference as the build named it, normalized (`docker.io/library/debian:stable`).
+    pub reference: String,
+    pub digest: Digest,
 }
 
 impl State {
@@ -348,6 +359,14 @@ pub enum Event {
         consultation: CacheConsultation,
         consulted_at: DateTime<Utc>,
     },
+    /// The base image's tag resolved to `digest` in the registry (recorded once per build).
+    #[serde(rename = "BaseImageResolved.v1")]
+    BaseImageResolved {
+        epoch: Epoch,
+        reference: String,
+        digest: Digest,
+        resolved_at: DateTime<Utc>,
+    },
     #[serde(rename = "PublishingStarted.v1")]
     PublishingStarted {
         epoch: Epoch,
@@ -384,6 +403,14 @@ pub enum Event {
 
 pub fn evolve(mut state: State, event: &Event) -> State {
     match event {
+        Event::BaseImageResolved {
+            reference, digest, ..
+        } => {
+            state.base_pin = Some(BasePin {
+                reference: reference.clone(),
+                digest: *digest,
+            });
+        }
         Event::BuildRegistered {
             template,
             team,

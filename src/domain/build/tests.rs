@@ -934,3 +934,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_base_image_is_pinned_once_per_build() {
+    let mut w = World::registered();
+    w.start(spec_copying(&[]), t(1), true).unwrap();
+    let pin = |epoch: Epoch, digest: Digest, now| Command::PinBaseImage {
+        epoch,
+        reference: "docker.io/library/debian:stable".into(),
+        digest,
+        now,
+    };
+    let first = Digest::of(b"index");
+    let events = w.run(pin(Epoch::FIRST, first, t(2))).unwrap();
+    assert!(matches!(&events[..], [Event::BaseImageResolved { digest, .. }] if *digest == first));
+    assert_eq!(w.build.base_pin.as_ref().map(|p| p.digest), Some(first));
+    assert!(
+        w.run(pin(Epoch::FIRST, first, t(3))).unwrap().is_empty(),
+        "recording the same pin again changes nothing"
+    );
+    assert!(matches!(
+        w.run(pin(Epoch::FIRST, Digest::of(b"moved"), t(3))),
+        Err(Error::BasePinConflict { pinned }) if pinned == first
+    ));
+    assert!(
+        w.run(pin(Epoch(7), first, t(3))).is_err(),
+        "only the open attempt pins"
+    );
+}

@@ -1,0 +1,162 @@
+//! Registry credentials at rest: sealed with ChaCha20-Poly1305 under a key derived from the
+//! server secret (the one that signs upload URLs), bound to their build (the build id is the
+//! associated data, so a sealed row moved to another build does not open). Stored in
+//! `build_credentials`, readable only while the reading attempt holds the build, deleted when
+//! the build ends (the inline builds projection deletes the row with the terminal event).
+
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use sqlx::PgPool;
+
+use crate::domain::build_spec::RegistryCredentials;
+use crate::domain::ids::{BuildId, Epoch};
+
+const NONCE_LEN: usize = 12;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SealError {
+    #[error("the sealed registry credentials of build {0} do not open with this server's key; every API replica and build node needs the same STRATA_UPLOAD_SECRET")]
+    Open(BuildId),
+    #[error("reading the registry credentials of build {build}: {source}")]
+    Store {
+        build: BuildId,
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+/// The sealing key. `Debug` shows nothing of it.
+#[derive(Clone)]
+pub struct CredentialSeal {
+    cipher: ChaCha20Poly1305,
+}
+
+impl std::fmt::Debug for CredentialSeal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CredentialSeal(<key>)")
+    }
+}
+
+impl CredentialSeal {
+    /// Derives the key from the server secret, for this purpose only.
+    pub fn from_secret(secret: &[u8]) -> CredentialSeal {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes any key");
+        mac.update(b"strata.registry-credentials.v1");
+        let key = mac.finalize().into_bytes();
+        CredentialSeal {
+            cipher: ChaCha20Poly1305::new(Key::from_slice(&key)),
+        }
+    }
+
+    pub fn seal(&self, build: &BuildId, credentials: &RegistryCredentials) -> Vec<u8> {
+        let nonce: [u8; NONCE_LEN] = rand::random();
+        let plaintext = serde_json::to_vec(credentials).expect("credentials serialize");
+        let mut out = nonce.to_vec();
+        out.extend(
+            self.cipher
+                .encrypt(
+                    Nonce::from_slice(&nonce),
+                    Payload {
+                        msg: &plaintext,
+                        aad: build.to_string().as_bytes(),
+                    },
+                )
+                .expect("sealing does not fail"),
+        );
+        out
+    }
+
+    pub fn open(&self, build: &BuildId, sealed: &[u8]) -> Result<RegistryCredentials, SealError> {
+        if sealed.len() < NONCE_LEN {
+            return Err(SealError::Open(*build));
+        }
+        let (nonce, ciphertext) = sealed.split_at(NONCE_LEN);
+        let plaintext = self
+            .cipher
+            .decrypt(
+                Nonce::from_slice(nonce),
+                Payload {
+                    msg: ciphertext,
+                    aad: build.to_string().as_bytes(),
+                },
+            )
+            .map_err(|_| SealError::Open(*build))?;
+        serde_json::from_slice(&plaintext).map_err(|_| SealError::Open(*build))
+    }
+}
+
+/// Stores a build's sealed credentials unless some are stored already (a replayed start keeps
+/// the first). Returns whether this call stored them.
+pub async fn store(pool: &PgPool, build: &BuildId, sealed: &[u8]) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "INSERT INTO build_credentials (build_id, sealed) VALUES ($1, $2) ON CONFLICT (build_id) DO NOTHING",
+    )
+    .bind(build.as_uuid())
+    .bind(sealed)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Removes exactly these sealed bytes (a start that stored them and was then refused).
+pub async fn discard(pool: &PgPool, build: &BuildId, sealed: &[u8]) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM build_credentials WHERE build_id = $1 AND sealed = $2")
+        .bind(build.as_uuid())
+        .bind(sealed)
+        .execute(pool)
+        .await
+        .map(drop)
+}
+
+/// The credentials of `build`, readable only while attempt `epoch` holds it.
+pub async fn load(
+    pool: &PgPool,
+    seal: &CredentialSeal,
+    build: &BuildId,
+    epoch: Epoch,
+) -> Result<Option<RegistryCredentials>, SealError> {
+    let row: Option<(Vec<u8>,)> = sqlx::query_as(
+        "SELECT c.sealed FROM build_credentials c JOIN builds b ON b.build_id = c.build_id \
+         WHERE c.build_id = $1 AND b.phase = 'active' AND b.epoch = $2",
+    )
+    .bind(build.as_uuid())
+    .bind(epoch.0 as i64)
+    .fetch_optional(pool)
+    .await
+    .map_err(|source| SealError::Store {
+        build: *build,
+        source,
+    })?;
+    row.map(|(sealed,)| seal.open(build, &sealed)).transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_credentials_open_only_with_the_key_and_for_their_build() {
+        let seal = CredentialSeal::from_secret(b"0123456789abcdef0123456789abcdef");
+        let build = BuildId::from_uuid(uuid::Uuid::new_v4());
+        let other = BuildId::from_uuid(uuid::Uuid::new_v4());
+        let creds = RegistryCredentials::Registry {
+            username: "u".into(),
+            password: "hunter2-secret".into(),
+        };
+        let sealed = seal.seal(&build, &creds);
+        assert!(
+            !sealed.windows(7).any(|w| w == b"hunter2"),
+            "the password is not in the clear"
+        );
+        assert_eq!(seal.open(&build, &sealed).unwrap(), creds);
+        assert!(seal.open(&other, &sealed).is_err(), "bound to the build");
+        let wrong = CredentialSeal::from_secret(b"another secret of thirty-two bytes");
+        assert!(wrong.open(&build, &sealed).is_err());
+        let mut tampered = sealed.clone();
+        *tampered.last_mut().unwrap() ^= 1;
+        assert!(seal.open(&build, &tampered).is_err());
+        assert_ne!(seal.seal(&build, &creds), sealed, "a fresh nonce each time");
+    }
+}

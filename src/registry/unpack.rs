@@ -1,0 +1,204 @@
+//! One layer from the wire to the node: the compressed bytes are hashed (the descriptor's
+//! digest) as they arrive, decompressed, hashed again (the config's diff id) while being
+//! written to the blob store and extracted into the layer cache, all in one pass on a blocking
+//! thread fed by the download. Nothing is published until both digests match: the blob is
+//! committed only with the expected diff id, and the extraction is renamed into the layer
+//! cache only after that; on any failure both are discarded.
+
+use std::io::{self, BufReader, Read, Write};
+use tokio::sync::mpsc::Receiver;
+
+use bytes::Bytes;
+use sha2::{Digest as _, Sha256};
+
+use super::manifest::Compression;
+use crate::vmm::archive_policy::{self, ArchivePolicy};
+use crate::vmm::blob_store::read_error;
+use crate::vmm::layer::LayerCache;
+use crate::vmm::{BlobStore, Digest, LayerRef, VmmError};
+
+/// Why unpacking stopped.
+#[derive(Debug)]
+pub enum UnpackError {
+    /// The compressed stream did not hash to the descriptor's digest.
+    Compressed {
+        actual: String,
+    },
+    /// The uncompressed tar did not hash to the config's diff id.
+    Uncompressed {
+        actual: String,
+    },
+    /// The download failed; the async side holds the reason.
+    Aborted,
+    Store(VmmError),
+}
+
+/// A chunk of the download, or the end of it with an error.
+pub type Chunk = Result<Bytes, ()>;
+
+struct ChannelReader {
+    rx: Receiver<Chunk>,
+    current: Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(Ok(chunk)) => self.current = chunk,
+                Some(Err(())) => return Err(io::Error::other(Aborted)),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        let _ = self.current.split_to(n);
+        Ok(n)
+    }
+}
+
+#[derive(Debug)]
+struct Aborted;
+impl std::fmt::Display for Aborted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the download was aborted")
+    }
+}
+impl std::error::Error for Aborted {}
+
+struct Hashing<R> {
+    inner: R,
+    hasher: Sha256,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+struct Tee<R, W> {
+    inner: R,
+    copy: W,
+}
+
+impl<R: Read, W: Write> Read for Tee<R, W> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.copy.write_all(&buf[..n])?;
+        Ok(n)
+    }
+}
+
+fn is_abort(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<Aborted>())
+}
+
+fn archive_is_abort(e: &archive_policy::ArchiveError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<io::Error>() {
+            if is_abort(io) {
+                return true;
+            }
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Unpacks one layer from `rx`; runs on a blocking thread.
+pub fn unpack(
+    rx: Receiver<Chunk>,
+    compression: Compression,
+    compressed_digest: &Digest,
+    diff_id: &Digest,
+    blobs: &dyn BlobStore,
+    layers: &LayerCache,
+) -> Result<LayerRef, UnpackError> {
+    let staging = layers.staging(diff_id).map_err(UnpackError::Store)?;
+    let result = unpack_into(rx, compression, compressed_digest, diff_id, blobs, &staging);
+    match result {
+        Ok(layer) => {
+            layers
+                .publish_staged(&staging, diff_id)
+                .map_err(UnpackError::Store)?;
+            Ok(layer)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            Err(e)
+        }
+    }
+}
+
+fn unpack_into(
+    rx: Receiver<Chunk>,
+    compression: Compression,
+    compressed_digest: &Digest,
+    diff_id: &Digest,
+    blobs: &dyn BlobStore,
+    staging: &std::path::Path,
+) -> Result<LayerRef, UnpackError> {
+    let io_err = |e: io::Error, what: &str| {
+        if is_abort(&e) {
+            UnpackError::Aborted
+        } else {
+            UnpackError::Store(read_error(e, what))
+        }
+    };
+    let mut wire = Hashing {
+        inner: ChannelReader {
+            rx,
+            current: Bytes::new(),
+        },
+        hasher: Sha256::new(),
+    };
+    let mut writer = blobs.writer().map_err(UnpackError::Store)?;
+    let extracted = {
+        let decoded: Box<dyn Read + '_> = match compression {
+            Compression::None => Box::new(&mut wire),
+            Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(
+                BufReader::with_capacity(1 << 16, &mut wire),
+            )),
+            Compression::Zstd => Box::new(
+                zstd::stream::read::Decoder::new(&mut wire)
+                    .map_err(|e| io_err(e, "starting a zstd decoder"))?,
+            ),
+        };
+        let mut tee = Tee {
+            inner: decoded,
+            copy: &mut writer,
+        };
+        let extracted = archive_policy::extract_tar(&mut tee, staging, &ArchivePolicy::layer());
+        // The tar's end-of-archive padding and anything after it belong to the diff id too.
+        let drained = io::copy(&mut tee, &mut io::sink());
+        match (extracted, drained) {
+            (Err(e), _) if archive_is_abort(&e) => return Err(UnpackError::Aborted),
+            (_, Err(e)) if is_abort(&e) => return Err(UnpackError::Aborted),
+            (r, d) => (r, d.err()),
+        }
+    };
+    // Whatever the decoder left unread still counts toward the compressed digest.
+    io::copy(&mut wire, &mut io::sink()).map_err(|e| io_err(e, "reading a layer"))?;
+    let actual = Digest::from_hasher(wire.hasher);
+    if &actual != compressed_digest {
+        return Err(UnpackError::Compressed {
+            actual: actual.to_string(),
+        });
+    }
+    // Only bytes that match their digest are judged as archives: a tar error on verified bytes
+    // is the image's own.
+    let (extracted, drain_error) = extracted;
+    if let Some(e) = drain_error {
+        return Err(UnpackError::Store(VmmError::io("decompressing a layer")(e)));
+    }
+    extracted.map_err(|e| UnpackError::Store(e.into()))?;
+    let (digest, size) = writer.commit_expecting(diff_id).map_err(|e| match e {
+        VmmError::DigestMismatch { actual, .. } => UnpackError::Uncompressed { actual },
+        other => UnpackError::Store(other),
+    })?;
+    Ok(LayerRef { digest, size })
+}

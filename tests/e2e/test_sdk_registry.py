@@ -1,0 +1,189 @@
+"""Base images from registries, through the unmodified E2B Python SDK: a real registry on
+loopback (Debian's docker-registry) serves as the docker.io mirror and as a password-protected
+private registry; images are pushed with skopeo. Each result is checked inside the template
+(`strata template exec`)."""
+
+import http.server
+import re
+import threading
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from e2b import Template
+
+RESOLVED = re.compile(r"^\[base\] (\S+) resolved to (sha256:[0-9a-f]{64}) \((\d+) layers, (\d+) downloaded\)$")
+
+
+def build(tpl, name, opts, **kw):
+    return build_info(tpl, name, opts, **kw)[1]
+
+
+def build_info(tpl, name, opts, **kw):
+    logs = []
+    info = Template.build(tpl, name, on_build_logs=logs.append, **opts, **kw)
+    return info, [entry.message for entry in logs]
+
+
+def build_error(tpl, name, opts):
+    logs = []
+    with pytest.raises(Exception) as err:
+        Template.build(tpl, name, on_build_logs=logs.append, **opts)
+    return str(err.value), [entry.message for entry in logs]
+
+
+def exec_in(strata, team_name, template, script):
+    out = strata.cli("template", "exec", "--team", team_name, template, "--", "/bin/sh", "-c", script, check=False)
+    assert out.returncode == 0, f"exec failed ({out.returncode}): {out.stderr}"
+    return out.stdout
+
+
+def resolved(messages):
+    found = [RESOLVED.match(m) for m in messages]
+    return [m for m in found if m]
+
+
+def test_sdk_image_helpers_resolve_through_the_docker_io_mirror(strata, team):
+    team_name, opts = team
+    info, messages = build_info(
+        Template().from_debian_image().run_cmd("cat /etc/image-marker > /home/user/seen"), "deb", opts
+    )
+    lines = resolved(messages)
+    assert len(lines) == 1 and lines[0].group(1) == "debian:stable", messages
+    assert any(m.startswith("[base] pulling ") for m in messages), messages
+    assert exec_in(strata, team_name, "deb", "cat /home/user/seen").strip() == "debian-stable"
+    # E2B applies the image's ENV, not its USER or WORKDIR (the image says nobody and /srv).
+    assert exec_in(strata, team_name, "deb", "echo $IMAGE_VAR") == "from-image\n"
+
+    build(Template().from_python_image().run_cmd("cat /etc/image-marker > /tmp/m"), "py", opts)
+    assert exec_in(strata, team_name, "py", "cat /etc/image-marker").strip() == "python-3"
+
+    history = strata.cli("history", "build", info.build_id, "--json")
+    pins = [line for line in history.stdout.splitlines() if "BaseImageResolved.v1" in line]
+    assert len(pins) == 1 and lines[0].group(2) in pins[0], history.stdout
+
+
+def test_default_and_fully_qualified_spellings_name_catalog_images(strata, team):
+    team_name, opts = team
+    build(Template().from_base_image().run_cmd("true"), "base-latest", opts)
+    build(Template().from_image("docker.io/library/busybox:latest").run_cmd("true"), "bb-fq", opts)
+    assert exec_in(strata, team_name, "bb-fq", "echo ok") == "ok\n"
+
+
+def test_private_registry_with_right_and_wrong_passwords(strata, team, registries):
+    team_name, opts = team
+    reg = registries.private
+    registries.push_image(reg, "private/app:1", "private-app")
+    image = f"{reg.addr}/private/app:1"
+
+    wrong = "wrong-Pa55word-e2e"
+    message, logs = build_error(Template().from_image(image, username="builder", password=wrong).run_cmd("true"), "priv-bad", opts)
+    assert "refused access" in message and "credentials" in message, message
+    everything = message + "\n".join(logs)
+    assert wrong not in everything and registries.PASSWORD not in everything
+
+    info, _ = build_info(Template().from_image(image, username="builder", password=registries.PASSWORD).run_cmd("true"), "priv", opts)
+    assert exec_in(strata, team_name, "priv", "cat /etc/image-marker").strip() == "private-app"
+
+    # Without credentials the layers already on the node are not handed out.
+    message, _ = build_error(Template().from_image(image).run_cmd("true"), "priv-anon", opts)
+    assert "refused access" in message, message
+
+    # The password is in no event, no log line of the server, no history.
+    history = strata.cli("history", "build", info.build_id, "--json").stdout
+    server_log = (strata.data_dir / "strata.log").read_text(errors="replace")
+    for secret in (wrong, registries.PASSWORD):
+        assert secret not in history and secret not in server_log
+    streams = urllib.request.Request(
+        strata.url + "/admin/streams?category=build&limit=1000", headers={"Authorization": "Bearer e2e-admin"}
+    )
+    with urllib.request.urlopen(streams, timeout=10) as r:
+        listing = r.read().decode()
+    for stream in re.findall(r'"stream_id":"(build-[^"]+)"', listing):
+        req = urllib.request.Request(
+            strata.url + f"/admin/streams/{stream}/events?limit=1000", headers={"Authorization": "Bearer e2e-admin"}
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = r.read().decode()
+        assert wrong not in body and registries.PASSWORD not in body
+
+
+def test_a_moved_tag_misses_the_cache_and_an_unchanged_one_hits(strata, team, registries):
+    team_name, opts = team
+    dest = f"moving/app:{uuid.uuid4().hex[:6]}"
+    registries.push_image(registries.open, dest, "v1")
+    image = f"{registries.open.addr}/{dest}"
+    recipe = lambda: Template().from_image(image).run_cmd("cat /etc/image-marker > /home/user/m")  # noqa: E731
+
+    first = build(recipe(), "moving", opts)
+    assert "[cache] final result: cache hit" not in first
+    again = build(recipe(), "moving", opts)
+    assert "[cache] final result: cache hit" in again, again
+    registries.push_image(registries.open, dest, "v2")
+    moved = build(recipe(), "moving", opts)
+    assert "[cache] final result: cache hit" not in moved, moved
+    assert resolved(moved)[0].group(2) != resolved(first)[0].group(2)
+    assert exec_in(strata, team_name, "moving", "cat /home/user/m").strip() == "v2"
+
+
+def test_two_concurrent_builds_of_one_new_image_pull_it_once(strata, team, registries):
+    team_name, opts = team
+    dest = f"fresh/app:{uuid.uuid4().hex[:6]}"
+    registries.push_image(registries.open, dest, "fresh")
+    image = f"{registries.open.addr}/{dest}"
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(
+            pool.map(
+                lambda i: build(Template().from_image(image).run_cmd(f"echo {i} > /home/user/i"), f"fresh-{i}", opts),
+                [1, 2],
+            )
+        )
+    downloaded = [int(resolved(m)[0].group(4)) for m in runs]
+    # The busybox layer is on the node already; the marker layer is new and crosses once.
+    assert sum(downloaded) == 1, (downloaded, runs)
+
+
+class Tamper(http.server.BaseHTTPRequestHandler):
+    """Relays to the open registry, flipping a byte in every layer blob."""
+
+    upstream = ""
+
+    def do_GET(self):  # noqa: N802
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+        req = urllib.request.Request(f"http://{self.upstream}{self.path}", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                status, out_headers, body = r.status, r.headers, bytearray(r.read())
+        except urllib.error.HTTPError as e:
+            status, out_headers, body = e.code, e.headers, bytearray(e.read())
+        if "/blobs/" in self.path and len(body) > 64 and body[:1] != b"{":
+            body[len(body) // 2] ^= 0x55
+        self.send_response(status)
+        for k, v in out_headers.items():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(bytes(body))
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_corrupted_blob_fails_the_build_and_nothing_is_stored(strata, team, registries):
+    team_name, opts = team
+    dest = f"tampered/app:{uuid.uuid4().hex[:6]}"
+    image = registries.push_image(registries.open, dest, f"tampered-{uuid.uuid4().hex}")
+    Tamper.upstream = registries.open.addr
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Tamper)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ref = f"127.0.0.1:{server.server_address[1]}/{dest}"
+        message, _ = build_error(Template().from_image(ref).run_cmd("true"), "tampered", opts)
+    finally:
+        server.shutdown()
+    assert "altered" in message and "nothing was stored" in message, message
+    marker_layer = image["diff_ids"][1].split(":")[1]
+    assert not (strata.data_dir / "blobs" / "sha256" / marker_layer).exists()
+    assert not (strata.data_dir / "layers" / marker_layer).exists()

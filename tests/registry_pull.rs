@@ -1,0 +1,421 @@
+//! The pull engine against a real registry (CNCF distribution, Debian's `docker-registry`) on
+//! loopback, with images pushed by skopeo from OCI layouts written here.
+
+mod common;
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use common::registry::{self, proxy, LocalRegistry};
+use strata::domain::image_ref::ImageRef;
+use strata::registry::layout::Layout;
+use strata::registry::manifest::Compression;
+use strata::registry::{BasicAuth, PullError, Puller, RegistrySettings};
+use strata::vmm::{BlobStore, Digest, LocalBlobStore};
+
+struct Node {
+    dir: tempfile::TempDir,
+    blobs: Arc<LocalBlobStore>,
+}
+
+impl Node {
+    fn new() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = Arc::new(LocalBlobStore::open(dir.path().join("blobs")).unwrap());
+        Node { dir, blobs }
+    }
+    fn puller(&self, settings: RegistrySettings) -> Puller {
+        Puller::new(self.dir.path(), self.blobs.clone(), settings).unwrap()
+    }
+    fn layer_dir(&self, diff_id: &str) -> std::path::PathBuf {
+        self.dir
+            .path()
+            .join("layers")
+            .join(diff_id.trim_start_matches("sha256:"))
+    }
+    /// Stored blobs and extracted layers, plus anything left in temporary places.
+    fn contents(&self) -> (usize, usize, usize) {
+        let count = |p: &Path| std::fs::read_dir(p).map(|d| d.count()).unwrap_or(0);
+        let root = self.dir.path();
+        (
+            count(&root.join("blobs/sha256")),
+            count(&root.join("layers")),
+            count(&root.join("blobs/tmp")),
+        )
+    }
+}
+
+fn reference(registry: &str, path: &str) -> ImageRef {
+    ImageRef::parse(&format!("{registry}/{path}")).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_multi_layer_image_is_pulled_verified_and_unpacked_then_pulled_warm_with_one_request() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    let image = registry::push_three_layers(&reg, work.path(), "team/app:v1", "first\n");
+    let node = Node::new();
+    let puller = node.puller(RegistrySettings::default());
+
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let progress: strata::registry::pull::ProgressFn =
+        Arc::new(move |p| sink.lock().unwrap().push(p.to_string()));
+    let (pulled, stats) = puller
+        .pull(&reference(&reg.addr, "team/app:v1"), None, Some(progress))
+        .await
+        .unwrap();
+    assert_eq!(
+        pulled.digest.to_string(),
+        image.digest,
+        "pinned to the pushed manifest"
+    );
+    assert_eq!(stats.layers_downloaded, 3);
+    let diff_ids: Vec<String> = pulled.layers.iter().map(|l| l.digest.to_string()).collect();
+    assert_eq!(
+        diff_ids, image.diff_ids,
+        "layers are stored by diff id, bottom first"
+    );
+    for layer in &pulled.layers {
+        node.blobs.verify(&layer.digest).unwrap();
+    }
+    // gzip layer, zstd layer (with the whiteout in overlay's format), uncompressed layer.
+    let first = node.layer_dir(&image.diff_ids[0]);
+    assert_eq!(
+        std::fs::read_to_string(first.join("bin/tool")).unwrap(),
+        "#!/bin/sh\necho tool\n"
+    );
+    let second = node.layer_dir(&image.diff_ids[1]);
+    assert_eq!(
+        std::fs::read_to_string(second.join("etc/marker")).unwrap(),
+        "first\n"
+    );
+    let wh = std::fs::symlink_metadata(second.join("etc/removed")).unwrap();
+    assert!(
+        wh.file_type().is_char_device() && wh.rdev() == 0,
+        "a whiteout becomes a 0/0 device"
+    );
+    assert!(node.layer_dir(&image.diff_ids[2]).join("srv/app").is_file());
+    assert_eq!(
+        pulled.config.env,
+        vec![
+            ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
+            ("GREETING".to_owned(), "hello world".to_owned()),
+            ("EMPTY".to_owned(), String::new()),
+            (" ".to_owned(), "x".to_owned()),
+        ]
+    );
+    let lines = seen.lock().unwrap().clone();
+    assert!(
+        lines
+            .first()
+            .is_some_and(|l| l.starts_with("pulling 0/3 layers")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("pulling 3/3 layers")),
+        "{lines:?}"
+    );
+
+    let before = node.contents();
+    let (warm, stats) = puller
+        .pull(&reference(&reg.addr, "team/app:v1"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(stats.requests, 1, "a warm pull is one manifest request");
+    assert_eq!(stats.layers_downloaded, 0);
+    assert_eq!(warm.digest, pulled.digest);
+    assert_eq!(node.contents(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_manifest_list_resolves_to_the_node_platform_or_says_what_it_offers() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    let mut layout = Layout::create(&work.path().join("layout")).unwrap();
+    let other_arch = if registry::node_arch() == "amd64" {
+        "arm64"
+    } else {
+        "amd64"
+    };
+    let mine = layout
+        .image(
+            &[registry::layer(
+                Compression::Gzip,
+                vec![registry::file("arch", "mine")],
+            )],
+            &[],
+            &registry::node_arch(),
+        )
+        .unwrap();
+    let other = layout
+        .image(
+            &[registry::layer(
+                Compression::Gzip,
+                vec![registry::file("arch", "other")],
+            )],
+            &[],
+            other_arch,
+        )
+        .unwrap();
+    let s390 = layout
+        .image(
+            &[registry::layer(
+                Compression::Gzip,
+                vec![registry::file("arch", "s390x")],
+            )],
+            &[],
+            "s390x",
+        )
+        .unwrap();
+    let both = layout.index(&[&other, &mine]).unwrap();
+    let foreign = layout.index(&[&s390]).unwrap();
+    layout.tag("multi", &both).unwrap();
+    layout.tag("foreign", &foreign).unwrap();
+    reg.push(layout.dir(), "multi", "lib/multi:1", true)
+        .unwrap();
+    reg.push(layout.dir(), "foreign", "lib/foreign:1", true)
+        .unwrap();
+
+    let node = Node::new();
+    let puller = node.puller(RegistrySettings::default());
+    let (pulled, _) = puller
+        .pull(&reference(&reg.addr, "lib/multi:1"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        pulled.digest.to_string(),
+        both.digest,
+        "pinned to the index"
+    );
+    assert_eq!(pulled.manifest_digest.to_string(), mine.digest);
+    let dir = node.layer_dir(&mine.diff_ids[0]);
+    assert_eq!(std::fs::read_to_string(dir.join("arch")).unwrap(), "mine");
+
+    let err = puller
+        .pull(&reference(&reg.addr, "lib/foreign:1"), None, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, PullError::UnsupportedPlatform { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("linux/s390x"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_protected_registry_needs_the_right_password_and_errors_never_show_it() {
+    let work = tempfile::tempdir().unwrap();
+    let password = "s3cret-Pa55word";
+    let reg = LocalRegistry::start(&work.path().join("reg"), Some(("builder", password))).unwrap();
+    registry::push_three_layers(&reg, work.path(), "private/app:1", "private\n");
+    let node = Node::new();
+    let puller = node.puller(RegistrySettings::default());
+    let r = reference(&reg.addr, "private/app:1");
+
+    let anonymous = puller.pull(&r, None, None).await.unwrap_err();
+    assert!(
+        matches!(anonymous, PullError::Unauthorized { .. }),
+        "{anonymous}"
+    );
+    let wrong = "wrong-Pa55word";
+    let err = puller
+        .pull(
+            &r,
+            Some(BasicAuth {
+                username: "builder".into(),
+                password: wrong.into(),
+            }),
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PullError::Unauthorized { .. }), "{err}");
+    let shown = format!("{err} {err:?}");
+    assert!(
+        !shown.contains(wrong) && !shown.contains(password),
+        "{shown}"
+    );
+    assert_eq!(
+        node.contents(),
+        (0, 0, 0),
+        "nothing stored without authorization"
+    );
+
+    let (pulled, _) = puller
+        .pull(
+            &r,
+            Some(BasicAuth {
+                username: "builder".into(),
+                password: password.into(),
+            }),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(pulled.layers.len(), 3);
+    // Once the layers are on the node, a caller without the password still gets nothing.
+    let again = puller.pull(&r, None, None).await.unwrap_err();
+    assert!(matches!(again, PullError::Unauthorized { .. }), "{again}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corrupted_blob_fails_the_pull_and_nothing_is_stored() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    let image = registry::push_three_layers(&reg, work.path(), "team/app:v1", "first\n");
+    let tamper = proxy(&reg.addr).await;
+    tamper.corrupt_layers.store(true, Ordering::SeqCst);
+    let node = Node::new();
+    let puller = node.puller(RegistrySettings::default());
+    let err = puller
+        .pull(&reference(&tamper.addr, "team/app:v1"), None, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PullError::DigestMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("nothing was stored"), "{err}");
+    let (blobs, layers, tmp) = node.contents();
+    assert_eq!((blobs, tmp), (0, 0), "no blob and no temporary file: {err}");
+    assert_eq!(layers, 0, "no extracted layer and no staging directory");
+    for diff in &image.diff_ids {
+        assert!(node
+            .blobs
+            .size(&Digest::parse(diff).unwrap())
+            .unwrap()
+            .is_none());
+    }
+    // The same pull through an honest path succeeds.
+    tamper.corrupt_layers.store(false, Ordering::SeqCst);
+    puller
+        .pull(&reference(&tamper.addr, "team/app:v1"), None, None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_pulls_of_one_image_download_each_layer_once() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    registry::push_three_layers(&reg, work.path(), "team/app:v1", "first\n");
+    let counting = proxy(&reg.addr).await;
+    let node = Node::new();
+    let puller = node.puller(RegistrySettings::default());
+    let r = reference(&counting.addr, "team/app:v1");
+    let (a, b) = tokio::join!(puller.pull(&r, None, None), puller.pull(&r, None, None));
+    let ((a, sa), (b, sb)) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.digest, b.digest);
+    assert_eq!(sa.layers_downloaded + sb.layers_downloaded, 3);
+    // Two configs, three layers: each layer went over the wire once.
+    assert_eq!(counting.blob_requests.load(Ordering::SeqCst), 2 + 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_moved_tag_resolves_anew_while_a_pinned_digest_keeps_the_old_image() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    let old = registry::push_three_layers(&reg, work.path(), "team/app:v1", "old\n");
+    let node = Node::new();
+    let puller = node.puller(RegistrySettings::default());
+    let r = reference(&reg.addr, "team/app:v1");
+    let (first, _) = puller.pull(&r, None, None).await.unwrap();
+    let new = registry::push_three_layers(&reg, work.path(), "team/app:v1", "new\n");
+    assert_ne!(old.digest, new.digest);
+    let (moved, stats) = puller.pull(&r, None, None).await.unwrap();
+    assert_eq!(moved.digest.to_string(), new.digest);
+    assert_eq!(
+        stats.layers_downloaded, 1,
+        "only the changed layer is fetched"
+    );
+    let (pinned, _) = puller
+        .pull(&r.pinned(first.digest), None, None)
+        .await
+        .unwrap();
+    assert_eq!(pinned.digest.to_string(), old.digest);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mirrors_unknown_images_and_the_size_ceiling() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    let image = registry::push_three_layers(&reg, work.path(), "library/debian:stable", "d\n");
+    let node = Node::new();
+    let mirrored = node.puller(
+        RegistrySettings::parse(Some(&format!("docker.io=http://{}", reg.addr)), None, None)
+            .unwrap(),
+    );
+    for spelling in [
+        "debian:stable",
+        "docker.io/library/debian:stable",
+        "index.docker.io/debian:stable",
+    ] {
+        let (pulled, _) = mirrored
+            .pull(&ImageRef::parse(spelling).unwrap(), None, None)
+            .await
+            .unwrap();
+        assert_eq!(pulled.digest.to_string(), image.digest, "{spelling}");
+    }
+    let err = mirrored
+        .pull(&ImageRef::parse("debian:no-such-tag").unwrap(), None, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PullError::NotFound { .. }), "{err}");
+    assert!(err.to_string().contains("debian:no-such-tag"), "{err}");
+
+    let small = Node::new();
+    let capped = small.puller(RegistrySettings {
+        max_bytes: Some(image.layers_size - 1),
+        ..Default::default()
+    });
+    let err = capped
+        .pull(&reference(&reg.addr, "library/debian:stable"), None, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PullError::TooLarge { .. }), "{err}");
+    assert_eq!(small.contents(), (0, 0, 0));
+}
+
+#[test]
+fn strata_image_pull_pulls_into_the_data_dir_and_image_ls_lists_it() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), Some(("cli", "cli-Pa55"))).unwrap();
+    let image = registry::push_three_layers(&reg, work.path(), "team/cli:1", "cli\n");
+    let data = work.path().join("data");
+    let run = |args: &[&str], password: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_strata"));
+        cmd.args(args)
+            .env("STRATA_DATA_DIR", &data)
+            .env_remove("STRATA_REGISTRY_PASSWORD");
+        if let Some(p) = password {
+            cmd.env("STRATA_REGISTRY_PASSWORD", p);
+        }
+        cmd.output().unwrap()
+    };
+    let reference = format!("{}/team/cli:1", reg.addr);
+    let refused = run(&["image", "pull", &reference], None);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("refused access"));
+    let out = run(
+        &["image", "pull", &reference, "--username", "cli"],
+        Some("cli-Pa55"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&image.digest) && stdout.contains("3 layers"),
+        "{stdout}"
+    );
+    let ls = run(&["image", "ls"], None);
+    let listing = String::from_utf8_lossy(&ls.stdout);
+    assert!(
+        listing.contains(&format!("{}/team/cli:1@{}", reg.addr, image.digest)),
+        "{listing}"
+    );
+}
