@@ -14,11 +14,11 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use sha2::{Digest as _, Sha256};
 
 use super::error::PullError;
@@ -288,19 +288,43 @@ impl Puller {
             plan.push((desc.clone(), compression, digest, diff));
         }
         tracker.emit(true);
-        let layers: Vec<LayerRef> =
+        // A failed layer stops the others, and the pull returns only once every layer task has
+        // cleaned up after itself: an error leaves nothing behind on the node.
+        let stop = AtomicBool::new(false);
+        let first_failure = std::sync::Mutex::new(None);
+        let results: Vec<Option<LayerRef>> =
             futures::stream::iter(plan.into_iter().map(|(desc, compression, digest, diff)| {
-                let session = &session;
-                let stats = &stats;
+                let (session, stats, stop, first_failure) =
+                    (&session, &stats, &stop, &first_failure);
                 let tracker = tracker.clone();
                 async move {
-                    self.layer(session, &desc, compression, &digest, &diff, stats, &tracker)
-                        .await
+                    let layer = self
+                        .layer(
+                            session,
+                            &desc,
+                            compression,
+                            &digest,
+                            &diff,
+                            stats,
+                            &tracker,
+                            stop,
+                        )
+                        .await;
+                    layer
+                        .map_err(|e| {
+                            stop.store(true, Ordering::SeqCst);
+                            first_failure.lock().expect("failure slot").get_or_insert(e);
+                        })
+                        .ok()
                 }
             }))
             .buffered(PARALLEL_LAYERS)
-            .try_collect()
-            .await?;
+            .collect()
+            .await;
+        if let Some(failure) = first_failure.into_inner().expect("failure slot") {
+            return Err(failure);
+        }
+        let layers: Vec<LayerRef> = results.into_iter().flatten().collect();
         tracker.emit(true);
         let env = config
             .config
@@ -419,9 +443,17 @@ impl Puller {
         diff: &Digest,
         stats: &Stats,
         tracker: &Arc<Tracker>,
+        stop: &AtomicBool,
     ) -> Result<LayerRef, PullError> {
         let inner = &self.inner;
         let image = session.image().to_owned();
+        let stopped = || PullError::Transport {
+            image: session.image().to_owned(),
+            detail: "stopped: another layer of the image failed".into(),
+        };
+        if stop.load(Ordering::SeqCst) {
+            return Err(stopped());
+        }
         let store_err = |source: VmmError| PullError::Store {
             image: image.clone(),
             source,
@@ -464,6 +496,10 @@ impl Puller {
         let mut received = 0u64;
         let mut failure: Option<PullError> = None;
         while let Some(chunk) = body.next().await {
+            if stop.load(Ordering::SeqCst) {
+                failure = Some(stopped());
+                break;
+            }
             match chunk {
                 Ok(bytes) => {
                     received += bytes.len() as u64;
