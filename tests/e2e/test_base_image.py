@@ -127,6 +127,6 @@ def test_a_missing_image_says_how_to_get_one(strata, team, tmp_path):
     with pytest.raises(BuildException) as err:
         Template.build(Template(file_context_path=str(tmp_path)).from_image("acme/missing:1"), "no-image", **opts)
     message = str(err.value)
-    assert "not available" in message and "e2bdev/base" in message, message
-    assert "`strata image import <docker save archive or OCI layout> --name " in message, message
+    assert "was not found in its registry" in message and "e2bdev/base" in message, message
+    assert "`strata image pull REF` or `strata image import` adds one" in message, message
     assert "acme/missing" in message, message

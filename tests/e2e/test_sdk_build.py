@@ -143,7 +143,14 @@ def test_from_template_extends_the_parents_steps_not_what_its_start_command_did(
         "from-step\nside-effect\n"
     )
 
-    child = Template().from_template("started-parent").run_cmd("ls /home/user > /tmp/listing")
+    # The child sets its own commands, so the parent's start command is not inherited and run
+    # again at the child's finalize (tests/e2e/test_sdk_semantics.py covers inheritance).
+    child = (
+        Template()
+        .from_template("started-parent")
+        .run_cmd("test ! -e /home/user/started.txt")
+        .set_start_cmd("sleep 600", "test -f /home/user/step.txt")
+    )
     Template.build(child, "started-child", **opts)
     out = exec_in(
         strata,

@@ -47,14 +47,20 @@ def resolved(messages):
 def test_sdk_image_helpers_resolve_through_the_docker_io_mirror(strata, team):
     team_name, opts = team
     info, messages = build_info(
-        Template().from_debian_image().run_cmd("cat /etc/image-marker > /home/user/seen"), "deb", opts
+        Template()
+        .from_debian_image()
+        .run_cmd('cat /etc/image-marker > /home/user/seen && echo "$IMAGE_VAR" > /home/user/env'),
+        "deb",
+        opts,
     )
     lines = resolved(messages)
     assert len(lines) == 1 and lines[0].group(1) == "debian:stable", messages
     assert any(m.startswith("[base] pulling ") for m in messages), messages
     assert exec_in(strata, team_name, "deb", "cat /home/user/seen").strip() == "debian-stable"
-    # E2B applies the image's ENV, not its USER or WORKDIR (the image says nobody and /srv).
-    assert exec_in(strata, team_name, "deb", "echo $IMAGE_VAR") == "from-image\n"
+    # E2B applies the image's ENV to the build (build-time, as every ENV: ADR 0012), not its
+    # USER or WORKDIR (the image says nobody and /srv).
+    assert exec_in(strata, team_name, "deb", "cat /home/user/env") == "from-image\n"
+    assert exec_in(strata, team_name, "deb", 'echo "[$IMAGE_VAR]"') == "[]\n"
 
     build(Template().from_python_image().run_cmd("cat /etc/image-marker > /tmp/m"), "py", opts)
     assert exec_in(strata, team_name, "py", "cat /etc/image-marker").strip() == "python-3"

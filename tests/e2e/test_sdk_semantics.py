@@ -110,13 +110,14 @@ def test_start_and_ready_commands_follow_e2b_rules(strata, team):
         "parent-start user /home/user/srv\nstarted\n"
     )
 
-    # Neither set on a derived template: it keeps (and runs) the parent's commands.
-    # (Its ready file is removed first, so the ready command waits for the start command again.)
-    child = Template().from_template("fin-parent").run_cmd("rm /home/user/srv/started")
+    # Neither set on a derived template: it keeps (and runs) the parent's commands. It extends
+    # the parent's build-base checkpoint, so the parent's start command has not run in its base:
+    # the ready file is absent until the child's own finalize runs that command once.
+    child = Template().from_template("fin-parent").run_cmd("test ! -e /home/user/srv/started")
     messages, _, _ = build(child, "fin-child", opts)
     assert any(m.startswith("[finalize] START sleep 1;") for m in messages), messages
     assert exec_in(strata, team_name, "fin-child", "cat /home/user/srv/started /home/user/srv/count") == (
-        "parent-start user /home/user/srv\nstarted\nstarted\n"
+        "parent-start user /home/user/srv\nstarted\n"
     )
 
     # A start command that fails fails the build at finalize, with its exit code.
