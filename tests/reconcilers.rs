@@ -6,12 +6,12 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use common::build_api::{stream, Api};
+use common::process::Proc;
 use common::sandbox::node_dir;
 use serde_json::json;
 use strata::domain::build::{self, AttemptGrant, BuildResult, FailureKind, Phase};
@@ -32,80 +32,34 @@ const LEASE_SECS: u64 = 3;
 // Processes
 // ---------------------------------------------------------------------------------------------
 
-/// A child process in a process group of its own, its stderr in a log file. Dropping it
-/// SIGKILLs the whole group, so a failed test leaves nothing running (the sandboxes of a killed
-/// worker die with it on their own: that is tested, not assumed, by [`leftovers_of`]).
-struct Proc {
-    child: Child,
-    log: PathBuf,
+/// A worker with the short test lease; `crash_at` names a fault point where it SIGKILLs itself.
+/// [`Proc`] kills its whole process group on drop, so a failed test leaves nothing running (the
+/// sandboxes of a killed worker die with it on their own: that is tested, not assumed, by
+/// [`leftovers_of`]).
+fn start_worker(db_url: &str, node: &str, crash_at: Option<&str>) -> Proc {
+    start_worker_with_lease(db_url, node, crash_at, LEASE_SECS)
 }
 
-impl Proc {
-    fn spawn(args: &[&str], db_url: &str, node: &str, extra_env: &[(&str, &str)]) -> Proc {
-        let log = std::env::temp_dir().join(format!(
-            "strata-reconcilers-{node}-{}.log",
-            &Uuid::new_v4().simple().to_string()[..8]
-        ));
-        let mut cmd = Command::new(common::strata_bin());
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        cmd.args(args)
-            .env("DATABASE_URL", db_url)
-            .env("STRATA_DATA_DIR", node_dir())
-            .env("STRATA_NODE_ID", node)
-            .env("RUST_LOG", "strata=info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
-        Proc {
-            child: cmd.spawn().unwrap(),
-            log,
-        }
-    }
+fn start_worker_with_lease(db_url: &str, node: &str, crash_at: Option<&str>, lease: u64) -> Proc {
+    let env: Vec<(&str, &str)> = crash_at
+        .map(|point| (strata::fault::CRASH_AT_ENV, point))
+        .into_iter()
+        .collect();
+    Proc::worker(db_url, node, lease, &env)
+}
 
-    fn worker(db_url: &str, node: &str, crash_at: Option<&str>) -> Proc {
-        Proc::worker_with_lease(db_url, node, crash_at, LEASE_SECS)
-    }
+fn start_reconciler(db_url: &str, node: &str, only: &[&str]) -> Proc {
+    Proc::reconciler(db_url, node, only, &[])
+}
 
-    fn worker_with_lease(db_url: &str, node: &str, crash_at: Option<&str>, lease: u64) -> Proc {
-        let lease = lease.to_string();
-        let mut env = vec![
-            ("STRATA_LEASE_SECS", lease.as_str()),
-            ("STRATA_MAX_BUILDS", "1"),
-            ("STRATA_QUEUE_POLL_MS", "200"),
-        ];
-        if let Some(point) = crash_at {
-            env.push((strata::fault::CRASH_AT_ENV, point));
-        }
-        Proc::spawn(&["worker"], db_url, node, &env)
-    }
+/// What the crash tests ask of a worker process about its sandboxes.
+trait SandboxOwner {
+    fn running_sandboxes(&self) -> BTreeSet<String>;
+    fn sandbox_owner(&self, data_dir: &std::path::Path) -> Option<String>;
+    async fn wait_started(&mut self);
+}
 
-    fn reconciler(db_url: &str, node: &str, only: &[&str]) -> Proc {
-        let mut args = vec!["reconcile"];
-        for name in only {
-            args.extend(["--only", name]);
-        }
-        Proc::spawn(&args, db_url, node, &[])
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on a child we spawned and have not reaped.
-        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0);
-    }
-
-    fn exited(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_some()
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
+impl SandboxOwner for Proc {
     /// Ids of the sandboxes this process started that are running now (its children's cgroups).
     fn running_sandboxes(&self) -> BTreeSet<String> {
         let mut ids = BTreeSet::new();
@@ -197,24 +151,6 @@ fn leftovers_of(data_dir: &std::path::Path, prefix: &str) -> Vec<String> {
         }
     }
     found
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the process group this child leads (created at spawn).
-        unsafe { libc::kill(-self.pid(), libc::SIGKILL) };
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let stderr = self.stderr();
-            let tail: Vec<&str> = stderr.lines().rev().take(30).collect();
-            eprintln!(
-                "--- {} (last lines, newest first) ---\n{}",
-                self.log.display(),
-                tail.join("\n")
-            );
-        }
-        let _ = std::fs::remove_file(&self.log);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -359,7 +295,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
         Crash::At(point) => Some(point),
         Crash::MidRun => None,
     };
-    let mut worker = Proc::worker(&db.url, "crash-node", crash_at);
+    let mut worker = start_worker(&db.url, "crash-node", crash_at);
     // The dead worker's sandboxes, by observation (while it runs) and by its owner id.
     let mut seen = BTreeSet::new();
     let mut owner = None;
@@ -401,7 +337,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
             owner = worker.sandbox_owner(&node_dir());
             assert!(!seen.is_empty(), "the worker runs `sleep` in a sandbox");
             worker.signal(libc::SIGKILL);
-            let _ = worker.child.wait();
+            let _ = worker.reap();
         }
     }
     // The owner's lock file appears when the worker starts, before it claims anything.
@@ -423,7 +359,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
     )
     .await;
     // The next worker's start removes the rest: directories, cgroups, mounts.
-    let mut next = Proc::worker(&db.url, "crash-node", None);
+    let mut next = start_worker(&db.url, "crash-node", None);
     next.wait_started().await;
     let left: Vec<String> = prefixes
         .iter()
@@ -446,7 +382,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
         "{crash:?}: the build must still be open when the node dies: {:?}",
         before_reconciler.phase
     );
-    let _reconciler = Proc::reconciler(&db.url, "reconciler-a", &[]);
+    let _reconciler = start_reconciler(&db.url, "reconciler-a", &[]);
     wait_terminal(&db.pool, build, Duration::from_secs(60)).await;
     let events = build_events(&store, build).await;
     let promotion = store
@@ -635,7 +571,7 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
     let (_, build) = api.register("sweep").await;
     api.start(build, recipe(vec![step("RUN", &["sleep 60"])]))
         .await;
-    let mut first = Proc::worker(&db.url, "sweep-a", None);
+    let mut first = start_worker(&db.url, "sweep-a", None);
     wait_for("the build to run", Duration::from_secs(60), || {
         let running = !first.running_sandboxes().is_empty();
         async move { running }
@@ -662,12 +598,12 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
     ];
     let mut other_dir = Proc::spawn(&["worker"], &db.url, "sweep-b", &worker_env);
     other_dir.wait_started().await;
-    let mut same_dir = Proc::worker(&db.url, "sweep-c", None);
+    let mut same_dir = start_worker(&db.url, "sweep-c", None);
     same_dir.wait_started().await;
     alive("after two more workers started");
 
     first.signal(libc::SIGKILL);
-    let _ = first.child.wait();
+    let _ = first.reap();
     wait_for(
         "the killed worker's sandbox processes to exit",
         Duration::from_secs(10),
@@ -679,7 +615,7 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
         },
     )
     .await;
-    let mut next = Proc::worker(&db.url, "sweep-a", None);
+    let mut next = start_worker(&db.url, "sweep-a", None);
     next.wait_started().await;
     let left = leftovers_of(&node_dir(), &id);
     assert!(left.is_empty(), "{left:#?}");
@@ -705,13 +641,13 @@ async fn a_paused_worker_resumed_after_its_attempt_closed_changes_nothing() {
         ]),
     )
     .await;
-    let worker = Proc::worker(&db.url, "paused-node", None);
+    let worker = start_worker(&db.url, "paused-node", None);
     wait_for("step 1 to complete", Duration::from_secs(90), || async {
         count(&build_events(&store, build).await, "StepCompleted.v1") == 1
     })
     .await;
     worker.signal(libc::SIGSTOP);
-    let _reconciler = Proc::reconciler(&db.url, "reconciler-f", &["attempt-expiry"]);
+    let _reconciler = start_reconciler(&db.url, "reconciler-f", &["attempt-expiry"]);
     wait_terminal(&db.pool, build, Duration::from_secs(30)).await;
     let closed_at: i64 = sqlx::query_scalar("SELECT max(position) FROM events")
         .fetch_one(&db.pool)
@@ -900,8 +836,8 @@ async fn two_reconcilers_of_each_kind_apply_every_transition_once() {
         .iter()
         .flat_map(|n| {
             [
-                Proc::reconciler(&db.url, &format!("{n}-1"), &[n]),
-                Proc::reconciler(&db.url, &format!("{n}-2"), &[n]),
+                start_reconciler(&db.url, &format!("{n}-1"), &[n]),
+                start_reconciler(&db.url, &format!("{n}-2"), &[n]),
             ]
         })
         .collect();
@@ -1040,8 +976,8 @@ async fn a_build_survives_a_postgres_restart_and_loses_nothing() {
     )
     .await;
     // A lease longer than the outage: the node keeps its attempt across the restart.
-    let _worker = Proc::worker_with_lease(&url, "restart-node", None, 12);
-    let _reconciler = Proc::reconciler(&url, "restart-reconciler", &[]);
+    let _worker = start_worker_with_lease(&url, "restart-node", None, 12);
+    let _reconciler = start_reconciler(&url, "restart-reconciler", &[]);
     wait_for("step 1 to complete", Duration::from_secs(90), || async {
         count(&build_events(&store, build).await, "StepCompleted.v1") == 1
     })

@@ -101,6 +101,20 @@ impl Proc {
         }
     }
 
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0);
+    }
+
+    /// Waits for the process to exit and reaps it.
+    pub fn reap(&mut self) {
+        let _ = self.child.wait();
+    }
+
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
     pub fn resume(&self) {
         // SAFETY: kill(2) on a child we spawned and have not reaped.
         assert_eq!(unsafe { libc::kill(self.pid(), libc::SIGCONT) }, 0);
