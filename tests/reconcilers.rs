@@ -337,7 +337,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
             owner = worker.sandbox_owner(&node_dir());
             assert!(!seen.is_empty(), "the worker runs `sleep` in a sandbox");
             worker.signal(libc::SIGKILL);
-            let _ = worker.reap();
+            worker.reap();
         }
     }
     // The owner's lock file appears when the worker starts, before it claims anything.
@@ -603,7 +603,7 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
     alive("after two more workers started");
 
     first.signal(libc::SIGKILL);
-    let _ = first.reap();
+    first.reap();
     wait_for(
         "the killed worker's sandbox processes to exit",
         Duration::from_secs(10),
