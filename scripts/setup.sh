@@ -14,7 +14,7 @@ command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v openssl >/dev/null || need_apt+=(openssl)
 # The operator page (/ui) is tested in a real headless browser.
 command -v chromium >/dev/null || need_apt+=(chromium)
-# README examples (tests/ops_readme.rs) use curl.
+# README examples (tests/integration/ops_readme.rs) use curl.
 command -v curl >/dev/null || need_apt+=(curl)
 # Registry pulls are tested against a real registry (CNCF distribution) on loopback, with
 # images pushed by skopeo; htpasswd makes the password file of the protected instance.

@@ -42,9 +42,9 @@ BLOCKS = {
     "strata reconcile --only attempt-expiry --only promotion --schedule '*/2 * * * * *'": ("sh", ["serve", "help"]),
     "strata bench upload": ("sh", ["help", "help", "help", "help", "help"]),
     # Pulling from a public registry needs the network: `--help` here; the pull itself runs
-    # against loopback registries in tests/registry_pull.rs and tests/e2e/test_sdk_registry.py.
+    # against loopback registries in tests/integration/registry_pull.rs and tests/e2e/test_sdk_registry.py.
     "strata image pull debian:stable": ("sh", ["help", "help", "help"]),
-    # Needs a failed build and the admin token: run as written by tests/ops_readme.rs.
+    # Needs a failed build and the admin token: run as written by tests/integration/ops_readme.rs.
     "strata why build $BUILD_ID": ("sh", ["ops_readme"] * 5),
 }
 
@@ -113,7 +113,7 @@ def run_line(reader, line, mode, cwd):
     if mode == "ops_readme":
         runner = (ROOT / "tests" / "ops_readme.rs").read_text()
         assert "## Operators" in README.read_text() and "Operators" in runner, (
-            "the Operators examples are run by tests/ops_readme.rs"
+            "the Operators examples are run by tests/integration/ops_readme.rs"
         )
         return
     assert mode == "run", mode

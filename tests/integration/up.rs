@@ -1,7 +1,7 @@
 //! `strata up` on its embedded default: creates and starts a local Postgres in the data
 //! directory, serves the API, and stops everything it started on SIGTERM.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

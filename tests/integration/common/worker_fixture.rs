@@ -92,6 +92,34 @@ impl Fixture {
     }
 
     /// Waits (bounded) for the build to reach ready or error; returns its state.
+    /// Registers `name`, uploads `files` and starts `spec`.
+    pub async fn start_build(
+        &self,
+        name: &str,
+        files: &[(&FilesHash, Vec<u8>)],
+        spec: serde_json::Value,
+    ) -> BuildId {
+        let (_, build) = self.api.register(name).await;
+        for (hash, bytes) in files {
+            self.api
+                .upload(self.blobs.as_ref(), build, hash, bytes)
+                .await;
+        }
+        self.api.start(build, spec).await;
+        build
+    }
+
+    /// Registers `name`, uploads `files`, starts `spec` and waits for a terminal state.
+    pub async fn build(
+        &self,
+        name: &str,
+        files: &[(&FilesHash, Vec<u8>)],
+        spec: serde_json::Value,
+    ) -> (BuildId, build::State) {
+        let build = self.start_build(name, files, spec).await;
+        (build, self.wait_terminal(build).await)
+    }
+
     pub async fn wait_terminal(&self, build: BuildId) -> build::State {
         for _ in 0..1800 {
             let phase: Option<String> =

@@ -1,7 +1,7 @@
 //! Hostile COPY archives: each kind of entry is rejected or neutralised as
 //! `vmm::archive_policy` says, inside the sandbox, and nothing outside the sandbox changes.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -9,7 +9,7 @@
 //! registration, and every event of the build records its trace id. A build without a
 //! `traceparent` gets a trace of its own, started by its registration.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};

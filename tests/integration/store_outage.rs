@@ -6,7 +6,7 @@
 //! (`common::process::Outage`). The moment is chosen with a `STRATA_FAULT_STOP_AT` stop point:
 //! the process stops itself there, the outage begins, and the process is resumed into it.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The global feed never passes a transaction still in flight, returns every committed event
 //! exactly once in (tx_id, position) order, and resumes from a checkpoint after a restart.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

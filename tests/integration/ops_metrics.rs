@@ -2,7 +2,7 @@
 //! worker (as `strata up` does), scraped before and after two builds over real HTTP; and the
 //! reconciler's own `--metrics-listen` listener in a separate `strata reconcile` process.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};

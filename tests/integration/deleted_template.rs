@@ -3,7 +3,7 @@
 //! keeps working on it (no node claims it, the running node stops, the promotion reconciler does
 //! not re-drive it). The delete is the real `DELETE /templates/{id}` over HTTP; builds are real.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

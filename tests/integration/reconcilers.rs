@@ -3,7 +3,7 @@
 //! `strata reconcile` processes driving every build to a terminal state, Postgres restarted
 //! under a running build. Builds are registered and started through the domain, as the API would.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;

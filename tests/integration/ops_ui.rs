@@ -3,7 +3,7 @@
 //! loads the builds list and a build's timeline; a screenshot is kept under
 //! `target/tmp/ui/` as an artifact.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

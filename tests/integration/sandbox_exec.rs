@@ -1,7 +1,7 @@
 //! Exec: users from the sandbox's own account files, env, cwd, exit codes, signals, streamed
 //! output, and what a sandboxed root can no longer do.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! The command helper: load, decide, append, and decide again after losing a race.
 
-mod common;
+use crate::common;
 
 use serde::{Deserialize, Serialize};
 use strata::events::command::{self, load};

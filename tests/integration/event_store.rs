@@ -1,7 +1,7 @@
 //! The event store against a real Postgres: version races, atomic multi-stream appends, guards,
 //! idempotent retries, serialization-failure retries and typed payloads.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Limits: the pids limit stops a fork bomb, the memory limit a memory hog, the host's
 //! timeout a busy loop; the sandbox stays usable, the host healthy, and destroy leaves nothing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

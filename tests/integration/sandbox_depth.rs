@@ -1,7 +1,7 @@
 //! Layer stack depth: 100 layers boot, a stack over the budget is refused before anything is
 //! mounted, and compaction keeps the filesystem identical.
 
-mod common;
+use crate::common;
 
 use common::sandbox::*;
 use strata::vmm::compact::compact;

@@ -3,7 +3,7 @@
 //! `templatename-{team}-{name}` is split into each team's own, events keep their ids, payloads
 //! and feed positions, and the stream catalog follows.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! Checkpoint fidelity: after every step, a fresh sandbox booted on the checkpoint's stack has
 //! exactly the live sandbox's filesystem.
 
-mod common;
+use crate::common;
 
 use common::sandbox::*;
 use strata::vmm::{BlobStore, CopyRequest, Sandbox};

@@ -2,7 +2,7 @@
 //! in-process on real sandboxes, and the results booted and compared byte for byte with a cold
 //! build. See docs/adr/0008-step-cache.md.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 
@@ -29,24 +29,6 @@ fn run(cmd: &str) -> serde_json::Value {
 }
 
 impl Fixture {
-    /// Registers `name`, uploads `files`, starts `spec` and waits for a terminal state.
-    async fn build(
-        &self,
-        name: &str,
-        files: &[(&FilesHash, Vec<u8>)],
-        spec: serde_json::Value,
-    ) -> (BuildId, build::State) {
-        let (_, build) = self.api.register(name).await;
-        for (hash, bytes) in files {
-            self.api
-                .upload(self.blobs.as_ref(), build, hash, bytes)
-                .await;
-        }
-        self.api.start(build, spec).await;
-        let state = self.wait_terminal(build).await;
-        (build, state)
-    }
-
     async fn messages(&self, build: BuildId) -> Vec<String> {
         self.logs(build).await.into_iter().map(|l| l.2).collect()
     }

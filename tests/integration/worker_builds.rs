@@ -2,7 +2,7 @@
 //! decisions (as the API appends them), real tar archives in the blob store, a worker running
 //! in-process on real sandboxes, and the results booted and inspected.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

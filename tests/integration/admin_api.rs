@@ -1,7 +1,7 @@
 //! The operator API over real HTTP: bearer-token gate, stream history, global feed and catalog
 //! pagination.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! links, signed uploads, build start and status, tenancy, and every bad input the issue lists.
 //! Builds here are not executed (no worker runs); `tests/e2b_sdk.rs` drives whole builds.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! hook (`EventStore::lose_next_reply`, a fake for exactly this one fault, which no outside
 //! signal can place between COMMIT and the reply). Real Postgres, real commands otherwise.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The pull engine against a real registry (CNCF distribution, Debian's `docker-registry`) on
 //! loopback, with images pushed by skopeo from OCI layouts written here.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! The operator CLI as a real process: `strata history` and `strata projections`.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

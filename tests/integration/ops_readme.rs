@@ -3,7 +3,7 @@
 //! `sh` with `strata` on PATH, `$BUILD_ID` and `$STRATA_ADMIN_TOKEN` set, and the README's
 //! address replaced by the one this test serves on.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

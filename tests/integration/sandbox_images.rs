@@ -1,7 +1,7 @@
 //! Images: import of `docker save` archives and OCI layouts (verified by digest), and the
 //! Debian-based E2B base with its default user.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 

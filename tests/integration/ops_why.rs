@@ -3,45 +3,19 @@
 //! on the in-process worker in real sandboxes; the answers are read back from the events and
 //! logs only, through the library and through the `strata why` binary.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::worker_fixture::*;
 use serde_json::json;
-use strata::domain::build::{self, FailureKind, Phase};
+use strata::domain::build::{FailureKind, Phase};
 use strata::domain::ids::{BuildId, FilesHash};
 use strata::inspect::why::{KeyPart, Why};
 use strata::reconcilers::{attempt_expiry, ReconcileEnv};
 
 impl Fixture {
-    async fn start_build(
-        &self,
-        name: &str,
-        files: &[(&FilesHash, Vec<u8>)],
-        spec: serde_json::Value,
-    ) -> BuildId {
-        let (_, build) = self.api.register(name).await;
-        for (hash, bytes) in files {
-            self.api
-                .upload(self.blobs.as_ref(), build, hash, bytes)
-                .await;
-        }
-        self.api.start(build, spec).await;
-        build
-    }
-
-    async fn build(
-        &self,
-        name: &str,
-        files: &[(&FilesHash, Vec<u8>)],
-        spec: serde_json::Value,
-    ) -> (BuildId, build::State) {
-        let build = self.start_build(name, files, spec).await;
-        (build, self.wait_terminal(build).await)
-    }
-
     async fn why(&self, build: BuildId) -> Why {
         strata::inspect::why_build(&self.store, build)
             .await

@@ -1,7 +1,7 @@
 //! Async projections: exactly-once application with the checkpoint, one runner at a time,
 //! rebuilds equal to incremental builds.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! build-base` and `strata template export`, run once under a pseudo-terminal (`script`, from
 //! util-linux) and once with stderr piped.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;
