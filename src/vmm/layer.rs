@@ -40,10 +40,24 @@ pub struct LayerRef {
 
 /// Writes the deterministic layer tar of an overlay-format directory to `out`.
 pub fn write_layer_tar(dir: &Path, out: impl Write) -> Result<()> {
+    write_tar(dir, out, Tidy::Leave)
+}
+
+/// Whether sealing also makes the directory itself equal to the tree an extraction of its tar
+/// would give ([`seal_into_cache`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tidy {
+    Leave,
+    /// Drops what the tar does not carry: device nodes and sockets, extended attributes other
+    /// than the opaque marker, sub-second file mtimes.
+    AsExtracted,
+}
+
+fn write_tar(dir: &Path, out: impl Write, tidy: Tidy) -> Result<()> {
     let mut builder = tar::Builder::new(out);
     builder.mode(tar::HeaderMode::Complete);
     let mut links = HashMap::new();
-    walk(dir, Path::new(""), &mut builder, &mut links)?;
+    walk(dir, Path::new(""), &mut builder, &mut links, tidy)?;
     builder
         .into_inner()
         .and_then(|mut w| w.flush())
@@ -60,10 +74,97 @@ pub fn is_empty_dir(dir: &Path) -> Result<bool> {
 
 /// Seals `dir` into the blob store and returns the layer.
 pub fn seal_dir(dir: &Path, blobs: &dyn BlobStore) -> Result<LayerRef> {
+    seal(dir, blobs, Tidy::Leave)
+}
+
+fn seal(dir: &Path, blobs: &dyn BlobStore, tidy: Tidy) -> Result<LayerRef> {
     let mut writer = blobs.writer()?;
-    write_layer_tar(dir, &mut writer)?;
+    // Whole-MiB writes: the tar builder copies files in 8 KiB pieces.
+    write_tar(
+        dir,
+        io::BufWriter::with_capacity(1 << 20, &mut writer),
+        tidy,
+    )?;
     let (digest, size) = writer.commit()?;
     Ok(LayerRef { digest, size })
+}
+
+/// Seals an overlay upper directory into the blob store and makes that same directory the
+/// layer's tree in `cache`, instead of extracting the tar just written back out of the blob:
+/// the directory is read once (hashed as the tar is written), tidied in place to exactly what an
+/// extraction would give, synced, and renamed into the cache. `dir` is consumed either way.
+/// Falls back to extracting when `dir` is on another filesystem than the cache.
+pub fn seal_into_cache(dir: &Path, blobs: &dyn BlobStore, cache: &LayerCache) -> Result<LayerRef> {
+    let started = std::time::Instant::now();
+    let layer = seal(dir, blobs, Tidy::AsExtracted)?;
+    tracing::debug!(
+        seal_ms = started.elapsed().as_secs_f64() * 1e3,
+        bytes = layer.size,
+        "layer sealed"
+    );
+    if cache.contains(&layer.digest) {
+        let _ = fs::remove_dir_all(dir);
+        return Ok(layer);
+    }
+    match cache.adopt(dir, &layer.digest)? {
+        Adopted::Yes => {}
+        Adopted::OtherFilesystem => {
+            let _ = fs::remove_dir_all(dir);
+            cache.ensure(blobs, &layer.digest)?;
+        }
+    }
+    Ok(layer)
+}
+
+/// Whether [`LayerCache::adopt`] could move a tree into the cache.
+enum Adopted {
+    Yes,
+    OtherFilesystem,
+}
+
+/// Makes `path` (not followed if a symlink) hold no extended attribute except overlay's opaque
+/// marker, as a tree extracted from a layer tar holds none.
+fn strip_xattrs(path: &Path) -> io::Result<()> {
+    let mut names = vec![0u8; 1024];
+    let n = loop {
+        match rustix::fs::llistxattr(path, &mut names) {
+            Ok(n) => break n,
+            Err(rustix::io::Errno::RANGE) => names.resize(names.len() * 4, 0),
+            Err(rustix::io::Errno::NOTSUP) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        if name != OVERLAY_OPAQUE_XATTR.as_bytes() {
+            let name = std::ffi::OsStr::from_bytes(name);
+            rustix::fs::lremovexattr(path, name)?;
+        }
+    }
+    Ok(())
+}
+
+/// Truncates `path`'s mtime (not followed) to whole seconds, as a tar records it.
+fn whole_second_mtime(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
+    if meta.mtime_nsec() == 0 {
+        return Ok(());
+    }
+    let at = rustix::fs::Timestamps {
+        last_access: rustix::fs::Timespec {
+            tv_sec: meta.atime(),
+            tv_nsec: meta.atime_nsec() as _,
+        },
+        last_modification: rustix::fs::Timespec {
+            tv_sec: meta.mtime(),
+            tv_nsec: 0,
+        },
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        path,
+        &at,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(Into::into)
 }
 
 fn base_header(meta: &fs::Metadata, kind: tar::EntryType) -> tar::Header {
@@ -87,6 +188,7 @@ fn walk<W: Write>(
     rel: &Path,
     builder: &mut tar::Builder<W>,
     links: &mut HashMap<(u64, u64), PathBuf>,
+    tidy: Tidy,
 ) -> Result<()> {
     let mut names: Vec<_> = fs::read_dir(dir)
         .map_err(VmmError::io(format!("reading {}", dir.display())))?
@@ -102,7 +204,14 @@ fn walk<W: Write>(
         let ft = meta.file_type();
         let err =
             |what: &str| VmmError::io(format!("adding {} ({what}) to a layer", rel_path.display()));
-        if ft.is_char_device() && meta.rdev() == 0 {
+        let whiteout = ft.is_char_device() && meta.rdev() == 0;
+        if tidy == Tidy::AsExtracted && !whiteout {
+            strip_xattrs(&path).map_err(err("removing extended attributes"))?;
+            if !ft.is_dir() {
+                whole_second_mtime(&path, &meta).map_err(err("truncating its mtime"))?;
+            }
+        }
+        if whiteout {
             let mut wh_name = std::ffi::OsString::from(WHITEOUT_PREFIX);
             wh_name.push(&name);
             let mut h = tar::Header::new_gnu();
@@ -132,7 +241,7 @@ fn walk<W: Write>(
                     .append_data(&mut h, rel_path.join(OPAQUE_MARKER), io::empty())
                     .map_err(err("opaque marker"))?;
             }
-            walk(&path, &rel_path, builder, links)?;
+            walk(&path, &rel_path, builder, links, tidy)?;
         } else if ft.is_file() {
             if meta.nlink() > 1 {
                 if let Some(first) = links.get(&(meta.dev(), meta.ino())) {
@@ -165,6 +274,9 @@ fn walk<W: Write>(
             // Device nodes (other than whiteouts) and sockets do not travel in layers: a device
             // node in a lower directory would give every later sandbox access to that device.
             tracing::warn!(path = %rel_path.display(), "skipping a device node or socket while sealing a layer");
+            if tidy == Tidy::AsExtracted {
+                fs::remove_file(&path).map_err(err("removing a device node or socket"))?;
+            }
         }
     }
     Ok(())
@@ -224,6 +336,32 @@ impl LayerCache {
             let _ = fs::remove_dir_all(staged);
         }
         result.map(|()| self.path(digest))
+    }
+
+    /// Moves `tree`, an overlay-format directory whose layer tar hashes to `digest`, into the
+    /// cache as that layer's tree, published as [`Self::publish_staged`] does. The caller
+    /// vouches for the content (it wrote the tar from this very tree). On error `tree` is gone.
+    fn adopt(&self, tree: &Path, digest: &Digest) -> Result<Adopted> {
+        let staged = self.root.join(format!(
+            ".tmp-{}-{}",
+            digest.hex(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        match fs::rename(tree, &staged) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return Ok(Adopted::OtherFilesystem),
+            Err(e) => {
+                let _ = fs::remove_dir_all(tree);
+                return Err(VmmError::io(format!(
+                    "moving {} into the layer cache",
+                    tree.display()
+                ))(e));
+            }
+        }
+        // An extracted tree's root is a fresh directory: the upper's own root carries nothing
+        // a layer records.
+        let _ = fs::set_permissions(&staged, std::os::unix::fs::PermissionsExt::from_mode(0o755));
+        self.publish_staged(&staged, digest).map(|_| Adopted::Yes)
     }
 
     fn mark(&self, digest: &Digest) -> PathBuf {
@@ -381,6 +519,88 @@ mod tests {
         assert_eq!(seal_dir(&extracted, &blobs).unwrap(), first);
         let m = fs::symlink_metadata(extracted.join("a/deleted")).unwrap();
         assert!(m.file_type().is_char_device() && m.rdev() == 0);
+    }
+
+    /// Everything a sandbox can observe of a tree, path by path.
+    fn observed(root: &Path) -> Vec<String> {
+        fn visit(root: &Path, dir: &Path, out: &mut Vec<String>) {
+            let mut names: Vec<_> = fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            names.sort();
+            for name in names {
+                let path = dir.join(&name);
+                let m = fs::symlink_metadata(&path).unwrap();
+                let mut xattrs = vec![0u8; 1024];
+                let n = rustix::fs::llistxattr(&path, &mut xattrs).unwrap_or(0);
+                let mut line = format!(
+                    "{} mode={:o} uid={} gid={} rdev={} nlink={} xattrs={:?}",
+                    path.strip_prefix(root).unwrap().display(),
+                    m.mode(),
+                    m.uid(),
+                    m.gid(),
+                    m.rdev(),
+                    m.nlink(),
+                    String::from_utf8_lossy(&xattrs[..n]),
+                );
+                if m.file_type().is_file() {
+                    line += &format!(
+                        " mtime={}.{} content={:?}",
+                        m.mtime(),
+                        m.mtime_nsec(),
+                        fs::read(&path).unwrap()
+                    );
+                } else if m.file_type().is_symlink() {
+                    line += &format!(" -> {}", fs::read_link(&path).unwrap().display());
+                }
+                out.push(line);
+                if m.is_dir() {
+                    visit(root, &path, out);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        visit(root, root, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_tree_sealed_into_the_cache_is_the_tree_an_extraction_gives() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
+        let adopted_cache = LayerCache::open(store_dir.path().join("layers")).unwrap();
+        let extracted_cache = LayerCache::open(store_dir.path().join("layers-2")).unwrap();
+        let upper = store_dir.path().join("upper");
+        sample(&upper);
+        // What a tar does not carry: a sub-second mtime, an xattr, a socket.
+        rustix::fs::setxattr(
+            upper.join("z"),
+            "user.note",
+            b"x",
+            rustix::fs::XattrFlags::empty(),
+        )
+        .unwrap();
+        let _socket = std::os::unix::net::UnixListener::bind(upper.join("a/sock")).unwrap();
+        assert_ne!(
+            fs::metadata(upper.join("a/b/file")).unwrap().mtime_nsec(),
+            0
+        );
+
+        let layer = seal_into_cache(&upper, &blobs, &adopted_cache).unwrap();
+        assert!(
+            !upper.exists(),
+            "the upper directory became the layer's tree"
+        );
+        assert!(adopted_cache.contains(&layer.digest));
+        let adopted = adopted_cache.path(&layer.digest);
+        let extracted = extracted_cache.ensure(&blobs, &layer.digest).unwrap();
+        assert_eq!(observed(&adopted), observed(&extracted));
+        assert_eq!(seal_dir(&adopted, &blobs).unwrap(), layer);
+        assert_eq!(
+            fs::metadata(&adopted).unwrap().mode() & 0o7777,
+            fs::metadata(&extracted).unwrap().mode() & 0o7777
+        );
     }
 
     #[test]

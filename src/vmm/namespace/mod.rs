@@ -701,19 +701,24 @@ impl Sandbox for NamespaceSandbox {
                 reserved: depth.reserved,
             });
         }
+        let started = std::time::Instant::now();
         self.stop().await;
+        let stopped = started.elapsed();
         let upper = self.upper();
         let work = self.work();
         let shared = self.backend.shared.clone();
         let sealed = tokio::task::spawn_blocking(move || {
             let layer = if layer::is_empty_dir(&upper)? {
+                let _ = std::fs::remove_dir_all(&upper);
                 None
             } else {
-                let layer = layer::seal_dir(&upper, shared.blobs.as_ref())?;
-                shared.layers.ensure(shared.blobs.as_ref(), &layer.digest)?;
-                Some(layer)
+                // The sealed upper directory becomes the layer's tree: nothing is extracted.
+                Some(layer::seal_into_cache(
+                    &upper,
+                    shared.blobs.as_ref(),
+                    &shared.layers,
+                )?)
             };
-            let _ = std::fs::remove_dir_all(&upper);
             let _ = std::fs::remove_dir_all(&work);
             Ok::<_, VmmError>(layer)
         })
@@ -723,8 +728,15 @@ impl Sandbox for NamespaceSandbox {
             self.layers.push(layer.digest.clone());
         }
         self.generation += 1;
+        let sealing = started.elapsed() - stopped;
         let lowers = self.backend.lowers(&self.layers).await?;
         self.start(lowers).await?;
+        tracing::debug!(
+            stop_ms = stopped.as_secs_f64() * 1e3,
+            seal_ms = sealing.as_secs_f64() * 1e3,
+            restart_ms = (started.elapsed() - stopped - sealing).as_secs_f64() * 1e3,
+            "checkpoint"
+        );
         Ok(sealed)
     }
 
