@@ -72,12 +72,25 @@ impl From<sqlx::Error> for AttemptError {
 impl EventStore {
     /// Appends `writes` atomically: every stream's expectation holds and all events are stored,
     /// or nothing is. See the module docs for how.
+    /// A one-stream append may commit in one transaction with concurrent appends to other
+    /// streams (group commit, `group_commit.rs`), with the same guarantees.
     pub async fn append(&self, writes: Vec<StreamWrite>) -> Result<AppendOutcome, AppendError> {
-        self.append_with(writes, &NoInlineProjection).await
+        self.append_observed(writes, &NoInlineProjection, true)
+            .await
     }
 
     /// [`Self::append`], running `inline` in the same transaction after the events are inserted
     /// (and again on every retry).
+    pub async fn append_with(
+        &self,
+        writes: Vec<StreamWrite>,
+        inline: &(dyn InlineProjection + '_),
+    ) -> Result<AppendOutcome, AppendError> {
+        self.append_observed(writes, inline, false).await
+    }
+
+    /// An append, traced and counted. `groupable`: the caller has no inline projection of its
+    /// own, so a one-stream append may join a commit group.
     #[tracing::instrument(
         name = "events.append",
         skip_all,
@@ -88,13 +101,14 @@ impl EventStore {
             attempts = tracing::field::Empty,
         )
     )]
-    pub async fn append_with(
+    async fn append_observed(
         &self,
         writes: Vec<StreamWrite>,
         inline: &(dyn InlineProjection + '_),
+        groupable: bool,
     ) -> Result<AppendOutcome, AppendError> {
         let started = std::time::Instant::now();
-        let result = self.append_inner(&writes, inline).await;
+        let result = self.append_inner(&writes, inline, groupable).await;
         let span = tracing::Span::current();
         let outcome = match &result {
             Ok(o) if o.replay => "replay",
@@ -122,8 +136,24 @@ impl EventStore {
         &self,
         writes: &[StreamWrite],
         inline: &(dyn InlineProjection + '_),
+        groupable: bool,
     ) -> Result<AppendOutcome, AppendError> {
         validate(writes)?;
+        match writes {
+            [write] if groupable && !write.is_guard() && self.group.enabled() => {
+                self.append_grouped(write).await
+            }
+            _ => self.append_alone(writes, inline).await,
+        }
+    }
+
+    /// An append in a transaction of its own: attempts until it commits, conflicts, or the
+    /// serialization-failure budget runs out.
+    pub(crate) async fn append_alone(
+        &self,
+        writes: &[StreamWrite],
+        inline: &(dyn InlineProjection + '_),
+    ) -> Result<AppendOutcome, AppendError> {
         let max_attempts = self.retry.max_attempts.max(1);
         let mut attempt = 0;
         loop {

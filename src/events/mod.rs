@@ -5,7 +5,7 @@
 //!   [`RecordedEvent`], [`FeedPosition`]: the vocabulary.
 //! * [`DomainEvent`]: typed payloads (domain enums tagged `Name.vN`) in and out of the store.
 //! * [`EventStore`]: `append` (all-or-nothing, SERIALIZABLE, head-row compare-and-set,
-//!   idempotent on event ids), `append_with` (plus an [`InlineProjection`] in the same
+//!   idempotent on event ids; concurrent one-stream appends commit in groups), `append_with` (plus an [`InlineProjection`] in the same
 //!   transaction), `read_stream`, `stream_version`, and the global feed (`read_feed`,
 //!   `subscribe`) in commit-safe order.
 //! * [`command`]: the load–decide–append loop around pure [`Aggregate`]s.
@@ -19,6 +19,7 @@ mod error;
 mod expected_version;
 mod fault;
 mod feed;
+mod group_commit;
 mod inline;
 mod metadata;
 mod new_event;
@@ -34,6 +35,7 @@ pub use domain_event::{DecodeError, DomainEvent, EncodeError};
 pub use error::{is_serialization_failure, AppendError, ReadError};
 pub use expected_version::ExpectedVersion;
 pub use feed::{FeedSubscription, FeedWakeups, EVENTS_CHANNEL};
+pub use group_commit::GroupCommitPolicy;
 pub use inline::{InlineProjection, NoInlineProjection};
 pub use metadata::{Actor, ActorRole, Metadata};
 pub use new_event::{NewEvent, StreamWrite};

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use sqlx::postgres::PgRow;
 use sqlx::{PgExecutor, PgPool, Row};
 
+use super::group_commit::{GroupCommit, GroupCommitPolicy};
 use super::notifier::Notifier;
 use super::{InlineProjection, ReadError, RecordedEvent, RetryPolicy, StreamId};
 
@@ -25,6 +26,8 @@ pub struct EventStore {
     pub(crate) standing: Arc<Vec<Arc<dyn InlineProjection>>>,
     /// Faults armed by tests ([`super::fault`]).
     pub(crate) faults: Arc<super::fault::Faults>,
+    /// Appends waiting to commit together ([`super::group_commit`]).
+    pub(crate) group: Arc<GroupCommit>,
 }
 
 impl std::fmt::Debug for EventStore {
@@ -32,6 +35,7 @@ impl std::fmt::Debug for EventStore {
         f.debug_struct("EventStore")
             .field("retry", &self.retry)
             .field("standing_projections", &self.standing.len())
+            .field("group_commit", &self.group.policy)
             .finish_non_exhaustive()
     }
 }
@@ -54,7 +58,15 @@ impl EventStore {
             notifier: Notifier::new(),
             standing: Arc::new(standing),
             faults: Arc::default(),
+            group: GroupCommit::new(GroupCommitPolicy::default()),
         }
+    }
+
+    /// Replaces how concurrent one-stream appends are grouped into transactions
+    /// ([`GroupCommitPolicy::off`]: never).
+    pub fn with_group_commit(mut self, policy: GroupCommitPolicy) -> Self {
+        self.group = GroupCommit::new(policy);
+        self
     }
 
     /// Replaces the serialization-failure retry policy of appends.

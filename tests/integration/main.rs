@@ -14,6 +14,8 @@ mod deleted_template;
 mod e2b_api;
 mod event_feed;
 mod event_store;
+mod group_commit;
+mod intent_index;
 mod lost_reply;
 mod ops_metrics;
 mod ops_progress;
