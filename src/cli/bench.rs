@@ -2,7 +2,8 @@
 //!
 //! `bench events` compares, with N concurrent writers and one event per append:
 //! * the ceiling: plain single-row INSERTs (autocommit) into an unindexed table;
-//! * appends to distinct streams (the common case: every build its own stream);
+//! * appends to distinct streams (the common case: every build its own stream), grouped into
+//!   shared transactions as the store does by default, and each in its own transaction;
 //! * appends contended on one stream, each writer re-trying at the version a conflict reports.
 //!
 //! With DATABASE_URL set, it works in a schema of its own (`strata_bench_…`, dropped at the end)
@@ -19,8 +20,8 @@ use sqlx::{ConnectOptions, PgPool};
 use strata::config::StorageArgs;
 use strata::embedded_postgres::{EmbeddedPostgres, DATABASE_NAME};
 use strata::events::{
-    Actor, ActorRole, AppendError, EventStore, ExpectedVersion, Metadata, NewEvent, StreamId,
-    StreamWrite,
+    Actor, ActorRole, AppendError, EventStore, ExpectedVersion, GroupCommitPolicy, Metadata,
+    NewEvent, StreamId, StreamWrite,
 };
 use uuid::Uuid;
 
@@ -51,6 +52,9 @@ pub enum BenchCommand {
     /// Blob and layer durability and verification against the plain (unsynced, unverified)
     /// paths: put, cache probe, layer extraction.
     Blobs(super::bench_blobs::BenchBlobsArgs),
+    /// Reads and background passes on an empty store against the same on a filled one
+    /// (10k templates, 100k builds, 1M log lines by default).
+    ScaleStore(super::bench_scale::BenchScaleArgs),
 }
 
 #[derive(Debug, Args)]
@@ -61,11 +65,24 @@ pub struct EventsBenchArgs {
     /// Length of each scenario.
     #[arg(long, default_value_t = 5, value_name = "SECONDS")]
     seconds: u64,
+    /// Commit groups in flight at once for the grouped scenario (default: the store's).
+    #[arg(long)]
+    group_in_flight: Option<usize>,
     #[command(flatten)]
     storage: StorageArgs,
 }
 
+/// The profile this binary was built with: figures worth quoting come from `release`.
+pub(super) fn build_profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug (figures are not representative; build with --release)"
+    } else {
+        "release"
+    }
+}
+
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    println!("build profile: {}", build_profile());
     match args.command {
         BenchCommand::Events(args) => run_events(args).await,
         BenchCommand::Sandbox(args) => super::bench_sandbox::run(args).await,
@@ -75,15 +92,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Cache(args) => super::bench_cache::run(args).await,
         BenchCommand::Pull(args) => super::bench_pull::run(args).await,
         BenchCommand::Blobs(args) => super::bench_blobs::run(args).await,
+        BenchCommand::ScaleStore(args) => super::bench_scale::run(args).await,
     }
 }
 
 async fn run_events(args: EventsBenchArgs) -> anyhow::Result<()> {
     let writers = args.writers.max(1);
     let duration = Duration::from_secs(args.seconds.max(1));
+    let group_in_flight = args.group_in_flight;
     with_bench_database(&args.storage, |options, where_| async move {
         let pool = bench_pool(options, writers).await?;
-        let result = bench_events(&pool, writers, duration, where_).await;
+        let result = bench_events(&pool, writers, duration, group_in_flight, where_).await;
         pool.close().await;
         result
     })
@@ -244,6 +263,42 @@ where
     })
 }
 
+/// Every writer appends one event to a fresh stream, again and again.
+async fn distinct_streams(
+    name: &'static str,
+    store: &EventStore,
+    writers: usize,
+    duration: Duration,
+    prefix: &'static str,
+) -> anyhow::Result<Scenario> {
+    let store = store.clone();
+    let mut s = measure(name, writers, duration, move |w, deadline| {
+        let store = store.clone();
+        async move {
+            let mut stats = WriterStats::default();
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let stream = StreamId::parse(format!("bench-{prefix}-{w}-{i}"))?;
+                let t = Instant::now();
+                let outcome = store
+                    .append(vec![StreamWrite::new(
+                        stream,
+                        ExpectedVersion::NoStream,
+                        vec![bench_event(i)],
+                    )])
+                    .await?;
+                stats.latencies.push(t.elapsed());
+                stats.retries += u64::from(outcome.attempts - 1);
+                i += 1;
+            }
+            Ok(stats)
+        }
+    })
+    .await?;
+    s.conflicts = None;
+    Ok(s)
+}
+
 fn bench_event(i: u64) -> NewEvent {
     NewEvent {
         event_id: Uuid::now_v7(),
@@ -257,6 +312,7 @@ async fn bench_events(
     pool: &PgPool,
     writers: usize,
     duration: Duration,
+    group_in_flight: Option<usize>,
     where_: &str,
 ) -> anyhow::Result<()> {
     let version: String = sqlx::query_scalar("SHOW server_version")
@@ -301,40 +357,29 @@ async fn bench_events(
         s
     };
 
-    let store = EventStore::new(pool.clone());
-    let distinct = {
-        let store = store.clone();
-        let mut s = measure(
-            "append, distinct streams",
-            writers,
-            duration,
-            move |w, deadline| {
-                let store = store.clone();
-                async move {
-                    let mut stats = WriterStats::default();
-                    let mut i = 0u64;
-                    while Instant::now() < deadline {
-                        let stream = StreamId::parse(format!("bench-{w}-{i}"))?;
-                        let t = Instant::now();
-                        let outcome = store
-                            .append(vec![StreamWrite::new(
-                                stream,
-                                ExpectedVersion::NoStream,
-                                vec![bench_event(i)],
-                            )])
-                            .await?;
-                        stats.latencies.push(t.elapsed());
-                        stats.retries += u64::from(outcome.attempts - 1);
-                        i += 1;
-                    }
-                    Ok(stats)
-                }
-            },
-        )
-        .await?;
-        s.conflicts = None;
-        s
-    };
+    let mut store = EventStore::new(pool.clone());
+    if let Some(max_in_flight) = group_in_flight {
+        store = store.with_group_commit(GroupCommitPolicy {
+            max_in_flight,
+            ..GroupCommitPolicy::default()
+        });
+    }
+    let distinct = distinct_streams(
+        "append, distinct streams",
+        &store,
+        writers,
+        duration,
+        "grouped",
+    )
+    .await?;
+    let alone = distinct_streams(
+        "append, distinct streams, ungrouped",
+        &store.clone().with_group_commit(GroupCommitPolicy::off()),
+        writers,
+        duration,
+        "alone",
+    )
+    .await?;
 
     let contended = {
         let store = store.clone();
@@ -383,7 +428,7 @@ async fn bench_events(
         "{:<36} {:>10} {:>9} {:>9} {:>10} {:>8} {:>10}",
         "scenario", "ops/s", "p50 ms", "p99 ms", "conflicts", "retries", "vs ceiling"
     );
-    for s in [&ceiling, &distinct, &contended] {
+    for s in [&ceiling, &distinct, &alone, &contended] {
         let opt = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |n| n.to_string());
         println!(
             "{:<36} {:>10.0} {:>9.2} {:>9.2} {:>10} {:>8} {:>10.2}",

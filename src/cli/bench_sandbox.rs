@@ -64,11 +64,40 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
         }
     }
     samples.sort();
+    // The floor: the same kernel work done directly (bench_probe.rs), interleaved with nothing
+    // else, on the same lower directories.
+    let lowers: Vec<PathBuf> = base_layers
+        .iter()
+        .rev()
+        .map(|d| backend.layers().path(d))
+        .collect();
+    let scratch = tempfile::tempdir_in(&args.data_dir)?;
+    let mut probes = Vec::new();
+    for i in 0..args.runs + 2 {
+        let (b, l, s) = (
+            backend.clone(),
+            lowers.clone(),
+            scratch.path().to_path_buf(),
+        );
+        let e = tokio::task::spawn_blocking(move || super::bench_probe::probe_once(&b, &l, &s))
+            .await??;
+        if i >= 2 {
+            probes.push(e);
+        }
+    }
+    probes.sort();
+    let (p50, p99) = (percentile(&samples, 0.5), percentile(&samples, 0.99));
+    let (probe50, probe99) = (percentile(&probes, 0.5), percentile(&probes, 0.99));
     println!(
-        "boot+exec(true)+destroy, busybox, {} runs: p50 {:.1} ms, p99 {:.1} ms",
+        "boot+exec(true)+destroy, busybox, {} runs: p50 {:.1} ms, p99 {:.1} ms; \
+         direct-syscall probe: p50 {:.1} ms, p99 {:.1} ms; ratio p50 {:.2}x (p50 over probe p50), p99 {:.2}x (p99 over probe p50)",
         samples.len(),
-        ms(percentile(&samples, 0.5)),
-        ms(percentile(&samples, 0.99))
+        ms(p50),
+        ms(p99),
+        ms(probe50),
+        ms(probe99),
+        p50.as_secs_f64() / probe50.as_secs_f64(),
+        p99.as_secs_f64() / probe50.as_secs_f64(),
     );
 
     // 2. checkpoint of an N MiB writable layer vs `tar -c DIR | openssl dgst -sha256` of the
@@ -115,7 +144,7 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
     baselines.sort();
     let (checkpoint, baseline) = (checkpoints[1], baselines[1]);
     println!(
-        "checkpoint of a {} MiB writable layer (median of 3): {:.0} ms (seal + extract + reboot; layer {} bytes); \
+        "checkpoint of a {} MiB writable layer (median of 3): {:.0} ms (seal + adopt the tree + reboot; layer {} bytes); \
          baseline tar|openssl sha256 of the same dir: {:.0} ms; ratio {:.2}x",
         args.checkpoint_mib,
         ms(checkpoint),

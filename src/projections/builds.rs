@@ -1,7 +1,8 @@
 //! The `builds` read model: one row per build, maintained inline with every append to a
 //! `build-…` stream, so the worker's queue and the reconcilers' scans see exactly what was
 //! committed. It is an index for finding work, never the authority: whoever acts on a row
-//! re-reads the build stream and decides there.
+//! re-reads the build stream and decides there. Beside it, `upload_intents`: the pending upload
+//! intents of waiting builds by expiry, for the intent-expiry reconciler.
 
 use async_trait::async_trait;
 use sqlx::PgConnection;
@@ -74,6 +75,35 @@ async fn apply_one(
                 .bind(queue_deadline)
                 .execute(&mut *conn)
                 .await?;
+            forget_intents(conn, build_id).await?;
+        }
+        Event::UploadReserved {
+            intent, expires_at, ..
+        } => {
+            sqlx::query(
+                "INSERT INTO upload_intents (build_id, intent_id, expires_at) VALUES ($1, $2, $3)
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(build_id)
+            .bind(intent.as_uuid())
+            .bind(expires_at)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Event::UploadCompleted { intent, .. } | Event::IntentExpired { intent, .. } => {
+            sqlx::query("DELETE FROM upload_intents WHERE build_id = $1 AND intent_id = $2")
+                .bind(build_id)
+                .bind(intent.as_uuid())
+                .execute(&mut *conn)
+                .await?;
+        }
+        Event::ContextReleased { intents, .. } => {
+            let ids: Vec<Uuid> = intents.iter().map(|i| i.as_uuid()).collect();
+            sqlx::query("DELETE FROM upload_intents WHERE build_id = $1 AND intent_id = ANY($2)")
+                .bind(build_id)
+                .bind(&ids)
+                .execute(&mut *conn)
+                .await?;
         }
         Event::AttemptAcquired {
             epoch,
@@ -125,6 +155,7 @@ async fn apply_one(
             .execute(&mut *conn)
             .await?;
             destroy_credentials(conn, build_id).await?;
+            forget_intents(conn, build_id).await?;
         }
         Event::BuildFailed { .. } => {
             sqlx::query(
@@ -136,15 +167,12 @@ async fn apply_one(
             .execute(&mut *conn)
             .await?;
             destroy_credentials(conn, build_id).await?;
+            forget_intents(conn, build_id).await?;
         }
-        Event::UploadReserved { .. }
-        | Event::ContextBound { .. }
-        | Event::UploadCompleted { .. }
-        | Event::IntentExpired { .. }
+        Event::ContextBound { .. }
         | Event::StepCompleted { .. }
         | Event::CacheConsulted { .. }
-        | Event::BaseImageResolved { .. }
-        | Event::ContextReleased { .. } => {}
+        | Event::BaseImageResolved { .. } => {}
     }
     sqlx::query("UPDATE builds SET updated_at = $2, stream_version = $3 WHERE build_id = $1")
         .bind(build_id)
@@ -153,6 +181,16 @@ async fn apply_one(
         .execute(&mut *conn)
         .await?;
     Ok(())
+}
+
+/// A build that leaves Waiting has no intent left to expire: completion requires Waiting, and
+/// the intents are released with the build's terminal state.
+async fn forget_intents(conn: &mut sqlx::PgConnection, build_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM upload_intents WHERE build_id = $1")
+        .bind(build_id)
+        .execute(&mut *conn)
+        .await
+        .map(drop)
 }
 
 /// A build's registry credentials (src/registry/sealed.rs) end with the build, in the same

@@ -2,9 +2,11 @@
 //! past `expires_at` on a build that is still Waiting is marked expired with `ExpireIntent`, so
 //! its reserved generation no longer counts as in flight.
 //!
-//! The intents live only in the build streams, so the pass reads the stream of every waiting
-//! build (paged by id). Intents of builds past Waiting cannot complete any more (completion
-//! requires Waiting) and are released with the build's terminal state.
+//! The pass finds the builds with an intent due in `upload_intents` (pending intents of waiting
+//! builds by expiry, kept by the `builds` projection), paged by id, and decides on each build's
+//! stream: its cost follows the intents due, not the waiting builds in the store. Intents of
+//! builds past Waiting cannot complete any more (completion requires Waiting) and are released
+//! with the build's terminal state.
 
 use uuid::Uuid;
 
@@ -20,7 +22,7 @@ pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
     let mut after = Uuid::nil();
     loop {
         let page: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT build_id FROM builds WHERE phase = 'waiting' AND build_id > $1
+            "SELECT DISTINCT build_id FROM upload_intents WHERE expires_at <= now() AND build_id > $1
              ORDER BY build_id LIMIT $2",
         )
         .bind(after)
