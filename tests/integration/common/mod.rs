@@ -6,6 +6,9 @@
 //! * Each test gets a fresh database, cloned from a template database that has the current
 //!   migrations applied (named by their checksums, so a new migration makes a new template).
 //! * A temporary data directory per test.
+//! * Test databases stay until `scripts/test.sh` removes the cluster after the run: dropping one
+//!   forces a checkpoint while holding a transaction id, which holds back the cluster-wide feed
+//!   horizon that concurrent tests read below.
 #![allow(dead_code)]
 
 pub mod api;
