@@ -312,7 +312,7 @@ async fn measure_all(
         strata::projections::by_name("stream_catalog")?,
     );
     runner.catch_up().await?;
-    let rounds = runs.div_ceil(10).max(5);
+    let rounds = (runs / 2).max(20);
     let mut samples = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let writes = (0..100)
