@@ -46,6 +46,7 @@ pub fn settings(
 ) -> anyhow::Result<WorkerSettings> {
     let agent = std::env::current_exe().context("locating the strata binary")?;
     let mut settings = build.settings(node.node_id(), storage.data_dir.clone(), agent);
+    settings.blob_url = storage.blob_url.clone();
     // Registry credentials are sealed by the API under the server secret; every node opens
     // them with the same one (STRATA_UPLOAD_SECRET, or the data directory's secret file).
     let secret = strata::api::state::server_secret(

@@ -177,16 +177,23 @@ fn walk<W: Write>(
 /// writes the mark (each step fsynced), so after a host crash a tree is either marked and whole
 /// or unmarked and replaced by a fresh extraction. The mark lives beside the tree, not in it,
 /// because the tree is a lower directory of every sandbox on that layer.
+/// The node's extracted layers, `<data-dir>/layers/<hex>/`: a cache of the blob store. It may
+/// be wiped at any time (every layer is extracted again from its blob on next use) and may be
+/// bounded ([`LayerCache::set_budget`], `src/vmm/layer_budget.rs`).
 #[derive(Debug, Clone)]
 pub struct LayerCache {
-    root: PathBuf,
+    pub(super) root: PathBuf,
+    pub(super) budget: super::layer_budget::Budget,
 }
 
 impl LayerCache {
     pub fn open(root: impl Into<PathBuf>) -> Result<LayerCache> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(VmmError::io(format!("creating {}", root.display())))?;
-        Ok(LayerCache { root })
+        Ok(LayerCache {
+            root,
+            budget: Default::default(),
+        })
     }
 
     pub fn path(&self, digest: &Digest) -> PathBuf {
@@ -201,6 +208,7 @@ impl LayerCache {
     /// A fresh temporary directory to extract `digest` into, on the cache's filesystem; hand it
     /// to [`Self::publish_staged`] once its content is verified, or remove it.
     pub fn staging(&self, digest: &Digest) -> Result<PathBuf> {
+        self.recreate_root()?;
         let tmp = self.root.join(format!(
             ".tmp-{}-{}",
             digest.hex(),
@@ -223,10 +231,18 @@ impl LayerCache {
         if result.is_err() {
             let _ = fs::remove_dir_all(staged);
         }
-        result.map(|()| self.path(digest))
+        result?;
+        self.enforce_budget();
+        Ok(self.path(digest))
     }
 
-    fn mark(&self, digest: &Digest) -> PathBuf {
+    /// The cache directory may have been wiped while the node runs: make it again.
+    fn recreate_root(&self) -> Result<()> {
+        fs::create_dir_all(&self.root)
+            .map_err(VmmError::io(format!("creating {}", self.root.display())))
+    }
+
+    pub(super) fn mark(&self, digest: &Digest) -> PathBuf {
         self.root.join(format!("{}.complete", digest.hex()))
     }
 
@@ -239,8 +255,10 @@ impl LayerCache {
     pub fn ensure(&self, blobs: &dyn BlobStore, digest: &Digest) -> Result<PathBuf> {
         let dest = self.path(digest);
         if self.is_complete(digest) {
+            self.touch(digest);
             return Ok(dest);
         }
+        self.recreate_root()?;
         let tmp = self.root.join(format!(
             ".tmp-{}-{}",
             digest.hex(),
@@ -268,7 +286,9 @@ impl LayerCache {
         if published.is_err() {
             let _ = fs::remove_dir_all(&tmp);
         }
-        published.map(|()| dest)
+        published?;
+        self.enforce_budget();
+        Ok(dest)
     }
 
     /// Puts a synced temporary tree in place and marks it complete, under a lock so that two
@@ -305,8 +325,13 @@ impl LayerCache {
         fs::rename(tmp, &dest).map_err(VmmError::io(format!("publishing layer {digest}")))?;
         sync_dir(&self.root)?;
         let mark = self.mark(digest);
+        // The mark holds the tree's size, for the cache's budget; its mtime is the last use.
+        let size = super::layer_budget::tree_bytes(&dest);
         fs::File::create(&mark)
-            .and_then(|f| f.sync_all())
+            .and_then(|mut f| {
+                f.write_all(size.to_string().as_bytes())?;
+                f.sync_all()
+            })
             .map_err(VmmError::io(format!("marking layer {digest} complete")))?;
         sync_dir(&self.root)?;
         drop(lock);

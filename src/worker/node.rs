@@ -50,11 +50,16 @@ pub struct Worker {
 impl Worker {
     /// A node on the namespace backend in `settings.data_dir`.
     pub fn new(store: EventStore, settings: WorkerSettings) -> Result<Worker, WorkerError> {
-        let backend = NamespaceBackend::new(NamespaceConfig {
-            data_dir: settings.data_dir.clone(),
-            agent_binary: settings.agent_binary.clone(),
-            depth: settings.depth,
-        })?;
+        let blobs = crate::vmm::open_blob_store(settings.blob_url.as_deref(), &settings.data_dir)?;
+        let backend = NamespaceBackend::with_blobs(
+            NamespaceConfig {
+                data_dir: settings.data_dir.clone(),
+                agent_binary: settings.agent_binary.clone(),
+                depth: settings.depth,
+            },
+            blobs,
+        )?;
+        backend.layers().set_budget(settings.layer_cache_bytes);
         let catalog = ImageCatalog::open(&settings.data_dir)?;
         let puller = crate::registry::Puller::new(
             &settings.data_dir,

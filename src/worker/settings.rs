@@ -11,6 +11,10 @@ pub struct WorkerSettings {
     pub node_id: String,
     /// Node data directory: blobs, layers, images, sandboxes.
     pub data_dir: PathBuf,
+    /// `STRATA_BLOB_URL`: the shared blob store; `None` is `<data_dir>/blobs`.
+    pub blob_url: Option<String>,
+    /// Budget of the node's extracted-layer cache in bytes; `None` is unbounded.
+    pub layer_cache_bytes: Option<u64>,
     /// The strata binary, started inside sandboxes as their init and agent.
     pub agent_binary: PathBuf,
     /// How long an attempt holds a build without renewal; renewed every third of it.
@@ -41,6 +45,8 @@ impl WorkerSettings {
         WorkerSettings {
             node_id: node_id.into(),
             data_dir: data_dir.into(),
+            blob_url: None,
+            layer_cache_bytes: None,
             agent_binary: agent_binary.into(),
             lease: Duration::from_secs(30),
             max_builds: 2,

@@ -8,6 +8,7 @@
 mod common;
 
 mod admin_api;
+mod blob_conformance;
 mod cli_history;
 mod commands;
 mod deleted_template;
@@ -15,6 +16,7 @@ mod e2b_api;
 mod event_feed;
 mod event_store;
 mod lost_reply;
+mod multi_node;
 mod ops_metrics;
 mod ops_progress;
 mod ops_readme;

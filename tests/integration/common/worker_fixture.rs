@@ -28,7 +28,7 @@ pub struct Fixture {
     pub db: TestDb,
     pub store: EventStore,
     pub api: Api,
-    pub blobs: Arc<strata::vmm::LocalBlobStore>,
+    pub blobs: Arc<dyn strata::vmm::BlobStore>,
     pub shutdown: CancellationToken,
     pub worker: Option<tokio::task::JoinHandle<()>>,
 }
