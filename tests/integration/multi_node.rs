@@ -169,7 +169,7 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
                 &[(&hash, app.clone())],
                 json!({"fromImage": "busybox", "force": false, "steps": [
                     {"type": "COPY", "args": ["hello.txt", "/opt/app/", "", ""], "filesHash": hash, "force": false},
-                    {"type": "RUN", "args": [format!("cat /opt/app/hello.txt > /out-{i}")], "force": false}]}),
+                    {"type": "RUN", "args": [format!("cat /opt/app/hello.txt > out-{i}")], "force": false}]}),
             )
             .await;
         assert_eq!(status["status"], "ready", "{status}\n{}", log_text());
@@ -190,7 +190,7 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
             "multi-after-wipe",
             &[],
             json!({"fromImage": "busybox", "force": false, "steps": [
-                {"type": "RUN", "args": ["echo after the wipe > /after"], "force": false}]}),
+                {"type": "RUN", "args": ["echo after the wipe > after"], "force": false}]}),
         )
         .await;
     assert_eq!(status["status"], "ready", "{status}\n{}", log_text());
