@@ -265,7 +265,7 @@ async fn measure(
             let rate = mib / median(times).as_secs_f64();
             println!(
                 "{:<44} {:>10.0} {:>10.2}   {}",
-                format!("PUT upload, {}: stream, hash, publish", target.label),
+                format!("PUT upload into the {}", target.label),
                 rate,
                 rate / ceiling_rate,
                 runs(times)

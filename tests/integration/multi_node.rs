@@ -73,6 +73,34 @@ fn local_blobs(root: &Path) -> Vec<String> {
     found
 }
 
+/// The node whose attempt ran `build`.
+async fn attempt_node(pool: &sqlx::PgPool, build: &str) -> String {
+    sqlx::query_scalar(
+        "SELECT data->>'node' FROM events WHERE stream_id LIKE '%' || $1 AND type = 'AttemptAcquired.v1' ORDER BY position DESC LIMIT 1",
+    )
+    .bind(build)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The pid of the `strata worker` started with `STRATA_NODE_ID=<node>`.
+fn worker_pid(node: &str) -> i32 {
+    let wanted = format!("STRATA_NODE_ID={node}");
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let has = |hay: &[u8], needle: &[u8]| hay.split(|b| *b == 0).any(|part| part == needle);
+        if has(&cmdline, b"worker") && has(&environ, wanted.as_bytes()) {
+            return pid;
+        }
+    }
+    panic!("no strata worker runs as {node}");
+}
+
 /// The listing's shell and everything it started: one process group, ended together.
 struct Cluster(std::process::Child);
 
@@ -175,6 +203,47 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
         assert_eq!(status["status"], "ready", "{status}\n{}", log_text());
         built.push(build);
     }
+
+    // A checkpoint written on one worker resumes on another: the first build's node is
+    // stopped, the second build (same first step) must take it from the bucket elsewhere.
+    let sdk = SdkClient::new(&apis[0], &db.url, "multi").await;
+    let stamp = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > stamp";
+    let (_, first, status) = sdk
+        .build(
+            "multi-checkpoint",
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                {"type": "RUN", "args": [stamp], "force": false},
+                {"type": "RUN", "args": ["echo one > one"], "force": false}]}),
+        )
+        .await;
+    assert_eq!(status["status"], "ready", "{status}\n{}", log_text());
+    let first_node = attempt_node(&db.pool, &first).await;
+    let stopped = worker_pid(&first_node);
+    // SAFETY: kill(2) on a worker this test's listing started.
+    unsafe { libc::kill(stopped, libc::SIGSTOP) };
+    let sdk = SdkClient::new(&apis[1], &db.url, "multi").await;
+    let (_, second, status) = sdk
+        .build(
+            "multi-checkpoint",
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                {"type": "RUN", "args": [stamp], "force": false},
+                {"type": "RUN", "args": ["echo two > two"], "force": false}]}),
+        )
+        .await;
+    unsafe { libc::kill(stopped, libc::SIGCONT) };
+    assert_eq!(status["status"], "ready", "{status}\n{}", log_text());
+    let second_node = attempt_node(&db.pool, &second).await;
+    assert_ne!(first_node, second_node);
+    let resumed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM events WHERE stream_id LIKE '%' || $1 AND data::text LIKE '%\"kind\": \"cached\"%'",
+    )
+    .bind(&second)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(resumed >= 1, "build {second} on {second_node} did not resume from {first_node}'s checkpoint");
 
     // Wipe every worker's layer cache while they run: the next build extracts what it needs
     // again from the bucket.
