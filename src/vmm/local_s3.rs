@@ -3,7 +3,7 @@
 //! --store s3` run against. It dies with the process that started it.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,8 @@ pub const SECRET_KEY: &str = "strata-test-secret";
 
 pub struct LocalS3 {
     child: Child,
+    /// Closing it stops the server.
+    lifeline: Option<ChildStdin>,
     /// `http://127.0.0.1:<port>`
     pub endpoint: String,
 }
@@ -42,25 +44,26 @@ impl LocalS3 {
             .and_then(|l| l.local_addr())
             .map_err(VmmError::io("choosing a port for the S3 server"))?
             .port();
-        let mut command = Command::new(server_binary());
-        command
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
+        // The server runs under a shell that kills it when its standard input closes: when this
+        // process exits, however it exits, the pipe closes and the server goes with it. The
+        // shell itself exits when the server does, so a server that fails to start is noticed.
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                "exec 3<&0; \"$0\" -H 127.0.0.1 -p \"$1\" </dev/null >/dev/null 2>&1 & server=$!; \
+                 { read _ignored <&3; kill $server; } & wait $server",
+            ])
+            .arg(server_binary())
+            .arg(port.to_string())
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no shared state.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = command
+            .stderr(Stdio::null())
             .spawn()
             .map_err(|e| failed("starting the S3 server (moto_server)", e))?;
+        let lifeline = child.stdin.take();
         let mut server = LocalS3 {
             child,
+            lifeline,
             endpoint: format!("http://127.0.0.1:{port}"),
         };
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -159,7 +162,7 @@ fn http_request(method: &str, url: &str) -> Result<(u16, String)> {
 
 impl Drop for LocalS3 {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        drop(self.lifeline.take());
         let _ = self.child.wait();
     }
 }

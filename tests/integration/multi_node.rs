@@ -73,6 +73,14 @@ fn local_blobs(root: &Path) -> Vec<String> {
     found
 }
 
+/// How many attempts any node has acquired so far.
+async fn acquisitions(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM events WHERE type = 'AttemptAcquired.v1'")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 /// The node whose attempt ran `build`.
 async fn attempt_node(pool: &sqlx::PgPool, build: &str) -> String {
     sqlx::query_scalar(
@@ -154,6 +162,8 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
         .args(["-euo", "pipefail", "-c", &script])
         .env("PATH", &path)
         .env("STRATA_QUEUE_POLL_MS", "200")
+        // A killed worker's lease runs out within seconds, so its build ends in the test.
+        .env("STRATA_LEASE_SECS", "6")
         .env("RUST_LOG", "info")
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
         .stdin(Stdio::null())
@@ -263,6 +273,51 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
         )
         .await;
     assert_eq!(status["status"], "ready", "{status}\n{}", log_text());
+
+    // A worker killed mid-build: that build ends as the reconcilers decide, the others finish.
+    let acquired_before = acquisitions(&db.pool).await;
+    let victim = {
+        let sdk = SdkClient::new(&apis[0], &db.url, "multi").await;
+        tokio::spawn(async move {
+            sdk.build(
+                "multi-killed",
+                &[],
+                json!({"fromImage": "busybox", "force": false, "steps": [
+                    {"type": "RUN", "args": ["sleep 60"], "force": false}]}),
+            )
+            .await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acquisitions(&db.pool).await == acquired_before {
+        assert!(Instant::now() < deadline, "the build was never acquired\n{}", log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let killed_node: String = sqlx::query_scalar(
+        "SELECT data->>'node' FROM events WHERE type = 'AttemptAcquired.v1' ORDER BY position DESC LIMIT 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    // SAFETY: kill(2) on a worker this test's listing started.
+    unsafe { libc::kill(worker_pid(&killed_node), libc::SIGKILL) };
+    let sdk = SdkClient::new(&apis[1], &db.url, "multi").await;
+    let (_, _, status) = sdk
+        .build(
+            "multi-survivor",
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                {"type": "RUN", "args": ["echo still here > here"], "force": false}]}),
+        )
+        .await;
+    assert_eq!(status["status"], "ready", "{status}\n{}", log_text());
+    let (_, _, status) = victim.await.unwrap();
+    assert_eq!(status["status"], "error", "{status}");
+    assert!(
+        status["reason"]["message"].to_string().contains(&killed_node)
+            || status["reason"]["message"].to_string().to_lowercase().contains("node"),
+        "{status}"
+    );
 
     // Nothing but Postgres and the bucket is shared: no process kept a blob on its own disk.
     assert_eq!(local_blobs(root.path()), Vec::<String>::new());
