@@ -6,8 +6,8 @@
 //! ceiling the signed URL granted, or nothing is kept.
 //!
 //! Each chunk goes to two threads: one hashes, one writes to the store's sink (a temporary file
-//! in the local store, a multipart upload in an object store). Chunks are `Bytes`, shared by
-//! reference count: neither thread copies them. The sink is published under the digest only
+//! in the local store, one `writev` per batch; a multipart upload in an object store). Chunks are
+//! `Bytes`, shared by reference count: neither thread copies them. The sink is published under the digest only
 //! once both have finished and the length is right; any failure drops it unpublished, which
 //! removes what it held (the temporary file, the multipart upload).
 
@@ -44,10 +44,14 @@ pub struct IngestedUpload {
     pub size: u64,
 }
 
-/// Chunks in flight between the body reader and each of the hashing and writing threads
-/// (hyper's chunks are up to a few hundred KiB, so this bounds buffered memory to a few MiB per
-/// upload, on top of what the store's sink holds: a few parts for an object store).
-const CHANNEL_CHUNKS: usize = 16;
+/// Chunks are handed to the threads in batches of about this many bytes: hyper's chunks are
+/// often a few KiB, and waking two threads per chunk costs more than hashing it. A batch is a
+/// list of the same `Bytes`, not a copy.
+const BATCH_BYTES: usize = 1 << 20;
+
+/// Batches in flight between the body reader and each of the hashing and writing threads: a few
+/// MiB per upload, on top of what the store's sink holds (a few parts for an object store).
+const CHANNEL_BATCHES: usize = 8;
 
 /// Receives `body` into `blobs`, hashing as it goes, and publishes it under its digest.
 ///
@@ -80,29 +84,48 @@ where
         .await
         .map_err(joined)?
         .map_err(store_error)?;
-    let (to_hasher, hasher_rx) = tokio::sync::mpsc::channel::<Bytes>(CHANNEL_CHUNKS);
-    let (to_writer, writer_rx) = tokio::sync::mpsc::channel::<Bytes>(CHANNEL_CHUNKS);
+    let (to_hasher, hasher_rx) = tokio::sync::mpsc::channel::<Vec<Bytes>>(CHANNEL_BATCHES);
+    let (to_writer, writer_rx) = tokio::sync::mpsc::channel::<Vec<Bytes>>(CHANNEL_BATCHES);
     let hasher = tokio::task::spawn_blocking(move || hash(hasher_rx));
     let writer = tokio::task::spawn_blocking(move || write(sink, writer_rx));
 
     let mut received: u64 = 0;
     let mut outcome = Ok(());
+    let mut batch = Vec::new();
+    let mut batched = 0;
     futures::pin_mut!(body);
-    while let Some(chunk) = body.next().await {
-        let chunk = match chunk {
-            Ok(chunk) => chunk,
-            Err(e) => {
+    loop {
+        let chunk = match body.next().await {
+            Some(Ok(chunk)) => Some(chunk),
+            Some(Err(e)) => {
                 outcome = Err(IngestError::Body(e.to_string()));
                 break;
             }
+            None => None,
         };
-        received += chunk.len() as u64;
-        if received > declared {
-            outcome = Err(IngestError::LengthMismatch { declared, received });
-            break;
+        let last = chunk.is_none();
+        if let Some(chunk) = chunk {
+            received += chunk.len() as u64;
+            if received > declared {
+                outcome = Err(IngestError::LengthMismatch { declared, received });
+                break;
+            }
+            batched += chunk.len();
+            batch.push(chunk);
         }
-        if to_hasher.send(chunk.clone()).await.is_err() || to_writer.send(chunk).await.is_err() {
+        if batch.is_empty() || (batched < BATCH_BYTES && !last) {
+            if last {
+                break;
+            }
+            continue;
+        }
+        let full = std::mem::take(&mut batch);
+        batched = 0;
+        if to_hasher.send(full.clone()).await.is_err() || to_writer.send(full).await.is_err() {
             break; // the writer stopped on an error; it is reported below
+        }
+        if last {
+            break;
         }
     }
     drop((to_hasher, to_writer));
@@ -126,10 +149,12 @@ where
 }
 
 /// The hashing thread: hashes every chunk until the channel closes; returns the hex digest.
-fn hash(mut rx: tokio::sync::mpsc::Receiver<Bytes>) -> String {
+fn hash(mut rx: tokio::sync::mpsc::Receiver<Vec<Bytes>>) -> String {
     let mut hasher = Sha256::new();
-    while let Some(chunk) = rx.blocking_recv() {
-        hasher.update(&chunk);
+    while let Some(batch) = rx.blocking_recv() {
+        for chunk in &batch {
+            hasher.update(chunk);
+        }
     }
     hex::encode(hasher.finalize())
 }
@@ -138,10 +163,10 @@ fn hash(mut rx: tokio::sync::mpsc::Receiver<Bytes>) -> String {
 /// sink is dropped here, unpublished, and the receiver with it, which stops the body reader.
 fn write(
     mut sink: Box<dyn BlobSink>,
-    mut rx: tokio::sync::mpsc::Receiver<Bytes>,
+    mut rx: tokio::sync::mpsc::Receiver<Vec<Bytes>>,
 ) -> std::io::Result<Box<dyn BlobSink>> {
-    while let Some(chunk) = rx.blocking_recv() {
-        sink.append(chunk)?;
+    while let Some(batch) = rx.blocking_recv() {
+        sink.append_all(batch)?;
     }
     Ok(sink)
 }

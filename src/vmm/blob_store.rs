@@ -95,6 +95,10 @@ pub trait BlobSink: Write + Send {
     fn append(&mut self, chunk: Bytes) -> io::Result<()> {
         self.write_all(&chunk)
     }
+    /// Appends chunks in order; a backend may hand them to the system in one call.
+    fn append_all(&mut self, chunks: Vec<Bytes>) -> io::Result<()> {
+        chunks.into_iter().try_for_each(|chunk| self.append(chunk))
+    }
     /// Makes the received bytes durable and visible under `digest`, which the caller computed
     /// over exactly those bytes. Create-if-absent: a blob already stored under the digest is the
     /// same content, or torn and then found and removed by the next verified read.
@@ -399,9 +403,23 @@ impl Write for LocalSink {
 impl BlobSink for LocalSink {
     /// Chunks the caller owns go straight to the file: the buffer would only copy them again.
     fn append(&mut self, chunk: Bytes) -> io::Result<()> {
+        self.append_all(vec![chunk])
+    }
+
+    /// One `writev` for many chunks, without copying them.
+    fn append_all(&mut self, chunks: Vec<Bytes>) -> io::Result<()> {
         self.file.flush()?;
-        self.file.get_mut().write_all(&chunk)?;
-        self.written += chunk.len() as u64;
+        let file = self.file.get_mut().as_file_mut();
+        let mut slices: Vec<io::IoSlice<'_>> = chunks.iter().map(|c| io::IoSlice::new(c)).collect();
+        let mut pending = &mut slices[..];
+        while !pending.is_empty() {
+            let n = file.write_vectored(pending)?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            self.written += n as u64;
+            io::IoSlice::advance_slices(&mut pending, n);
+        }
         if self.written - self.flushed >= WRITEBACK_EVERY {
             start_writeback(
                 self.file.get_ref().as_file(),
