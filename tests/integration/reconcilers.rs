@@ -256,6 +256,8 @@ struct CrashResult {
     tag_holder: Option<BuildId>,
     build: BuildId,
     db_url: String,
+    /// Kept until the result is read: dropping it drops the database `history` reads.
+    _db: KeptDb,
     /// Seconds from the lease's expiry to the terminal event, by the database clock.
     lag_secs: f64,
 }
@@ -423,6 +425,16 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
         tag_holder,
         build,
         db_url: db.url.clone(),
+        _db: KeptDb(db),
+    }
+}
+
+/// A test database held by a result that derives `Debug`.
+struct KeptDb(#[allow(dead_code)] common::TestDb);
+
+impl std::fmt::Debug for KeptDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeptDb")
     }
 }
 
