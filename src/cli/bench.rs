@@ -51,6 +51,8 @@ pub enum BenchCommand {
     /// Blob and layer durability and verification against the plain (unsynced, unverified)
     /// paths: put, cache probe, layer extraction.
     Blobs(super::bench_blobs::BenchBlobsArgs),
+    /// Builds per second through 1, 2, 3 build nodes sharing one Postgres and one object store.
+    Scale(super::bench_scale::BenchScaleArgs),
 }
 
 #[derive(Debug, Args)]
@@ -75,6 +77,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Cache(args) => super::bench_cache::run(args).await,
         BenchCommand::Pull(args) => super::bench_pull::run(args).await,
         BenchCommand::Blobs(args) => super::bench_blobs::run(args).await,
+        BenchCommand::Scale(args) => super::bench_scale::run(args).await,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod bench_cache;
 pub mod bench_lifecycle;
 pub mod bench_pull;
 pub mod bench_sandbox;
+pub mod bench_scale;
 pub mod bench_sdk;
 pub mod bench_upload;
 pub mod history;

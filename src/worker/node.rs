@@ -51,6 +51,15 @@ impl Worker {
     /// A node on the namespace backend in `settings.data_dir`.
     pub fn new(store: EventStore, settings: WorkerSettings) -> Result<Worker, WorkerError> {
         let blobs = crate::vmm::open_blob_store(settings.blob_url.as_deref(), &settings.data_dir)?;
+        Self::with_blobs(store, settings, blobs)
+    }
+
+    /// A node whose blobs are in `blobs` instead of the store `settings.blob_url` names.
+    pub fn with_blobs(
+        store: EventStore,
+        settings: WorkerSettings,
+        blobs: Arc<dyn BlobStore>,
+    ) -> Result<Worker, WorkerError> {
         let backend = NamespaceBackend::with_blobs(
             NamespaceConfig {
                 data_dir: settings.data_dir.clone(),
