@@ -63,9 +63,16 @@ pub async fn run(args: BenchScaleArgs) -> anyhow::Result<()> {
         let store = EventStore::new(pool.clone());
         let mut rows = Vec::new();
         for &nodes in &args.nodes {
+            let before = cpu_ticks();
             let seconds =
                 measure(&store, &blobs, &manifest, work.path(), nodes, args.builds).await?;
-            rows.push((nodes, seconds));
+            let busy = match (before, cpu_ticks()) {
+                (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => {
+                    100.0 * (b1 - b0) as f64 / (t1 - t0) as f64
+                }
+                _ => f64::NAN,
+            };
+            rows.push((nodes, seconds, busy));
         }
         pool.close().await;
         println!(
@@ -75,17 +82,22 @@ pub async fn run(args: BenchScaleArgs) -> anyhow::Result<()> {
             blobs.describe()
         );
         println!(
-            "{:>6} {:>10} {:>12} {:>14}",
-            "nodes", "seconds", "builds/s", "vs 1st row"
+            "{:>6} {:>10} {:>12} {:>14} {:>16}",
+            "nodes", "seconds", "builds/s", "vs 1st row", "machine CPU busy"
         );
         let first = args.builds as f64 / rows[0].1;
-        for (nodes, seconds) in rows {
+        for (nodes, seconds, busy) in rows {
             let rate = args.builds as f64 / seconds;
             println!(
-                "{nodes:>6} {seconds:>10.2} {rate:>12.2} {:>14.2}",
+                "{nodes:>6} {seconds:>10.2} {rate:>12.2} {:>14.2} {busy:>15.0}%",
                 rate / first
             );
         }
+        println!(
+            "machine CPU busy near 100% means the curve bends at CPU (every node, Postgres and the \
+             object store share this machine's {} cores)",
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        );
         Ok(())
     })
     .await
@@ -234,4 +246,20 @@ async fn register(store: &EventStore, team: &TeamId, i: usize) -> anyhow::Result
     )
     .await?;
     Ok(build)
+}
+
+/// Busy and total jiffies of the whole machine (`/proc/stat`), to tell a CPU-bound row.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().sum();
+    // idle and iowait are the 4th and 5th columns.
+    let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
 }
