@@ -2,7 +2,8 @@
 //! and a `strata reconcile`, each with its own data directory, sharing only the test's Postgres
 //! database and a bucket on a real S3-protocol server on loopback (moto). The README's
 //! addresses, directories and database URL are replaced by this test's; `/var/lib/strata` (the
-//! base images' source) by a directory holding the test node's busybox image only.
+//! base images' source) by a directory holding the test node's busybox image only, and the
+//! layer-cache budget by one byte, so that every worker evicts all the time.
 
 use crate::common;
 
@@ -147,7 +148,11 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
         .replace("/srv/strata", &root.path().display().to_string())
         .replace("/var/lib/strata", &seed.display().to_string())
         .replace("127.0.0.1:3001", &format!("127.0.0.1:{port1}"))
-        .replace("127.0.0.1:3002", &format!("127.0.0.1:{port2}"));
+        .replace("127.0.0.1:3002", &format!("127.0.0.1:{port2}"))
+        // A budget below any layer: every extraction evicts all a running sandbox does not
+        // mount, and the builds must not notice.
+        .replace("STRATA_LAYER_CACHE_BYTES=20000000000", "STRATA_LAYER_CACHE_BYTES=1");
+    assert!(script.contains("STRATA_LAYER_CACHE_BYTES=1 "));
     assert!(script.contains("strata worker &") && script.contains("strata api &"));
 
     let bin_dir = common::strata_bin().parent().unwrap().to_owned();
@@ -317,6 +322,11 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
         status["reason"]["message"].to_string().contains(&killed_node)
             || status["reason"]["message"].to_string().to_lowercase().contains("node"),
         "{status}"
+    );
+
+    assert!(
+        log_text().contains("evicted a least recently used layer"),
+        "no worker evicted a layer under its budget"
     );
 
     // Nothing but Postgres and the bucket is shared: no process kept a blob on its own disk.
