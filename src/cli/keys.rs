@@ -4,11 +4,10 @@
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
+use strata::app::team::{issue_key, revoke_key};
+use strata::app::CommandContext;
 use strata::domain::ids::TeamId;
-use strata::domain::team::{ApiKey, Command};
-use strata::events::command::{execute, CommandContext};
-use strata::events::{Actor, ActorRole, EventStore, Metadata};
-use strata::streams::{team_stream, Team};
+use strata::events::{Actor, ActorRole, Metadata};
 use uuid::Uuid;
 
 use strata::config::StorageArgs;
@@ -47,19 +46,12 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
     strata::db::migrate(&pool)
         .await
         .context("applying migrations")?;
-    let store = EventStore::new(pool.clone());
+    let store = strata::app::event_store(pool.clone());
     let ctx = CommandContext::new(Metadata::new(Actor::new(ActorRole::Cli, whoami())));
     match args.command {
         KeysCommand::Create { team } => {
             let team = parse_team(&team)?;
-            let key = ApiKey::from_random(rand::random());
-            let command = Command::IssueKey {
-                key_id: Uuid::new_v4(),
-                key_sha256: key.sha256_hex(),
-                prefix: key.display_prefix(),
-                now: strata::clock::local_now(),
-            };
-            execute::<Team>(&store, &team_stream(&team), &command, &ctx)
+            let key = issue_key(&store, &ctx, &team, strata::clock::local_now())
                 .await
                 .context("issuing the key")?;
             eprintln!("issued a key for team {team}; it is shown once:");
@@ -89,11 +81,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
         }
         KeysCommand::Revoke { team, key_id } => {
             let team = parse_team(&team)?;
-            let command = Command::RevokeKey {
-                key_id,
-                now: strata::clock::local_now(),
-            };
-            execute::<Team>(&store, &team_stream(&team), &command, &ctx)
+            revoke_key(&store, &ctx, &team, key_id, strata::clock::local_now())
                 .await
                 .context("revoking the key")?;
             eprintln!("revoked key {key_id} of team {team}");

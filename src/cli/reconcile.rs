@@ -5,7 +5,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use strata::config::{NodeArgs, StorageArgs};
-use strata::events::EventStore;
 use strata::reconcilers::schedule::DEFAULT_SCHEDULE;
 use strata::reconcilers::{run_scheduled, ReconcileEnv, Reconciler, Schedule};
 use strata::vmm::LocalBlobStore;
@@ -57,7 +56,7 @@ pub fn environment(
     let blobs = LocalBlobStore::open(&blobs_dir)
         .with_context(|| format!("opening the blob store in {}", blobs_dir.display()))?;
     Ok(ReconcileEnv {
-        store: EventStore::new(pool),
+        store: strata::app::event_store(pool),
         node,
         blobs: Arc::new(blobs),
     })

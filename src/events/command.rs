@@ -329,14 +329,34 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Vec<StreamWrite>, CommandError<E>>>,
 {
+    execute_writes_with(store, max_attempts, || {
+        let decided = decide();
+        async move { decided.await.map(|writes| (writes, ())) }
+    })
+    .await
+    .map(|(outcome, ())| outcome)
+}
+
+/// [`execute_writes`] whose decision also produces a value (the template a registration
+/// chose, the generation a link reserved): the value of the round whose writes were appended
+/// is returned with the outcome.
+pub async fn execute_writes_with<T, E, F, Fut>(
+    store: &EventStore,
+    max_attempts: u32,
+    mut decide: F,
+) -> Result<(AppendOutcome, T), CommandError<E>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(Vec<StreamWrite>, T), CommandError<E>>>,
+{
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let writes = decide().await?;
+        let (writes, value) = decide().await?;
         match store.append(writes).await {
             Ok(mut outcome) => {
                 outcome.attempts = attempt;
-                return Ok(outcome);
+                return Ok((outcome, value));
             }
             Err(AppendError::VersionConflict { stream, .. }) if attempt < max_attempts => {
                 tracing::debug!(%stream, attempt, "version conflict; deciding again");

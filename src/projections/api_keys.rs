@@ -52,3 +52,14 @@ impl InlineProjection for ApiKeysProjection {
         Ok(())
     }
 }
+
+/// The team a live (unrevoked) key with this sha256 belongs to, as stored.
+pub async fn team_of_key(
+    pool: &sqlx::PgPool,
+    key_sha256: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT team_id FROM api_keys WHERE key_sha256 = $1 AND revoked_at IS NULL")
+        .bind(key_sha256)
+        .fetch_optional(pool)
+        .await
+}

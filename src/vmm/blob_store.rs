@@ -80,6 +80,22 @@ impl From<Digest> for String {
     }
 }
 
+/// The domain's digest is the same sha256: converting is exact and cannot fail.
+impl From<&crate::domain::ids::Digest> for Digest {
+    fn from(d: &crate::domain::ids::Digest) -> Digest {
+        Digest(d.hex())
+    }
+}
+
+/// A content address as the domain's digest: exact, since both hold a sha256.
+impl From<&Digest> for crate::domain::ids::Digest {
+    fn from(d: &Digest) -> crate::domain::ids::Digest {
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(&d.0, &mut bytes).expect("a parsed digest is 64 hex digits");
+        crate::domain::ids::Digest::from_bytes(bytes)
+    }
+}
+
 /// Where immutable blobs live. Implementations must make `put` atomic and idempotent.
 pub trait BlobStore: Send + Sync {
     /// A writer that hashes as it goes; `commit` publishes the blob under its digest.

@@ -22,7 +22,7 @@ pub mod namespace;
 pub mod users;
 
 pub use backend::{
-    BootSpec, CommandContext, CommandLine, CopyRequest, ExecOutcome, ExecRequest, Limits, Network,
+    BootSpec, CommandLine, CopyRequest, ExecDefaults, ExecOutcome, ExecRequest, Limits, Network,
     OutputLine, OutputSink, OutputStream, Sandbox, SandboxBackend,
 };
 pub use blob_store::{BlobStore, Digest, LocalBlobStore};

@@ -12,17 +12,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::error::{Fence, Refusal, WorkerError};
+use super::error::{Fence, WorkerError};
 use super::store_retry::retrying;
+use crate::app::{self, CommandContext, CommandError};
 use crate::domain::build::{self, AttemptGrant, FailedStep, StepOutcome};
 use crate::domain::ids::{BuildId, Epoch, NodeId, SnapshotId};
-use crate::domain::snapshot::{self, SnapshotRecord};
+use crate::domain::snapshot::SnapshotRecord;
 use crate::events::command::load;
-use crate::events::{
-    execute, execute_writes, Actor, ActorRole, AppendError, CommandContext, CommandError,
-    EventStore, Metadata, ReadError, StreamId, StreamWrite,
-};
-use crate::streams::{build_stream, snapshot_stream, Build, Snapshot};
+use crate::events::{Actor, ActorRole, AppendError, EventStore, Metadata, ReadError, StreamId};
+use crate::streams::{build_stream, Build};
 
 /// Decide-and-append rounds before a contended write gives up.
 const MAX_ROUNDS: u32 = 32;
@@ -58,14 +56,11 @@ pub async fn acquire(
     );
     let executed = retry_store_errors(build, "acquiring", || async {
         let now = db_now(store.pool()).await?;
-        let command = build::Command::AcquireAttempt {
-            grant: AttemptGrant {
-                node: node_id.clone(),
-                lease_expires_at: now + lease,
-            },
-            now,
+        let grant = AttemptGrant {
+            node: node_id.clone(),
+            lease_expires_at: now + lease,
         };
-        Ok(execute::<Build>(store, &stream, &command, &ctx).await)
+        Ok(app::attempt::acquire_attempt(store, &ctx, build, grant, now).await)
     })
     .await?;
     match executed {
@@ -230,7 +225,7 @@ impl Attempt {
         command: &build::Command,
         ctx: &CommandContext,
     ) -> Result<build::State, WorkerError> {
-        match execute::<Build>(&self.store, &self.stream(), command, ctx).await {
+        match app::attempt::record(&self.store, ctx, self.build, command).await {
             Ok(done) => Ok(done.state),
             Err(CommandError::Rejected(reason)) => Err(WorkerError::Fenced {
                 build: self.build,
@@ -302,68 +297,18 @@ impl Attempt {
             None => self.context(),
         };
         self.retrying("recording a snapshot", || async {
-            self.write_snapshot(&ctx, id, record, step)
-                .await
-                .map(drop)
-                .map_err(|e| WorkerError::from_command(self.build, self.epoch, e))
-        })
-        .await
-    }
-
-    async fn write_snapshot(
-        &self,
-        ctx: &CommandContext,
-        id: SnapshotId,
-        record: &SnapshotRecord,
-        step: Option<u32>,
-    ) -> Result<crate::events::AppendOutcome, CommandError<Refusal>> {
-        execute_writes(&self.store, MAX_ROUNDS, || {
-            let (store, ctx, record) = (self.store.clone(), ctx.clone(), record.clone());
-            let (build_stream, snap_stream, epoch) =
-                (self.stream(), snapshot_stream(&id), self.epoch);
-            async move {
-                let now = db_now(store.pool()).await?;
-                let build = load::<Build>(&store, &build_stream)
-                    .await
-                    .map_err(CommandError::into_other)?;
-                let build_events = match step {
-                    Some(step) => build::decide(
-                        &build.state,
-                        &build::Command::RecordStepProgress {
-                            epoch,
-                            step,
-                            outcome: StepOutcome::Checkpointed { snapshot: id },
-                            now,
-                        },
-                    )
-                    .map_err(|e| CommandError::Rejected(e.into()))?,
-                    None => {
-                        // No step to record: the build stream is only guarded, after the same
-                        // fencing check.
-                        build::check_open_attempt(&build.state, epoch, now)
-                            .map_err(|e| CommandError::Rejected(e.into()))?;
-                        Vec::new()
-                    }
-                };
-                let snap = load::<Snapshot>(&store, &snap_stream)
-                    .await
-                    .map_err(CommandError::into_other)?;
-                let snap_events =
-                    snapshot::decide(&snap.state, &snapshot::Command::Record { record, now })
-                        .map_err(|e| CommandError::Rejected(e.into()))?;
-                Ok(vec![
-                    StreamWrite::new(
-                        build_stream.clone(),
-                        build.expected(),
-                        ctx.encode(&build_stream, &build_events)?,
-                    ),
-                    StreamWrite::new(
-                        snap_stream.clone(),
-                        snap.expected(),
-                        ctx.encode(&snap_stream, &snap_events)?,
-                    ),
-                ])
-            }
+            app::attempt::record_snapshot(
+                &self.store,
+                &ctx,
+                self.build,
+                self.epoch,
+                id,
+                record,
+                step,
+            )
+            .await
+            .map(drop)
+            .map_err(|e| WorkerError::from_command(self.build, self.epoch, e))
         })
         .await
     }

@@ -5,8 +5,8 @@ use crate::common;
 use serde::{Deserialize, Serialize};
 use strata::events::command::{self, load};
 use strata::events::{
-    execute, execute_writes, Actor, ActorRole, Aggregate, CommandContext, CommandError, EventStore,
-    Metadata, StreamId, StreamWrite,
+    execute, execute_writes, Actor, ActorRole, Aggregate, CommandContext, CommandError, Metadata,
+    StreamId, StreamWrite,
 };
 use uuid::Uuid;
 
@@ -91,7 +91,7 @@ fn ctx() -> CommandContext {
 #[tokio::test]
 async fn concurrent_commands_on_one_stream_all_succeed_with_exact_state() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let stream = StreamId::parse("counter-1").unwrap();
     const WRITERS: u64 = 16;
     let tasks: Vec<_> = (0..WRITERS)
@@ -141,7 +141,7 @@ async fn concurrent_commands_on_one_stream_all_succeed_with_exact_state() {
 #[tokio::test]
 async fn rejections_are_typed_and_write_nothing() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let stream = StreamId::parse("counter-2").unwrap();
     let cmd = CounterCommand::Increment { ceiling: 1 };
     let done = execute::<Counter>(&store, &stream, &cmd, &ctx())
@@ -163,7 +163,7 @@ async fn rejections_are_typed_and_write_nothing() {
 #[tokio::test]
 async fn rerunning_a_command_id_never_appends_twice() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let stream = StreamId::parse("counter-3").unwrap();
     let context = CommandContext::with_id(
         Uuid::now_v7(),
@@ -213,7 +213,7 @@ async fn rerunning_a_command_id_never_appends_twice() {
 #[tokio::test]
 async fn multi_stream_decisions_retry_until_their_guards_hold() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let limit = StreamId::parse("counter-limit").unwrap();
     // Seed the guarded stream.
     execute::<Counter>(

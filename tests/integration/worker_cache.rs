@@ -100,7 +100,7 @@ fn entry_steps(
 }
 
 /// What an outside observer sees of a result: the filesystem manifest and the final context.
-async fn observe(fx: &Fixture, name: &str) -> (String, strata::domain::build_spec::CommandContext) {
+async fn observe(fx: &Fixture, name: &str) -> (String, strata::domain::build_spec::StepContext) {
     let result = fx.result(name).await;
     let mut sb = boot_on(&result.record.layers).await;
     let m = manifest(&mut sb).await;
