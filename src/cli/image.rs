@@ -155,9 +155,31 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
                 _ => anyhow::bail!("give both --username and STRATA_REGISTRY_PASSWORD, or neither"),
             };
             let started = std::time::Instant::now();
-            let progress: strata::registry::pull::ProgressFn =
-                std::sync::Arc::new(|p| eprintln!("{p}"));
-            let (pulled, stats) = puller.pull(&parsed, credentials, Some(progress)).await?;
+            let line = Progress::for_stderr();
+            line.stage(1, 1, &format!("pulling {reference}"));
+            let report = line.clone();
+            let progress: strata::registry::pull::ProgressFn = std::sync::Arc::new(move |p| {
+                report.detail(format!(
+                    "layer {}/{}, {} of {}",
+                    p.layers_done,
+                    p.layers_total,
+                    super::progress::bytes(p.bytes_done),
+                    super::progress::bytes(p.bytes_total)
+                ))
+            });
+            let pulled = puller.pull(&parsed, credentials, Some(progress)).await;
+            let (pulled, stats) = match pulled {
+                Ok(done) => {
+                    line.finish_stage(&short(&done.0.digest.to_string()));
+                    line.finish();
+                    done
+                }
+                Err(e) => {
+                    line.finish_stage("failed");
+                    line.finish();
+                    return Err(e.into());
+                }
+            };
             println!(
                 "{}\t{}\t{} layers\t{} downloaded ({} bytes) in {:.2}s",
                 pulled.reference,

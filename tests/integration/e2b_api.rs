@@ -1,71 +1,26 @@
 //! The E2B build protocol's API half over real HTTP and a real Postgres: registration, upload
 //! links, signed uploads, build start and status, tenancy, and every bad input the issue lists.
-//! Builds here are not executed (no worker runs); `tests/e2b_sdk.rs` drives whole builds.
+//! Builds here are not executed (no worker runs); `tests/e2e` drives whole builds
+//! with the stock SDKs.
 
 use crate::common;
 
 use std::io::{Read, Write};
 use std::time::Duration;
 
+use common::http_build::{tar_gz, SdkClient};
 use serde_json::{json, Value};
 use strata::domain::team::ApiKey;
 
 /// Issues a key for `team` through the same command `strata keys create` runs.
 async fn key_for(db: &common::TestDb, team: &str) -> String {
-    let out = tokio::process::Command::new(common::strata_bin())
-        .args(["keys", "create", "--team", team])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let key = common::http_build::key_for(&db.url, team).await;
     assert!(ApiKey::parse(&key).is_some(), "{key}");
     key
 }
 
-fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
-        Vec::new(),
-        flate2::Compression::default(),
-    ));
-    for (path, data) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_cksum();
-        builder.append_data(&mut header, path, *data).unwrap();
-    }
-    builder.into_inner().unwrap().finish().unwrap()
-}
-
-struct Client {
-    http: reqwest::Client,
-    base: String,
-    key: String,
-}
-
-impl Client {
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .header("X-API-KEY", &self.key);
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
+/// The protocol's calls, each asserting the response shape the SDK relies on.
+impl SdkClient {
     async fn register(&self, name: &str) -> (String, String) {
         let (status, body) = self
             .call(
@@ -151,11 +106,12 @@ async fn setup(extra: &[&str]) -> (common::TestDb, tempfile::TempDir, common::ap
     (db, data, api)
 }
 
-fn client(api: &common::api::TestApi, key: String) -> Client {
-    Client {
+fn client(api: &common::api::TestApi, key: String) -> SdkClient {
+    SdkClient {
         http: reqwest::Client::new(),
         base: api.base.clone(),
         key,
+        traceparent: None,
     }
 }
 

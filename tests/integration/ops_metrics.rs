@@ -1,6 +1,6 @@
 //! Prometheus metrics after real builds: the API's `/metrics` in a process that also runs the
 //! worker (as `strata up` does), scraped before and after two builds over real HTTP; and the
-//! reconciler's own `--metrics-listen` listener in a separate `strata reconcile` process.
+//! `--metrics-listen` listeners of separate `strata worker` and `strata reconcile` processes.
 
 use crate::common;
 
@@ -191,4 +191,92 @@ async fn the_reconciler_serves_its_own_metrics_listener() {
     // The reconciler reports no build gauges: those come from the API.
     assert!(!passes.keys().any(|k| k.starts_with("strata_builds{")));
     assert!(child.terminate().success());
+}
+
+/// Scrapes `url` until `ready` holds for what it serves (bounded), returning that scrape.
+async fn scrape_until(
+    url: &str,
+    what: &str,
+    limit: Duration,
+    ready: impl Fn(&BTreeMap<String, f64>) -> bool,
+) -> BTreeMap<String, f64> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(resp) = reqwest::get(url).await {
+            let m = common::http_build::parse_metrics(&resp.text().await.unwrap());
+            if ready(&m) {
+                return m;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not scraped within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_serves_its_own_metrics_listener() {
+    let db = common::test_db().await;
+    let api = common::build_api::Api {
+        store: strata::events::EventStore::new(db.pool.clone()),
+        team: strata::domain::ids::TeamId::parse("team-metrics-worker").unwrap(),
+    };
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let _worker = common::process::Proc::worker(
+        &db.url,
+        "metrics-worker",
+        30,
+        &[("STRATA_METRICS_LISTEN", listen.as_str())],
+    );
+    let url = format!("http://{listen}/metrics");
+    // Served before any build: the listener is up as soon as the worker is.
+    let idle = scrape_until(
+        &url,
+        "the idle worker's metrics",
+        Duration::from_secs(30),
+        |m| !m.is_empty(),
+    )
+    .await;
+    let boots = |m: &BTreeMap<String, f64>| {
+        m.get("strata_sandbox_boots_total{outcome=\"ok\"}")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    assert_eq!(boots(&idle), 0.0, "{idle:#?}");
+
+    let (_, build) = api.register("listened").await;
+    api.start(
+        build,
+        json!({"fromImage": "busybox", "force": false, "steps": [
+            {"type": "RUN", "args": ["echo hi > /tmp/hi"], "force": false},
+        ]}),
+    )
+    .await;
+    let finished = |m: &BTreeMap<String, f64>, outcome: &str| {
+        m.get(&format!(
+            "strata_worker_builds_finished_total{{outcome=\"{outcome}\"}}"
+        ))
+        .copied()
+        .unwrap_or(0.0)
+    };
+    let after = scrape_until(&url, "a finished build", Duration::from_secs(120), |m| {
+        finished(m, "ready") + finished(m, "failed") >= 1.0
+    })
+    .await;
+    assert_eq!(finished(&after, "ready"), 1.0, "{after:#?}");
+    assert!(boots(&after) >= 1.0, "{after:#?}");
+    assert!(
+        after
+            .iter()
+            .any(|(k, v)| k.starts_with("strata_build_step_duration_seconds_count") && *v >= 1.0),
+        "{after:#?}"
+    );
+    // Build gauges and reconciler passes come from other roles.
+    assert!(!after.keys().any(|k| k.starts_with("strata_builds{")));
+    assert!(!after
+        .keys()
+        .any(|k| k.starts_with("strata_reconciler_passes_total")));
 }

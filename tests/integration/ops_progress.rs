@@ -1,6 +1,6 @@
 //! Long CLI work shows progress on a terminal and stays quiet when piped: `strata image
-//! build-base` and `strata template export`, run once under a pseudo-terminal (`script`, from
-//! util-linux) and once with stderr piped.
+//! build-base`, `strata template export` and `strata image pull`, run once under a
+//! pseudo-terminal (`script`, from util-linux) and once with stderr piped.
 
 use crate::common;
 
@@ -132,4 +132,38 @@ async fn template_export_reports_layers_on_a_terminal_only() {
         "{stderr:?}"
     );
     assert!(Path::new(&pipe_dir).join("index.json").exists());
+}
+
+#[test]
+fn image_pull_shows_its_progress_on_a_terminal_only() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = common::registry::LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    let image = common::registry::push_three_layers(&reg, work.path(), "team/shown:1", "x\n");
+    let reference = format!("{}/team/shown:1", reg.addr);
+    let tty_data = work.path().join("tty");
+    let env = [
+        ("STRATA_DATA_DIR", tty_data.to_str().unwrap()),
+        ("RUST_LOG", "warn"),
+    ];
+    let shown = on_terminal(&["image", "pull", &reference], &env);
+    assert!(
+        shown.contains(&format!("[1/1] pulling {reference}")),
+        "{shown:?}"
+    );
+    assert!(
+        shown.contains(&image.digest[..19]) && shown.contains("s)"),
+        "the stage ends with the digest and its duration: {shown:?}"
+    );
+
+    let pipe_data = work.path().join("pipe");
+    let env = [
+        ("STRATA_DATA_DIR", pipe_data.to_str().unwrap()),
+        ("RUST_LOG", "warn"),
+    ];
+    let (stdout, stderr) = piped(&["image", "pull", &reference], &env);
+    assert!(stdout.contains(&image.digest), "{stdout:?}");
+    assert!(
+        !stderr.contains("pulling") && !stderr.contains("layer "),
+        "{stderr:?}"
+    );
 }

@@ -288,3 +288,93 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     );
     fx.stop().await;
 }
+
+/// Follows a list page's "older" links from `first`, returning each page's row ids.
+async fn pages(http: &reqwest::Client, base: &str, first: &str, row: &str) -> Vec<Vec<String>> {
+    let mut out = vec![];
+    let mut next = Some(first.to_owned());
+    while let Some(path) = next.take() {
+        let resp = http
+            .get(format!("{base}{path}"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{path}");
+        let page = resp.text().await.unwrap();
+        out.push(
+            page.split(row)
+                .skip(1)
+                .map(|r| r[..36].to_owned())
+                .collect(),
+        );
+        next = page
+            .split("<a id=\"older\" href=\"")
+            .nth(1)
+            .map(|rest| rest[..rest.find('"').unwrap()].replace("&amp;", "&"));
+        assert!(out.len() <= 10, "the older links never end");
+    }
+    out
+}
+
+#[tokio::test]
+async fn long_lists_are_paged_newest_first_by_an_older_link() {
+    let db = common::test_db().await;
+    let data = common::data_dir();
+    let api = common::api::serve(db.pool.clone(), data.path(), Some(TOKEN), &[]).await;
+    let builds = common::build_api::Api {
+        store: strata::events::EventStore::new(db.pool.clone()),
+        team: strata::domain::ids::TeamId::parse("team-paged").unwrap(),
+    };
+    let mut registered = vec![];
+    for name in ["paged-a", "paged-b", "paged-c", "paged-a", "paged-b"] {
+        registered.push(builds.register(name).await.1.to_string());
+    }
+    let http = no_redirects();
+
+    let seen = pages(
+        &http,
+        &api.base,
+        "/ui?limit=2",
+        "<tr class=\"build\"><td><a href=\"/ui/builds/",
+    )
+    .await;
+    assert_eq!(seen.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
+    let newest_first: Vec<String> = registered.iter().rev().cloned().collect();
+    assert_eq!(seen.concat(), newest_first);
+    // Filters carry over to the older pages.
+    let seen = pages(
+        &http,
+        &api.base,
+        "/ui?template=paged-a&limit=1",
+        "<tr class=\"build\"><td><a href=\"/ui/builds/",
+    )
+    .await;
+    assert_eq!(
+        seen.concat(),
+        [registered[3].clone(), registered[0].clone()]
+    );
+
+    let seen = pages(
+        &http,
+        &api.base,
+        "/ui/templates?limit=2",
+        "<tr><td><a href=\"/ui?template=",
+    )
+    .await;
+    assert_eq!(seen.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
+
+    for bad in [
+        "/ui?limit=0",
+        "/ui?before=yesterday",
+        "/ui/templates?limit=100000",
+    ] {
+        let resp = http
+            .get(format!("{}{bad}", api.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "{bad}");
+    }
+}

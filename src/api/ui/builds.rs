@@ -11,12 +11,12 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::layout::{escape, page, seconds, status, url_encode};
+use super::paging::{self, Cursor};
 use crate::api::AppState;
 use crate::domain::ids::BuildId;
 use crate::inspect::facts::FactsError;
 use crate::inspect::{facts, timeline, why};
 
-const LIST_LIMIT: i64 = 200;
 const FEED_LIMIT: i64 = 20;
 
 #[derive(Debug, Default, Deserialize)]
@@ -25,6 +25,10 @@ pub struct BuildFilter {
     team: Option<String>,
     /// A template id or one of its names.
     template: Option<String>,
+    /// Only builds older than this cursor (from the page's "older" link).
+    before: Option<String>,
+    /// Rows per page.
+    limit: Option<i64>,
 }
 
 fn non_empty(s: &Option<String>) -> Option<&str> {
@@ -49,21 +53,37 @@ pub async fn list_builds(
     State(state): State<AppState>,
     Query(filter): Query<BuildFilter>,
 ) -> Result<Html<String>, UiError> {
-    let rows: Vec<BuildListRow> = sqlx::query_as(
+    let limit = paging::limit(filter.limit)?;
+    let before = non_empty(&filter.before).map(Cursor::parse).transpose()?;
+    let before_id = before
+        .as_ref()
+        .map(|c| uuid::Uuid::parse_str(&c.id))
+        .transpose()
+        .map_err(|_| UiError::BadRequest("before= names no build".into()))?;
+    let mut rows: Vec<BuildListRow> = sqlx::query_as(
         "SELECT b.build_id, b.team_id, b.template_id, t.names, b.phase, b.epoch, b.node,
                 b.registered_at, b.updated_at, now() AS now
          FROM builds b LEFT JOIN templates t ON t.template_id = b.template_id
          WHERE ($1::text IS NULL OR b.phase = $1)
            AND ($2::text IS NULL OR b.team_id = $2)
            AND ($3::text IS NULL OR b.template_id = $3 OR $3 = ANY(t.names))
-         ORDER BY b.registered_at DESC, b.build_id DESC LIMIT $4",
+           AND ($5::timestamptz IS NULL OR (b.registered_at, b.build_id) < ($5, $6))
+         ORDER BY b.registered_at DESC, b.build_id DESC LIMIT $4 + 1",
     )
     .bind(non_empty(&filter.phase))
     .bind(non_empty(&filter.team))
     .bind(non_empty(&filter.template))
-    .bind(LIST_LIMIT)
+    .bind(limit)
+    .bind(before.as_ref().map(|c| c.at))
+    .bind(before_id)
     .fetch_all(&state.pool)
     .await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let last = rows.last().filter(|_| more).map(|r| Cursor {
+        at: r.registered_at,
+        id: r.build_id.to_string(),
+    });
 
     let mut body = String::new();
     let opt = |v: &str| {
@@ -130,6 +150,16 @@ pub async fn list_builds(
     if rows.is_empty() {
         body.push_str("<p>No builds match.</p>");
     }
+    body.push_str(&paging::older_link(
+        "/ui",
+        &[
+            ("phase", non_empty(&filter.phase)),
+            ("team", non_empty(&filter.team)),
+            ("template", non_empty(&filter.template)),
+        ],
+        last,
+        limit,
+    ));
     body.push_str(&recent_events(&state).await?);
     Ok(page("builds", &body))
 }
@@ -372,6 +402,8 @@ fn event_table(id: &str, rows: &[timeline::EventRow]) -> String {
 pub enum UiError {
     #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
+    BadRequest(String),
     #[error("reading the build: {0}")]
     Facts(#[from] FactsError),
     #[error("database error: {0}")]
@@ -382,6 +414,7 @@ impl IntoResponse for UiError {
     fn into_response(self) -> Response {
         let status = match &self {
             UiError::NotFound(_) | UiError::Facts(FactsError::NotFound(_)) => StatusCode::NOT_FOUND,
+            UiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             _ => {
                 tracing::error!(error = %self, "operator page failed");
                 StatusCode::INTERNAL_SERVER_ERROR

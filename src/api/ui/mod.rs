@@ -5,10 +5,12 @@
 //! * [`builds`]: the builds list (filterable), one build's timeline and its `why`.
 //! * [`templates`]: templates with tags and results; storage on this node.
 //! * [`layout`]: the page frame and HTML escaping.
+//! * [`paging`]: newest-first pages with an "older" link.
 
 pub mod auth;
 pub mod builds;
 pub mod layout;
+pub mod paging;
 pub mod templates;
 
 use axum::middleware;

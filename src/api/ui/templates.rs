@@ -4,18 +4,25 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::response::Html;
 use chrono::{DateTime, Utc};
 
 use super::builds::UiError;
 use super::layout::{escape, page, url_encode};
+use super::paging::{self, Cursor};
 use crate::api::AppState;
 use crate::domain::ids::TemplateId;
 use crate::events::command::load;
 use crate::streams::{template_stream, Template};
 
-const LIMIT: i64 = 200;
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct TemplatePage {
+    /// Only templates updated before this cursor (from the page's "older" link).
+    before: Option<String>,
+    /// Rows per page.
+    limit: Option<i64>,
+}
 
 #[derive(sqlx::FromRow)]
 struct TemplateRow {
@@ -27,14 +34,34 @@ struct TemplateRow {
     updated_at: DateTime<Utc>,
 }
 
-pub async fn list_templates(State(state): State<AppState>) -> Result<Html<String>, UiError> {
-    let rows: Vec<TemplateRow> = sqlx::query_as(
+pub async fn list_templates(
+    State(state): State<AppState>,
+    Query(asked): Query<TemplatePage>,
+) -> Result<Html<String>, UiError> {
+    let limit = paging::limit(asked.limit)?;
+    let before = asked
+        .before
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .map(Cursor::parse)
+        .transpose()?;
+    let mut rows: Vec<TemplateRow> = sqlx::query_as(
         "SELECT template_id, team_id, names, build_count, latest_build, updated_at
-         FROM templates WHERE NOT deleted ORDER BY updated_at DESC LIMIT $1",
+         FROM templates
+         WHERE NOT deleted AND ($2::timestamptz IS NULL OR (updated_at, template_id) < ($2, $3))
+         ORDER BY updated_at DESC, template_id DESC LIMIT $1 + 1",
     )
-    .bind(LIMIT)
+    .bind(limit)
+    .bind(before.as_ref().map(|c| c.at))
+    .bind(before.as_ref().map(|c| c.id.clone()))
     .fetch_all(&state.pool)
     .await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let last = rows.last().filter(|_| more).map(|r| Cursor {
+        at: r.updated_at,
+        id: r.template_id.clone(),
+    });
     let outcomes: Vec<(String, String, i64)> = sqlx::query_as(
         "SELECT template_id, phase, count(*) FROM builds
          WHERE template_id = ANY($1) GROUP BY template_id, phase",
@@ -101,6 +128,7 @@ pub async fn list_templates(State(state): State<AppState>) -> Result<Html<String
         );
     }
     body.push_str("</table>");
+    body.push_str(&paging::older_link("/ui/templates", &[], last, limit));
     Ok(page("templates", &body))
 }
 
