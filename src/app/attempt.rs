@@ -2,20 +2,26 @@
 //! (lease renewal, step progress, failure), and recording a snapshot guarded by it.
 //!
 //! Rules and events: `domain/build/decide.rs` (`AcquireAttempt` → `AttemptAcquired`,
-//! `RenewLease` → `LeaseRenewed`, `RecordStepProgress` → `StepCompleted`, `FailBuild` →
-//! `BuildFailed`), `domain/snapshot.rs` (`Record`); read model: `builds` (inline).
+//! `RenewLease` → `LeaseRenewed`, `RecordStepProgress` → `StepCompleted`,
+//! `RecordCacheConsultation` → `CacheConsulted`, `PinBaseImage` → `BaseImageResolved`,
+//! `FailBuild` → `BuildFailed`), `domain/snapshot.rs` (`Record`); read model: `builds`
+//! (inline).
 //!
 //! The worker's retry within the lease and the command ids that make a retry a replay stay
-//! with the worker (`worker/attempt.rs`); these functions are one decide-and-append each.
+//! with the worker (`worker/attempt.rs`); these functions are one decide-and-append each. Each
+//! build write takes the state the attempt carried forward from its previous write (`carried`),
+//! so a write that follows the attempt's own does not read and fold the stream again.
 
 use chrono::{DateTime, Utc};
 
 use super::{CommandContext, Error, Executed, Refusal};
-use crate::domain::build::{self, AttemptGrant, StepOutcome};
+use crate::domain::build::{
+    self, AttemptGrant, BasePin, CacheConsultation, FailedStep, StepOutcome,
+};
 use crate::domain::ids::{BuildId, Epoch, SnapshotId};
 use crate::domain::snapshot::{self, SnapshotRecord};
-use crate::events::command::{execute_writes, load};
-use crate::events::{AppendOutcome, CommandError, EventStore, StreamWrite};
+use crate::events::command::{execute_writes, load, Loaded};
+use crate::events::{AppendOutcome, CommandError, EventStore};
 use crate::streams::{build_stream, database_now, snapshot_stream, Build, Snapshot};
 
 /// Decide-and-append rounds before a contended snapshot write gives up.
@@ -26,26 +32,107 @@ pub async fn acquire_attempt(
     store: &EventStore,
     ctx: &CommandContext,
     build: BuildId,
+    carried: Option<Loaded<build::State>>,
     grant: AttemptGrant,
     now: DateTime<Utc>,
 ) -> Result<Executed<build::State>, Error<build::Error>> {
-    super::build::run(
-        store,
-        ctx,
-        &build,
-        &build::Command::AcquireAttempt { grant, now },
-    )
-    .await
+    let command = build::Command::AcquireAttempt { grant, now };
+    super::build::run_from(store, ctx, &build, carried, &command).await
 }
 
-/// Runs one of an attempt's build commands (each names its epoch, which the build checks).
-pub async fn record(
+/// Extends attempt `epoch`'s lease to `lease_expires_at`.
+pub async fn renew_lease(
     store: &EventStore,
     ctx: &CommandContext,
     build: BuildId,
-    command: &build::Command,
+    carried: Option<Loaded<build::State>>,
+    epoch: Epoch,
+    now: DateTime<Utc>,
+    lease_expires_at: DateTime<Utc>,
 ) -> Result<Executed<build::State>, Error<build::Error>> {
-    super::build::run(store, ctx, &build, command).await
+    let command = build::Command::RenewLease {
+        epoch,
+        now,
+        lease_expires_at,
+    };
+    super::build::run_from(store, ctx, &build, carried, &command).await
+}
+
+/// Records `step`'s outcome in attempt `epoch`.
+pub async fn record_step(
+    store: &EventStore,
+    ctx: &CommandContext,
+    build: BuildId,
+    carried: Option<Loaded<build::State>>,
+    epoch: Epoch,
+    step: u32,
+    outcome: StepOutcome,
+    now: DateTime<Utc>,
+) -> Result<Executed<build::State>, Error<build::Error>> {
+    let command = build::Command::RecordStepProgress {
+        epoch,
+        step,
+        outcome,
+        now,
+    };
+    super::build::run_from(store, ctx, &build, carried, &command).await
+}
+
+/// Records what attempt `epoch`'s cache lookup found.
+pub async fn record_cache_consultation(
+    store: &EventStore,
+    ctx: &CommandContext,
+    build: BuildId,
+    carried: Option<Loaded<build::State>>,
+    epoch: Epoch,
+    consultation: CacheConsultation,
+    now: DateTime<Utc>,
+) -> Result<Executed<build::State>, Error<build::Error>> {
+    let command = build::Command::RecordCacheConsultation {
+        epoch,
+        consultation,
+        now,
+    };
+    super::build::run_from(store, ctx, &build, carried, &command).await
+}
+
+/// Pins the base image's tag to the digest it resolved to, for this and later attempts.
+pub async fn pin_base_image(
+    store: &EventStore,
+    ctx: &CommandContext,
+    build: BuildId,
+    carried: Option<Loaded<build::State>>,
+    epoch: Epoch,
+    pin: &BasePin,
+    now: DateTime<Utc>,
+) -> Result<Executed<build::State>, Error<build::Error>> {
+    let command = build::Command::PinBaseImage {
+        epoch,
+        reference: pin.reference.clone(),
+        digest: pin.digest,
+        now,
+    };
+    super::build::run_from(store, ctx, &build, carried, &command).await
+}
+
+/// Ends the build in `error` at `step` with the message the user sees.
+pub async fn fail_build(
+    store: &EventStore,
+    ctx: &CommandContext,
+    build: BuildId,
+    carried: Option<Loaded<build::State>>,
+    epoch: Epoch,
+    step: FailedStep,
+    message: &str,
+    now: DateTime<Utc>,
+) -> Result<Executed<build::State>, Error<build::Error>> {
+    let command = build::Command::FailBuild {
+        epoch,
+        message: message.to_owned(),
+        step: Some(step),
+        now,
+    };
+    super::build::run_from(store, ctx, &build, carried, &command).await
 }
 
 /// Records a snapshot and, in the same transaction, the step it checkpoints (when `step` is
@@ -97,16 +184,8 @@ pub async fn record_snapshot(
         )
         .map_err(|e| CommandError::Rejected(e.into()))?;
         Ok(vec![
-            StreamWrite::new(
-                build_stream.clone(),
-                build.expected(),
-                ctx.encode(build_stream, &build_events)?,
-            ),
-            StreamWrite::new(
-                snap_stream.clone(),
-                snap.expected(),
-                ctx.encode(snap_stream, &snap_events)?,
-            ),
+            ctx.write(build_stream, build.expected(), &build_events)?,
+            ctx.write(snap_stream, snap.expected(), &snap_events)?,
         ])
     })
     .await

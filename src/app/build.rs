@@ -11,7 +11,7 @@ use super::{CommandContext, Error, Executed};
 use crate::domain::build::{self, Command};
 use crate::domain::build_spec::TemplateBuildStartV2;
 use crate::domain::ids::{BuildId, IntentId};
-use crate::events::command::execute;
+use crate::events::command::{execute, execute_from, Loaded};
 use crate::events::EventStore;
 use crate::streams::{build_stream, Build};
 
@@ -72,4 +72,21 @@ pub(crate) async fn run(
     command: &Command,
 ) -> Result<Executed<build::State>, Error<build::Error>> {
     execute::<Build>(store, &build_stream(build), command, ctx).await
+}
+
+/// Runs `command` on the build's stream, from the state the caller carried forward when it has
+/// one ([`execute_from`]).
+pub(crate) async fn run_from(
+    store: &EventStore,
+    ctx: &CommandContext,
+    build: &BuildId,
+    carried: Option<Loaded<build::State>>,
+    command: &Command,
+) -> Result<Executed<build::State>, Error<build::Error>> {
+    match carried {
+        Some(carried) => {
+            execute_from::<Build>(store, &build_stream(build), carried, command, ctx).await
+        }
+        None => run(store, ctx, build, command).await,
+    }
 }

@@ -84,7 +84,7 @@ pub async fn publish_entry(
             .map_err(|e| CommandError::Rejected(e.into()))?;
         Ok(vec![
             StreamWrite::new(bstream.clone(), b.expected(), Vec::new()),
-            StreamWrite::new(stream.clone(), c.expected(), ctx.encode(stream, &events)?),
+            ctx.write(stream, c.expected(), &events)?,
         ])
     })
     .await

@@ -165,16 +165,8 @@ async fn decide_build_and_promotion(
             .map_err(CommandError::into_other)?;
         let p_events = promotion::decide(&p.state, &promotion_command).map_err(refused)?;
         Ok(vec![
-            StreamWrite::new(
-                bstream.clone(),
-                b.expected(),
-                ctx.encode(bstream, &b_events)?,
-            ),
-            StreamWrite::new(
-                pstream.clone(),
-                p.expected(),
-                ctx.encode(pstream, &p_events)?,
-            ),
+            ctx.write(bstream, b.expected(), &b_events)?,
+            ctx.write(pstream, p.expected(), &p_events)?,
         ])
     })
     .await?;
@@ -347,16 +339,8 @@ impl PromotionDriver<'_> {
                 .map_err(refused)?;
             Ok(vec![
                 StreamWrite::guard(tstream.clone(), t.expected()),
-                StreamWrite::new(
-                    bstream.clone(),
-                    b.expected(),
-                    ctx.encode(bstream, &b_events)?,
-                ),
-                StreamWrite::new(
-                    pstream.clone(),
-                    p.expected(),
-                    ctx.encode(pstream, &p_events)?,
-                ),
+                ctx.write(bstream, b.expected(), &b_events)?,
+                ctx.write(pstream, p.expected(), &p_events)?,
             ])
         })
         .await
@@ -426,16 +410,8 @@ impl PromotionDriver<'_> {
                 .map_err(refused)?;
                 Ok(vec![
                     StreamWrite::guard(bstream.clone(), b.expected()),
-                    StreamWrite::new(
-                        pstream.clone(),
-                        p.expected(),
-                        ctx.encode(&pstream, &p_events)?,
-                    ),
-                    StreamWrite::new(
-                        tstream.clone(),
-                        t.expected(),
-                        ctx.encode(&tstream, &t_events)?,
-                    ),
+                    ctx.write(&pstream, p.expected(), &p_events)?,
+                    ctx.write(&tstream, t.expected(), &t_events)?,
                 ])
             }
         })

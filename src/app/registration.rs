@@ -15,7 +15,7 @@ use crate::domain::build_spec::{Resources, Tag, TemplateName};
 use crate::domain::ids::{BuildId, TeamId, TemplateId};
 use crate::domain::template;
 use crate::events::command::{execute_writes_with, load, CommandContext};
-use crate::events::{CommandError, EventStore, ExpectedVersion, StreamWrite};
+use crate::events::{CommandError, EventStore, ExpectedVersion};
 use crate::streams::{
     build_stream, template_name_stream, template_stream, Template, TemplateName as NameClaim,
 };
@@ -89,21 +89,9 @@ pub async fn register_build(
         .map_err(|e| CommandError::Rejected(RegisterError::Build(e)))?;
         let b_stream = build_stream(&build_id);
         let writes = vec![
-            StreamWrite::new(
-                name_ref.clone(),
-                names.expected(),
-                ctx.encode(name_ref, &registration.name_events)?,
-            ),
-            StreamWrite::new(
-                tpl_stream.clone(),
-                tpl.expected(),
-                ctx.encode(&tpl_stream, &registration.template_events)?,
-            ),
-            StreamWrite::new(
-                b_stream.clone(),
-                ExpectedVersion::NoStream,
-                ctx.encode(&b_stream, &build_events)?,
-            ),
+            ctx.write(name_ref, names.expected(), &registration.name_events)?,
+            ctx.write(&tpl_stream, tpl.expected(), &registration.template_events)?,
+            ctx.write(&b_stream, ExpectedVersion::NoStream, &build_events)?,
         ];
         Ok((writes, registration.template))
     })

@@ -44,11 +44,7 @@ pub async fn delete_template(
             .map_err(CommandError::into_other)?;
         let events = template::decide(&tpl.state, &template::Command::DeleteTemplate { now })
             .map_err(CommandError::Rejected)?;
-        let mut writes = vec![StreamWrite::new(
-            t_stream.clone(),
-            tpl.expected(),
-            ctx.encode(&t_stream, &events)?,
-        )];
+        let mut writes = vec![ctx.write(&t_stream, tpl.expected(), &events)?];
         let deleted = events.iter().fold(tpl.state.clone(), template::evolve);
         writes.extend(end_builds(store, ctx, template_id, &deleted, now).await?);
         for name in &tpl.state.names {
@@ -59,11 +55,7 @@ pub async fn delete_template(
             let released = vec![NameEvent::NameReleased {
                 template: template_id.clone(),
             }];
-            writes.push(StreamWrite::new(
-                n_stream.clone(),
-                claim.expected(),
-                ctx.encode(&n_stream, &released)?,
-            ));
+            writes.push(ctx.write(&n_stream, claim.expected(), &released)?);
         }
         Ok(writes)
     })
@@ -122,11 +114,7 @@ async fn end_builds(
             .map_err(CommandError::into_other)?;
         match build::end_for_deleted_template(&loaded.state, deleted, now) {
             Ok(events) if events.is_empty() => {}
-            Ok(events) => writes.push(StreamWrite::new(
-                stream.clone(),
-                loaded.expected(),
-                ctx.encode(&stream, &events)?,
-            )),
+            Ok(events) => writes.push(ctx.write(&stream, loaded.expected(), &events)?),
             // Only a build of another template could be refused here (the read model names the
             // template), and then it is not this deletion's to end.
             Err(e) => {

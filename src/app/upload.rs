@@ -13,7 +13,7 @@ use crate::domain::build::upload::{
 use crate::domain::ids::{BuildId, FilesHash};
 use crate::domain::{build, files};
 use crate::events::command::{execute_writes_with, load, CommandContext};
-use crate::events::{CommandError, EventStore, StreamWrite};
+use crate::events::{CommandError, EventStore};
 use crate::streams::{build_stream, files_stream, Build, Files};
 
 /// Decide-and-append rounds before a contended upload write gives up.
@@ -70,16 +70,8 @@ async fn decide_build_and_files<T>(
         let (decision, value) =
             decide(&build.state, &files.state).map_err(CommandError::Rejected)?;
         let writes = vec![
-            StreamWrite::new(
-                b_stream.clone(),
-                build.expected(),
-                ctx.encode(&b_stream, &decision.build)?,
-            ),
-            StreamWrite::new(
-                f_stream.clone(),
-                files.expected(),
-                ctx.encode(&f_stream, &decision.files)?,
-            ),
+            ctx.write(&b_stream, build.expected(), &decision.build)?,
+            ctx.write(&f_stream, files.expected(), &decision.files)?,
         ];
         Ok((writes, value))
     })

@@ -153,15 +153,7 @@ impl Executor<'_> {
             Err(BaseError::Worker(e)) => return Err(e),
         };
         if let (Some(pin), None) = (&resolved.pin, &job.base_pin) {
-            let now = self.attempt.now().await?;
-            self.attempt
-                .command(crate::domain::build::Command::PinBaseImage {
-                    epoch: self.attempt.epoch,
-                    reference: pin.reference.clone(),
-                    digest: pin.digest,
-                    now,
-                })
-                .await?;
+            self.attempt.pin_base_image(pin).await?;
         }
         let (writer, found, flight) = self.consult_cache(job, &resolved).await?;
         let total = job.spec.steps.len();

@@ -245,7 +245,6 @@ enum Crash {
     MidRun,
 }
 
-#[derive(Debug)]
 struct CrashResult {
     crash: Crash,
     events: Vec<RecordedEvent>,
@@ -253,7 +252,8 @@ struct CrashResult {
     state: build::State,
     tag_holder: Option<BuildId>,
     build: BuildId,
-    db_url: String,
+    /// The scenario's database, kept until the result is checked (`strata history` reads it).
+    db: common::TestDb,
     /// Seconds from the lease's expiry to the terminal event, by the database clock.
     lag_secs: f64,
 }
@@ -420,7 +420,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
         state,
         tag_holder,
         build,
-        db_url: db.url.clone(),
+        db,
     }
 }
 
@@ -464,7 +464,7 @@ async fn a_worker_killed_at_any_point_leaves_no_build_unfinished() {
         );
         let published = count(&r.events, "PublishingStarted.v1") == 1;
         // The operator's timeline: every event of the build and its outbox, who, which epoch.
-        let timeline = history(&r.db_url, r.build);
+        let timeline = history(&r.db.url, r.build);
         let lines: Vec<&str> = timeline.lines().collect();
         assert_eq!(
             lines.len(),
@@ -717,6 +717,7 @@ async fn acquire_for_ghost(store: &EventStore, build: BuildId, lease_until: Date
         store,
         &test_context(ActorRole::Worker),
         build,
+        None,
         AttemptGrant {
             node: NodeId::parse("ghost").unwrap(),
             lease_expires_at: lease_until,

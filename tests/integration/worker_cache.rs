@@ -18,7 +18,7 @@ use strata::events::{Actor, ActorRole, Metadata, StreamWrite};
 use strata::streams::{Build, CacheEntry};
 use uuid::Uuid;
 // ---------------------------------------------------------------------------------------------
-// What the API would append
+// What the API appends (through common::build_api, as the handlers do)
 // ---------------------------------------------------------------------------------------------
 
 use common::build_api::{api_context, stream};
