@@ -19,6 +19,8 @@
 //! * [`cache_key`]: fingerprint, base, step and final keys.
 //! * [`cache_entry`]: the `cachekey-…` index entries (create-if-absent, CAS replace, retire)
 //!   and lineage validation.
+//! * [`object`]: the `object-{digest}` lifecycle (reader leases, the Deleting barrier).
+//! * [`retention`]: which unreferenced objects a GC pass deletes, in which order, and why.
 //!
 //! Every aggregate follows one shape: `State` (Default), `Command`, `Event` (versioned, serde
 //! tagged by `type`), `Error`, `decide` and `evolve`. Where one transition spans several streams,
@@ -33,7 +35,9 @@ pub mod canonical;
 pub mod files;
 pub mod ids;
 pub mod image_ref;
+pub mod object;
 pub mod promotion;
+pub mod retention;
 pub mod snapshot;
 pub mod start;
 pub mod team;

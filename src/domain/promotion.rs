@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::build_spec::Tag;
 use super::canonical::Encoder;
 use super::ids::{BuildId, Digest, Epoch, SnapshotId, TemplateId};
+use super::object::Lifecycle;
 
 /// Everything promotion writes, fixed when the intent is staged.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -223,15 +224,6 @@ pub fn evolve(mut state: State, event: &Event) -> State {
     state
 }
 
-/// The lifecycle of a content-addressed object as the `object-{digest}` stream records it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ObjectLifecycle {
-    Absent,
-    Live,
-    Deleting,
-    Deleted,
-}
-
 /// What to do about one plan layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerAction {
@@ -243,11 +235,11 @@ pub enum LayerAction {
     WaitForDeletion,
 }
 
-pub fn adopt_layer(object: ObjectLifecycle) -> LayerAction {
+pub fn adopt_layer(object: Lifecycle) -> LayerAction {
     match object {
-        ObjectLifecycle::Live => LayerAction::Adopt,
-        ObjectLifecycle::Absent | ObjectLifecycle::Deleted => LayerAction::Upload,
-        ObjectLifecycle::Deleting => LayerAction::WaitForDeletion,
+        Lifecycle::Live => LayerAction::Adopt,
+        Lifecycle::Absent | Lifecycle::Deleted => LayerAction::Upload,
+        Lifecycle::Deleting => LayerAction::WaitForDeletion,
     }
 }
 
@@ -401,11 +393,11 @@ mod tests {
         };
         assert_eq!(adopt_target(&p, Some(&other_epoch)), TargetAction::Foreign);
         assert_eq!(
-            adopt_layer(ObjectLifecycle::Deleting),
+            adopt_layer(Lifecycle::Deleting),
             LayerAction::WaitForDeletion
         );
-        assert_eq!(adopt_layer(ObjectLifecycle::Live), LayerAction::Adopt);
-        assert_eq!(adopt_layer(ObjectLifecycle::Deleted), LayerAction::Upload);
+        assert_eq!(adopt_layer(Lifecycle::Live), LayerAction::Adopt);
+        assert_eq!(adopt_layer(Lifecycle::Deleted), LayerAction::Upload);
     }
 
     proptest! {

@@ -111,7 +111,7 @@ def run_line(reader, line, mode, cwd):
         assert out.returncode == 124, f"`{cmd}` exited {out.returncode} within 3 s: {out.stderr}"
         return
     if mode == "ops_readme":
-        runner = (ROOT / "tests" / "ops_readme.rs").read_text()
+        runner = (ROOT / "tests" / "integration" / "ops_readme.rs").read_text()
         assert "## Operators" in README.read_text() and "Operators" in runner, (
             "the Operators examples are run by tests/integration/ops_readme.rs"
         )

@@ -1,0 +1,557 @@
+//! The stored-object lifecycle: the `object-{digest}` aggregate (RFC §Lifecycle and bounded
+//! storage), the per-object Deleting barrier that garbage collection passes through.
+//!
+//! Layout: [`Lifecycle`], [`Deletion`], [`State`], [`Command`], [`Event`], [`Error`], [`decide`],
+//! [`evolve`].
+//!
+//! An object (a layer tar, an upload archive) is `Live` from the moment a writer registers it.
+//! Readers that boot on it hold an exact-object lease until a time they renew. Garbage collection
+//! never deletes a Live object directly: a pass first marks it `Deleting` (refused while any lease
+//! is unexpired), which from then on admits no new lease and no new registration, then deletes
+//! the bytes and records `Deleted`. A writer that meets `Deleting` waits for `Deleted` and writes
+//! the object again (a new generation) instead of linking to doomed bytes. Every mark records
+//! which pass, which retention tier and what referenced the object last, so the history answers
+//! "why was this deleted".
+//!
+//! A pass that cannot finish (the store refused the delete, the pass lost its roots) returns the
+//! object to `Live` with `AbortDeletion`: failing closed means keeping the bytes.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// Where an object is in its life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lifecycle {
+    /// Never registered.
+    #[default]
+    Absent,
+    Live,
+    /// A GC pass is removing it: no new lease, no new registration.
+    Deleting,
+    /// Removed; registering it again starts the next generation.
+    Deleted,
+}
+
+/// The pass that marked the object and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deletion {
+    /// The GC pass (one id per pass, so two concurrent passes never both own an object).
+    pub pass: String,
+    /// The retention tier that chose it (e.g. `superseded-checkpoint`).
+    pub tier: String,
+    /// Human-readable reason (e.g. `build 3f… was superseded by 9a…; kept 24h`).
+    pub reason: String,
+    /// What referenced the object last, if anything did.
+    pub last_referenced_by: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    pub lifecycle: Lifecycle,
+    /// 0 before the first registration; each registration after a deletion takes the next.
+    pub generation: u64,
+    pub size: u64,
+    /// Who wrote the current generation.
+    pub registered_by: Option<String>,
+    /// Reader leases by holder, with the time each lapses (expired ones linger until released;
+    /// [`State::leased_at`] ignores them).
+    pub leases: BTreeMap<String, DateTime<Utc>>,
+    /// Set while Deleting, and kept once Deleted, for the audit answer.
+    pub deletion: Option<Deletion>,
+}
+
+impl State {
+    /// The holders whose leases are unexpired at `now`, with their expiry.
+    pub fn leased_at(&self, now: DateTime<Utc>) -> Vec<(&str, DateTime<Utc>)> {
+        self.leases
+            .iter()
+            .filter(|(_, until)| **until > now)
+            .map(|(h, u)| (h.as_str(), *u))
+            .collect()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    /// A writer stored the bytes (or found them stored) and references them.
+    Register {
+        size: u64,
+        by: String,
+        now: DateTime<Utc>,
+    },
+    /// A reader pins the object until `until`; renewing moves `until`.
+    Lease {
+        holder: String,
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    },
+    Release {
+        holder: String,
+        now: DateTime<Utc>,
+    },
+    /// A GC pass claims the object for deletion.
+    MarkDeleting {
+        deletion: Deletion,
+        now: DateTime<Utc>,
+    },
+    /// The pass removed the bytes.
+    ConfirmDeleted {
+        pass: String,
+        now: DateTime<Utc>,
+    },
+    /// The pass could not remove the bytes: the object stays.
+    AbortDeletion {
+        pass: String,
+        reason: String,
+        now: DateTime<Utc>,
+    },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(tag = "type")]
+pub enum Event {
+    #[serde(rename = "ObjectRegistered.v1")]
+    Registered {
+        generation: u64,
+        size: u64,
+        by: String,
+        at: DateTime<Utc>,
+    },
+    #[serde(rename = "ObjectLeased.v1")]
+    Leased {
+        holder: String,
+        until: DateTime<Utc>,
+        at: DateTime<Utc>,
+    },
+    #[serde(rename = "ObjectLeaseReleased.v1")]
+    LeaseReleased { holder: String, at: DateTime<Utc> },
+    #[serde(rename = "ObjectDeleting.v1")]
+    Deleting {
+        generation: u64,
+        deletion: Deletion,
+        at: DateTime<Utc>,
+    },
+    #[serde(rename = "ObjectDeleted.v1")]
+    Deleted {
+        generation: u64,
+        pass: String,
+        at: DateTime<Utc>,
+    },
+    #[serde(rename = "ObjectDeletionAborted.v1")]
+    DeletionAborted {
+        pass: String,
+        reason: String,
+        at: DateTime<Utc>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    #[error("the object is being deleted by GC pass {pass}; wait until it is deleted, then write it again")]
+    Deleting { pass: String },
+    #[error("the object is {lifecycle:?}; only a live object can be leased")]
+    NotLive { lifecycle: Lifecycle },
+    #[error("{holder} holds a lease on the object until {until}; GC skips it")]
+    Leased {
+        holder: String,
+        until: DateTime<Utc>,
+    },
+    #[error("GC pass {owner} owns this deletion, not {pass}")]
+    OtherPass { owner: String, pass: String },
+    #[error("the object is not being deleted")]
+    NotDeleting,
+    #[error("a lease must end after it starts (until {until} is not after {now})")]
+    EmptyLease {
+        until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    },
+}
+
+pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
+    let deleting_pass = || {
+        state
+            .deletion
+            .as_ref()
+            .map(|d| d.pass.clone())
+            .unwrap_or_default()
+    };
+    match command {
+        Command::Register { size, by, now } => match state.lifecycle {
+            Lifecycle::Live => Ok(vec![]),
+            Lifecycle::Deleting => Err(Error::Deleting {
+                pass: deleting_pass(),
+            }),
+            Lifecycle::Absent | Lifecycle::Deleted => Ok(vec![Event::Registered {
+                generation: state.generation + 1,
+                size: *size,
+                by: by.clone(),
+                at: *now,
+            }]),
+        },
+        Command::Lease { holder, until, now } => {
+            if until <= now {
+                return Err(Error::EmptyLease {
+                    until: *until,
+                    now: *now,
+                });
+            }
+            match state.lifecycle {
+                Lifecycle::Live if state.leases.get(holder) == Some(until) => Ok(vec![]),
+                Lifecycle::Live => Ok(vec![Event::Leased {
+                    holder: holder.clone(),
+                    until: *until,
+                    at: *now,
+                }]),
+                Lifecycle::Deleting => Err(Error::Deleting {
+                    pass: deleting_pass(),
+                }),
+                lifecycle => Err(Error::NotLive { lifecycle }),
+            }
+        }
+        Command::Release { holder, now } => Ok(if state.leases.contains_key(holder) {
+            vec![Event::LeaseReleased {
+                holder: holder.clone(),
+                at: *now,
+            }]
+        } else {
+            vec![]
+        }),
+        Command::MarkDeleting { deletion, now } => match state.lifecycle {
+            Lifecycle::Live => {
+                if let Some((holder, until)) = state.leased_at(*now).into_iter().next() {
+                    return Err(Error::Leased {
+                        holder: holder.to_owned(),
+                        until,
+                    });
+                }
+                Ok(vec![Event::Deleting {
+                    generation: state.generation,
+                    deletion: deletion.clone(),
+                    at: *now,
+                }])
+            }
+            Lifecycle::Deleting if deleting_pass() == deletion.pass => Ok(vec![]),
+            Lifecycle::Deleting => Err(Error::OtherPass {
+                owner: deleting_pass(),
+                pass: deletion.pass.clone(),
+            }),
+            lifecycle => Err(Error::NotLive { lifecycle }),
+        },
+        Command::ConfirmDeleted { pass, now } => match state.lifecycle {
+            Lifecycle::Deleting if deleting_pass() == *pass => Ok(vec![Event::Deleted {
+                generation: state.generation,
+                pass: pass.clone(),
+                at: *now,
+            }]),
+            Lifecycle::Deleting => Err(Error::OtherPass {
+                owner: deleting_pass(),
+                pass: pass.clone(),
+            }),
+            // A pass retrying after a lost reply converges.
+            Lifecycle::Deleted if deleting_pass() == *pass => Ok(vec![]),
+            _ => Err(Error::NotDeleting),
+        },
+        Command::AbortDeletion { pass, reason, now } => match state.lifecycle {
+            Lifecycle::Deleting if deleting_pass() == *pass => Ok(vec![Event::DeletionAborted {
+                pass: pass.clone(),
+                reason: reason.clone(),
+                at: *now,
+            }]),
+            Lifecycle::Deleting => Err(Error::OtherPass {
+                owner: deleting_pass(),
+                pass: pass.clone(),
+            }),
+            _ => Err(Error::NotDeleting),
+        },
+    }
+}
+
+pub fn evolve(mut state: State, event: &Event) -> State {
+    match event {
+        Event::Registered {
+            generation,
+            size,
+            by,
+            ..
+        } => {
+            state.lifecycle = Lifecycle::Live;
+            state.generation = *generation;
+            state.size = *size;
+            state.registered_by = Some(by.clone());
+            state.deletion = None;
+            state.leases.clear();
+        }
+        Event::Leased { holder, until, .. } => {
+            state.leases.insert(holder.clone(), *until);
+        }
+        Event::LeaseReleased { holder, .. } => {
+            state.leases.remove(holder);
+        }
+        Event::Deleting { deletion, .. } => {
+            state.lifecycle = Lifecycle::Deleting;
+            state.deletion = Some(deletion.clone());
+        }
+        Event::Deleted { .. } => {
+            state.lifecycle = Lifecycle::Deleted;
+            state.leases.clear();
+        }
+        Event::DeletionAborted { .. } => {
+            state.lifecycle = Lifecycle::Live;
+            state.deletion = None;
+        }
+    }
+    state
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Duration;
+    use proptest::prelude::*;
+
+    fn t(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap()
+    }
+
+    fn apply(state: State, command: &Command) -> Result<State, Error> {
+        let events = decide(&state, command)?;
+        Ok(events.iter().fold(state, evolve))
+    }
+
+    fn deletion(pass: &str) -> Deletion {
+        Deletion {
+            pass: pass.into(),
+            tier: "superseded-checkpoint".into(),
+            reason: "test".into(),
+            last_referenced_by: Some("build b1".into()),
+        }
+    }
+
+    fn live() -> State {
+        apply(
+            State::default(),
+            &Command::Register {
+                size: 10,
+                by: "build b1 step 1".into(),
+                now: t(0),
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_leased_object_is_not_marked_until_the_lease_lapses_or_is_released() {
+        let s = apply(
+            live(),
+            &Command::Lease {
+                holder: "sandbox s1".into(),
+                until: t(60),
+                now: t(1),
+            },
+        )
+        .unwrap();
+        let mark = |now| Command::MarkDeleting {
+            deletion: deletion("p1"),
+            now,
+        };
+        assert!(matches!(
+            decide(&s, &mark(t(59))),
+            Err(Error::Leased { ref holder, .. }) if holder == "sandbox s1"
+        ));
+        // A lapsed lease does not hold the object: its holder stopped renewing.
+        assert_eq!(
+            apply(s.clone(), &mark(t(60))).unwrap().lifecycle,
+            Lifecycle::Deleting
+        );
+        let released = apply(
+            s,
+            &Command::Release {
+                holder: "sandbox s1".into(),
+                now: t(2),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            apply(released, &mark(t(3))).unwrap().lifecycle,
+            Lifecycle::Deleting
+        );
+    }
+
+    #[test]
+    fn deleting_admits_no_lease_and_no_registration_and_a_writer_recreates_after() {
+        let s = apply(
+            live(),
+            &Command::MarkDeleting {
+                deletion: deletion("p1"),
+                now: t(5),
+            },
+        )
+        .unwrap();
+        let lease = Command::Lease {
+            holder: "sandbox s2".into(),
+            until: t(100),
+            now: t(6),
+        };
+        let register = Command::Register {
+            size: 10,
+            by: "build b2 step 1".into(),
+            now: t(6),
+        };
+        assert_eq!(
+            decide(&s, &lease),
+            Err(Error::Deleting { pass: "p1".into() })
+        );
+        assert_eq!(
+            decide(&s, &register),
+            Err(Error::Deleting { pass: "p1".into() })
+        );
+        let deleted = apply(
+            s,
+            &Command::ConfirmDeleted {
+                pass: "p1".into(),
+                now: t(7),
+            },
+        )
+        .unwrap();
+        assert_eq!(deleted.lifecycle, Lifecycle::Deleted);
+        assert_eq!(
+            deleted.deletion.as_ref().unwrap().tier,
+            "superseded-checkpoint"
+        );
+        assert!(matches!(
+            decide(&deleted, &lease),
+            Err(Error::NotLive { .. })
+        ));
+        let again = apply(deleted, &register).unwrap();
+        assert_eq!((again.lifecycle, again.generation), (Lifecycle::Live, 2));
+        assert_eq!(again.deletion, None);
+    }
+
+    #[test]
+    fn only_the_marking_pass_confirms_or_aborts_and_replays_converge() {
+        let s = apply(
+            live(),
+            &Command::MarkDeleting {
+                deletion: deletion("p1"),
+                now: t(5),
+            },
+        )
+        .unwrap();
+        let mark_p2 = Command::MarkDeleting {
+            deletion: deletion("p2"),
+            now: t(6),
+        };
+        assert!(matches!(decide(&s, &mark_p2), Err(Error::OtherPass { .. })));
+        let mark_p1 = Command::MarkDeleting {
+            deletion: deletion("p1"),
+            now: t(6),
+        };
+        assert_eq!(decide(&s, &mark_p1), Ok(vec![]));
+        let confirm = |pass: &str| Command::ConfirmDeleted {
+            pass: pass.into(),
+            now: t(7),
+        };
+        assert!(matches!(
+            decide(&s, &confirm("p2")),
+            Err(Error::OtherPass { .. })
+        ));
+        let deleted = apply(s.clone(), &confirm("p1")).unwrap();
+        assert_eq!(decide(&deleted, &confirm("p1")), Ok(vec![]));
+        assert_eq!(decide(&deleted, &confirm("p2")), Err(Error::NotDeleting));
+        // A pass that cannot delete keeps the object.
+        let kept = apply(
+            s,
+            &Command::AbortDeletion {
+                pass: "p1".into(),
+                reason: "store refused the delete".into(),
+                now: t(7),
+            },
+        )
+        .unwrap();
+        assert_eq!(kept.lifecycle, Lifecycle::Live);
+        assert_eq!(kept.generation, 1);
+    }
+
+    #[test]
+    fn events_round_trip_through_their_versioned_names() {
+        let e = Event::Deleting {
+            generation: 3,
+            deletion: deletion("p9"),
+            at: t(0),
+        };
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["type"], "ObjectDeleting.v1");
+        assert_eq!(serde_json::from_value::<Event>(json).unwrap(), e);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Register,
+        Lease(u8, i64),
+        Release(u8),
+        Mark(u8),
+        Confirm(u8),
+        Abort(u8),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            Just(Step::Register),
+            (0u8..3, 1i64..50).prop_map(|(h, d)| Step::Lease(h, d)),
+            (0u8..3).prop_map(Step::Release),
+            (0u8..2).prop_map(Step::Mark),
+            (0u8..2).prop_map(Step::Confirm),
+            (0u8..2).prop_map(Step::Abort),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the interleaving of writers, readers and two GC passes: no object is marked
+        /// while a lease is unexpired, nothing is leased or registered while Deleting, only the
+        /// marking pass deletes, and generations only grow.
+        #[test]
+        fn the_barrier_holds_under_any_interleaving(steps in proptest::collection::vec(step(), 1..60)) {
+            let mut state = State::default();
+            for (i, s) in steps.iter().enumerate() {
+                let now = t(i as i64 * 5);
+                let command = match s {
+                    Step::Register => Command::Register { size: 1, by: "w".into(), now },
+                    Step::Lease(h, d) => Command::Lease {
+                        holder: format!("h{h}"),
+                        until: now + Duration::seconds(*d),
+                        now,
+                    },
+                    Step::Release(h) => Command::Release { holder: format!("h{h}"), now },
+                    Step::Mark(p) => Command::MarkDeleting { deletion: deletion(&format!("p{p}")), now },
+                    Step::Confirm(p) => Command::ConfirmDeleted { pass: format!("p{p}"), now },
+                    Step::Abort(p) => Command::AbortDeletion { pass: format!("p{p}"), reason: "x".into(), now },
+                };
+                let before = state.clone();
+                let Ok(events) = decide(&state, &command) else { continue };
+                for e in &events {
+                    match e {
+                        Event::Deleting { .. } => {
+                            prop_assert_eq!(before.lifecycle, Lifecycle::Live);
+                            prop_assert!(before.leased_at(now).is_empty());
+                        }
+                        Event::Leased { .. } => prop_assert_eq!(before.lifecycle, Lifecycle::Live),
+                        Event::Registered { generation, .. } => {
+                            prop_assert!(before.lifecycle != Lifecycle::Deleting);
+                            prop_assert!(*generation > before.generation);
+                        }
+                        Event::Deleted { pass, .. } => {
+                            prop_assert_eq!(before.lifecycle, Lifecycle::Deleting);
+                            prop_assert_eq!(&before.deletion.as_ref().unwrap().pass, pass);
+                        }
+                        _ => {}
+                    }
+                    state = evolve(state, e);
+                }
+                prop_assert!(state.generation >= before.generation);
+            }
+        }
+    }
+}
