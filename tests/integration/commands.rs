@@ -296,3 +296,69 @@ async fn multi_stream_decisions_retry_until_their_guards_hold() {
     }
     mover.await.unwrap();
 }
+
+/// A writer that carries its state forward decides on it without reading the stream, and
+/// appends exactly as a fresh decision would; when someone else moved the stream, or the carried
+/// state would refuse, the decision is made again on the stream as it is.
+#[tokio::test]
+async fn a_carried_state_is_used_when_current_and_replaced_when_stale() {
+    let db = common::test_db().await;
+    let store = strata::app::event_store(db.pool.clone());
+    let stream = StreamId::parse("counter-carried").unwrap();
+    let inc = CounterCommand::Increment { ceiling: 3 };
+
+    // Current: one round, at the carried version.
+    let first = execute::<Counter>(&store, &stream, &inc, &ctx())
+        .await
+        .unwrap();
+    let carried = command::Loaded {
+        state: first.state.clone(),
+        version: first.version,
+    };
+    let second = command::execute_from::<Counter>(&store, &stream, carried.clone(), &inc, &ctx())
+        .await
+        .unwrap();
+    assert_eq!(second.state.value, 2);
+    assert_eq!(second.version, first.version + 1);
+    assert_eq!(second.attempts, 1);
+
+    // Stale (the stream moved past it): the append at the carried version loses, and the
+    // decision on the stream as it is lands, never a duplicate of the old one.
+    let third = command::execute_from::<Counter>(&store, &stream, carried, &inc, &ctx())
+        .await
+        .unwrap();
+    assert_eq!(third.state.value, 3);
+    assert_eq!(
+        load::<Counter>(&store, &stream).await.unwrap().state.value,
+        3
+    );
+
+    // A carried state that would refuse is not trusted: the stream decides. Here the stream
+    // is at the ceiling, so the refusal stands, decided on fresh state.
+    let at_ceiling = command::Loaded {
+        state: CounterState {
+            value: 3,
+            opened: true,
+        },
+        version: third.version,
+    };
+    match command::execute_from::<Counter>(&store, &stream, at_ceiling, &inc, &ctx()).await {
+        Err(CommandError::Rejected(CounterError::AtCeiling(3))) => {}
+        other => panic!("expected the stream's refusal, got {other:?}"),
+    }
+    let higher = CounterCommand::Increment { ceiling: 10 };
+    let wrongly_full = command::Loaded {
+        state: CounterState {
+            value: 10,
+            opened: true,
+        },
+        version: 1,
+    };
+    let fourth = command::execute_from::<Counter>(&store, &stream, wrongly_full, &higher, &ctx())
+        .await
+        .unwrap();
+    assert_eq!(
+        fourth.state.value, 4,
+        "decided on the stream, not on the carried state"
+    );
+}
