@@ -59,6 +59,7 @@ pub async fn renew_lease(
 }
 
 /// Records `step`'s outcome in attempt `epoch`.
+#[allow(clippy::too_many_arguments)]
 pub async fn record_step(
     store: &EventStore,
     ctx: &CommandContext,
@@ -116,6 +117,7 @@ pub async fn pin_base_image(
 }
 
 /// Ends the build in `error` at `step` with the message the user sees.
+#[allow(clippy::too_many_arguments)]
 pub async fn fail_build(
     store: &EventStore,
     ctx: &CommandContext,
