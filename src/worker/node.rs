@@ -188,14 +188,26 @@ impl Worker {
         log: &BuildLog,
         cancel: &CancellationToken,
     ) -> Result<(), WorkerError> {
-        let state = attempt
-            .retrying("loading the build", || async {
-                load::<Build>(&self.store, &attempt.stream())
-                    .await
-                    .map_err(WorkerError::store)
+        // The state the acquire left, when nobody wrote since (one version read instead of
+        // folding the stream again); otherwise the stream as it is.
+        let version = attempt
+            .retrying("reading the build's version", || async {
+                Ok(self.store.stream_version(&attempt.stream()).await?)
             })
-            .await?
-            .state;
+            .await?;
+        let state = match attempt.carried() {
+            Some(carried) if carried.version == version => carried.state,
+            _ => {
+                attempt
+                    .retrying("loading the build", || async {
+                        load::<Build>(&self.store, &attempt.stream())
+                            .await
+                            .map_err(WorkerError::store)
+                    })
+                    .await?
+                    .state
+            }
+        };
         let now = attempt
             .retrying("reading the clock", || attempt.now())
             .await?;
