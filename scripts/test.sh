@@ -25,10 +25,27 @@ if [ -n "${STRATA_TEST_IN_NAMESPACE:-}" ] && touch "$node_dir/.write-probe" 2>/d
   exit 1
 fi
 
+# The integration tests' Postgres (tests/integration/common) is throwaway: once the run is over it
+# is stopped and removed, which frees the gigabytes its per-test databases add up to at once.
+# (Dropping each database as its test ends would hold back the feed horizon other tests read.)
+remove_test_cluster() {
+  [ -z "${STRATA_TEST_DATABASE_URL:-}" ] || return 0
+  local dir=/tmp/strata-test-pg pid
+  if [ -f "$dir/data/postmaster.pid" ]; then
+    pid=$(head -1 "$dir/data/postmaster.pid")
+    kill -INT "$pid" 2>/dev/null || true
+    for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  rm -rf "$dir"
+}
+
+status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --no-fail-fast "$@"
+  cargo nextest run --no-fail-fast "$@" || status=$?
 else
-  cargo test --no-fail-fast "$@"
+  cargo test --no-fail-fast "$@" || status=$?
 fi
+remove_test_cluster
+[ "$status" = 0 ] || exit "$status"
 # The real E2B SDK against a real strata (uses the debug binary the run above built).
 .venv/bin/python -m pytest tests/e2e -q

@@ -105,6 +105,22 @@ async fn history_feed_and_catalog_paginate() {
     store.append(vec![write("job-a", 5)]).await.unwrap();
     store.append(vec![write("order-t", 2)]).await.unwrap();
     store.append(vec![write("job-b", 3)]).await.unwrap();
+    // The feed horizon is cluster-wide: a transaction of another test on the shared server may
+    // hold it for a moment. Page once all ten events are past it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while store
+        .read_feed(strata::events::FeedPosition::START, 100)
+        .await
+        .unwrap()
+        .len()
+        < 10
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "events never passed the horizon"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let (base, _data) = serve(db.pool.clone(), Some(TOKEN)).await;
     let client = reqwest::Client::new();
 

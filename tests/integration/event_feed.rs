@@ -47,6 +47,24 @@ impl InlineProjection for HoldOpen {
     }
 }
 
+/// Waits (bounded) until the feed shows `n` events from the start.
+async fn wait_visible(store: &EventStore, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while store
+        .read_feed(FeedPosition::START, 100)
+        .await
+        .unwrap()
+        .len()
+        < n
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} committed events never passed the feed horizon"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn types(events: &[RecordedEvent]) -> Vec<&str> {
     events.iter().map(|e| e.event_type.as_str()).collect()
 }
@@ -56,6 +74,9 @@ async fn the_feed_waits_for_transactions_in_flight_and_never_skips_them() {
     let db = common::test_db().await;
     let store = strata::app::event_store(db.pool.clone());
     store.append(vec![write("feed-0", "E0.v1")]).await.unwrap();
+    // The horizon is cluster-wide: a transaction of another test on the shared server may hold
+    // it for a moment. Start once E0 is past it.
+    wait_visible(&store, 1).await;
 
     // T1 inserts its event and stays open.
     let (inserted_tx, mut inserted) = mpsc::unbounded_channel();

@@ -6,6 +6,9 @@
 //! * Each test gets a fresh database, cloned from a template database that has the current
 //!   migrations applied (named by their checksums, so a new migration makes a new template).
 //! * A temporary data directory per test.
+//! * Test databases stay until `scripts/test.sh` removes the cluster after the run: dropping one
+//!   forces a checkpoint while holding a transaction id, which holds back the cluster-wide feed
+//!   horizon that concurrent tests read below.
 #![allow(dead_code)]
 
 pub mod api;
@@ -33,40 +36,6 @@ pub struct TestDb {
     /// URL of this test's database, for child processes.
     pub url: String,
     pub name: String,
-    admin_url: String,
-}
-
-/// Drops the test's database when the test ends: a full run creates hundreds of them, and kept
-/// they fill the disk. `STRATA_TEST_KEEP_DB=1` keeps them, to inspect a failure.
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        if std::env::var_os("STRATA_TEST_KEEP_DB").is_some() {
-            return;
-        }
-        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        // Drop runs inside the test's runtime, which cannot be blocked on; a thread with its own
-        // runtime does the one statement. FORCE ends connections the test left open.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime.block_on(async {
-                use sqlx::Connection;
-                let drop_db = async {
-                    let mut conn = sqlx::PgConnection::connect(&admin_url).await?;
-                    sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                        .execute(&mut conn)
-                        .await
-                };
-                tokio::time::timeout(std::time::Duration::from_secs(20), drop_db)
-                    .await
-                    .ok()?
-                    .ok()
-            })
-        });
-        let _ = dropped.join();
-    }
 }
 
 /// An admin URL (database `postgres`) on the shared server, starting it if needed.
@@ -174,12 +143,7 @@ pub async fn test_db() -> TestDb {
     let pool = strata::db::connect(&url, 40)
         .await
         .expect("connect to the test database");
-    TestDb {
-        pool,
-        url,
-        name,
-        admin_url,
-    }
+    TestDb { pool, url, name }
 }
 
 /// A temporary data directory, removed when dropped.
@@ -225,10 +189,5 @@ pub async fn test_db_at_migration(version: i64) -> TestDb {
         no_tx: false,
     };
     older.run(&pool).await.expect("apply the older migrations");
-    TestDb {
-        pool,
-        url,
-        name,
-        admin_url,
-    }
+    TestDb { pool, url, name }
 }
