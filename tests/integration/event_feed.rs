@@ -48,7 +48,7 @@ impl InlineProjection for HoldOpen {
 }
 
 /// Waits (bounded) until the feed shows `n` events from the start.
-async fn wait_visible(store: &EventStore, n: usize) {
+async fn wait_visible(store: &strata::events::EventStore, n: usize) {
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while store
         .read_feed(FeedPosition::START, 100)
