@@ -2,7 +2,6 @@
 //! its sha256.
 
 use anyhow::Context;
-use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use strata::app::team::{issue_key, revoke_key};
 use strata::app::CommandContext;
@@ -59,12 +58,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
         }
         KeysCommand::List { team } => {
             let team = parse_team(&team)?;
-            let rows: Vec<KeyRow> = sqlx::query_as(
-                "SELECT key_id, prefix, issued_at, revoked_at FROM api_keys WHERE team_id = $1 ORDER BY issued_at",
-            )
-            .bind(team.as_str())
-            .fetch_all(&pool)
-            .await?;
+            let rows = strata::projections::api_keys::keys_of(&pool, team.as_str()).await?;
             println!(
                 "{:<36}  {:<12}  {:<20}  revoked",
                 "key id", "prefix", "issued"
@@ -89,9 +83,6 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
-
-/// key id, display prefix, issued, revoked.
-type KeyRow = (Uuid, String, DateTime<Utc>, Option<DateTime<Utc>>);
 
 fn parse_team(raw: &str) -> anyhow::Result<TeamId> {
     TeamId::parse(raw).with_context(|| format!("team name {raw:?}"))

@@ -63,3 +63,21 @@ pub async fn team_of_key(
         .fetch_optional(pool)
         .await
 }
+
+/// One of a team's keys as listed: id, display prefix, issued, revoked.
+pub type KeyRow = (
+    uuid::Uuid,
+    String,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
+
+/// Every key `team` was issued, oldest first, revoked ones included.
+pub async fn keys_of(pool: &sqlx::PgPool, team: &str) -> Result<Vec<KeyRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT key_id, prefix, issued_at, revoked_at FROM api_keys WHERE team_id = $1 ORDER BY issued_at",
+    )
+    .bind(team)
+    .fetch_all(pool)
+    .await
+}

@@ -26,13 +26,10 @@ async fn team_template_deleted(
     team: &TeamId,
     template_id: &TemplateId,
 ) -> Result<bool, ApiError> {
-    let deleted: Option<bool> =
-        sqlx::query_scalar("SELECT deleted FROM templates WHERE template_id = $1 AND team_id = $2")
-            .bind(template_id.as_str())
-            .bind(team.as_str())
-            .fetch_optional(&state.pool)
-            .await?;
-    Ok(deleted == Some(true))
+    Ok(
+        crate::projections::templates::is_deleted_template_of(&state.pool, team, template_id)
+            .await?,
+    )
 }
 
 /// Resolves `name` (optionally `name:tag`, optionally namespaced to the caller's team) to the
