@@ -175,23 +175,3 @@ impl RegistryArgs {
         }
     }
 }
-
-impl BuildNodeArgs {
-    pub fn settings(
-        &self,
-        node_id: String,
-        data_dir: PathBuf,
-        agent_binary: PathBuf,
-    ) -> crate::worker::WorkerSettings {
-        use std::time::Duration;
-        let mut s = crate::worker::WorkerSettings::new(node_id, data_dir, agent_binary);
-        s.lease = Duration::from_secs(self.lease_secs.max(1));
-        s.max_builds = self.max_builds.max(1);
-        s.ready_timeout = Duration::from_secs(self.ready_timeout_secs);
-        s.step_timeout = Duration::from_secs(self.step_timeout_secs);
-        s.poll_interval = Duration::from_millis(self.queue_poll_ms.max(50));
-        s.layer_cache_bytes = self.layer_cache_bytes;
-        s.registry = self.registry.settings();
-        s
-    }
-}

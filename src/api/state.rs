@@ -72,7 +72,7 @@ impl AppState {
         let secret = UploadSecret::new(secret_bytes)?;
         let secs = |s: u64| Duration::seconds(s as i64);
         Ok(Self {
-            events: EventStore::new(pool.clone()),
+            events: crate::app::event_store(pool.clone()),
             pool,
             admin_token: serve.admin_token.clone(),
             public_url: serve.public_url(),

@@ -199,7 +199,11 @@ mod tests {
     /// Nothing published and nothing left in the staging area.
     fn nothing_kept(dir: &Path) {
         assert_eq!(files_in(&dir.join("sha256")), 0, "nothing published");
-        assert_eq!(files_in(&dir.join("tmp")), 0, "the temporary object was removed");
+        assert_eq!(
+            files_in(&dir.join("tmp")),
+            0,
+            "the temporary object was removed"
+        );
     }
 
     #[tokio::test]

@@ -19,8 +19,7 @@ use sqlx::{ConnectOptions, PgPool};
 use strata::config::StorageArgs;
 use strata::embedded_postgres::{EmbeddedPostgres, DATABASE_NAME};
 use strata::events::{
-    Actor, ActorRole, AppendError, EventStore, ExpectedVersion, Metadata, NewEvent, StreamId,
-    StreamWrite,
+    Actor, ActorRole, AppendError, ExpectedVersion, Metadata, NewEvent, StreamId, StreamWrite,
 };
 use uuid::Uuid;
 
@@ -304,7 +303,7 @@ async fn bench_events(
         s
     };
 
-    let store = EventStore::new(pool.clone());
+    let store = strata::app::event_store(pool.clone());
     let distinct = {
         let store = store.clone();
         let mut s = measure(

@@ -15,14 +15,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use strata::app::registration::{register_build, RegisterBuild};
 use strata::config::StorageArgs;
-use strata::domain::build;
 use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
 use strata::domain::ids::{BuildId, TeamId};
-use strata::events::command::{execute, CommandContext};
+use strata::events::command::CommandContext;
 use strata::events::{Actor, ActorRole, EventStore, Metadata};
-use strata::registration::{register_build, RegisterBuild};
-use strata::streams::{build_stream, Build};
 use strata::vmm::image::{ImageCatalog, ImageManifest};
 use strata::vmm::BlobStore;
 use strata::worker::{Worker, WorkerSettings};
@@ -60,7 +58,7 @@ pub async fn run(args: BenchScaleArgs) -> anyhow::Result<()> {
         .context("creating the bench directory")?;
     super::bench::with_bench_database(&storage, |options, where_| async move {
         let pool = super::bench::bench_pool(options, 16).await?;
-        let store = EventStore::new(pool.clone());
+        let store = strata::app::event_store(pool.clone());
         let mut rows = Vec::new();
         for &nodes in &args.nodes {
             let before = cpu_ticks();
@@ -163,7 +161,10 @@ async fn measure(
             .context("starting a build node (it needs root for sandboxes)")?;
         running.push(tokio::spawn(worker.run_until(shutdown.clone())));
     }
-    let team = TeamId::parse(&format!("scale{}", &Uuid::new_v4().simple().to_string()[..8]))?;
+    let team = TeamId::parse(&format!(
+        "scale{}",
+        &Uuid::new_v4().simple().to_string()[..8]
+    ))?;
     let nonce = Uuid::new_v4();
     let mut ids = Vec::new();
     for i in 0..builds {
@@ -172,16 +173,13 @@ async fn measure(
     let began = Instant::now();
     for (i, id) in ids.iter().enumerate() {
         let now = strata::clock::local_now();
-        execute::<Build>(
+        strata::app::build::start_build(
             store,
-            &build_stream(id),
-            &build::Command::StartBuild {
-                spec: recipe(&manifest.name, nonce, i)?,
-                now,
-                queue_deadline: now + chrono::Duration::minutes(10),
-                attempt: None,
-            },
             &context(),
+            id,
+            recipe(&manifest.name, nonce, i)?,
+            now,
+            now + chrono::Duration::minutes(10),
         )
         .await?;
     }

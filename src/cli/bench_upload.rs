@@ -23,16 +23,13 @@ use anyhow::{bail, Context};
 use clap::Args;
 use sqlx::PgPool;
 use strata::api::AppState;
+use strata::app::CommandContext;
 use strata::config::{ServeArgs, StorageArgs};
 use strata::domain::ids::TeamId;
-use strata::domain::team::{ApiKey, Command};
-use strata::events::command::{execute, CommandContext};
-use strata::events::{Actor, ActorRole, EventStore, Metadata};
-use strata::streams::{team_stream, Team};
+use strata::events::{Actor, ActorRole, Metadata};
 use strata::vmm::{BlobStore, Digest};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 #[derive(Debug, Args)]
 pub struct BenchUploadArgs {
@@ -115,7 +112,11 @@ async fn start_api(
 fn s3_store(
     storage: &StorageArgs,
 ) -> anyhow::Result<(Arc<dyn BlobStore>, Option<strata::vmm::local_s3::LocalS3>)> {
-    if let Some(url) = storage.blob_url.as_deref().filter(|u| u.starts_with("s3://")) {
+    if let Some(url) = storage
+        .blob_url
+        .as_deref()
+        .filter(|u| u.starts_with("s3://"))
+    {
         let store = strata::vmm::open_blob_store(Some(url), &storage.data_dir)?;
         return Ok((store, None));
     }
@@ -293,17 +294,10 @@ async fn write_random_file(path: &PathBuf, size: u64) -> anyhow::Result<()> {
 }
 
 async fn issue_key(pool: &PgPool) -> anyhow::Result<String> {
-    let store = EventStore::new(pool.clone());
+    let store = strata::app::event_store(pool.clone());
     let ctx = CommandContext::new(Metadata::new(Actor::new(ActorRole::Cli, "bench")));
-    let key = ApiKey::from_random(rand::random());
-    let command = Command::IssueKey {
-        key_id: Uuid::new_v4(),
-        key_sha256: key.sha256_hex(),
-        prefix: key.display_prefix(),
-        now: strata::clock::local_now(),
-    };
     let team = TeamId::parse("bench-upload")?;
-    execute::<Team>(&store, &team_stream(&team), &command, &ctx)
+    let key = strata::app::team::issue_key(&store, &ctx, &team, strata::clock::local_now())
         .await
         .context("issuing the bench key")?;
     Ok(key.expose().to_string())

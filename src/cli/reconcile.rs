@@ -1,10 +1,8 @@
 //! `strata reconcile`: runs the reconcilers (all, or `--only` some) as their own process.
 
-
 use anyhow::Context;
 use clap::Args;
 use strata::config::{NodeArgs, StorageArgs};
-use strata::events::EventStore;
 use strata::reconcilers::schedule::DEFAULT_SCHEDULE;
 use strata::reconcilers::{run_scheduled, ReconcileEnv, Reconciler, Schedule};
 use strata::vmm::open_blob_store;
@@ -55,7 +53,7 @@ pub fn environment(
     let blobs = open_blob_store(storage.blob_url.as_deref(), &storage.data_dir)
         .context("opening the blob store (STRATA_BLOB_URL)")?;
     Ok(ReconcileEnv {
-        store: EventStore::new(pool),
+        store: strata::app::event_store(pool),
         node,
         blobs,
     })

@@ -7,11 +7,9 @@ use clap::{Args, Subcommand};
 use strata::config::StorageArgs;
 use strata::domain::ids::TeamId;
 use strata::domain::snapshot::SnapshotRecord;
-use strata::events::EventStore;
 use strata::vmm::{
-    BootSpec, CommandContext as VmmContext, CommandLine, Digest as VmmDigest, ExecOutcome,
-    ExecRequest, NamespaceBackend, NamespaceConfig, OutputLine, OutputStream,
-    SandboxBackend,
+    BootSpec, CommandLine, Digest as VmmDigest, ExecDefaults, ExecOutcome, ExecRequest,
+    NamespaceBackend, NamespaceConfig, OutputLine, OutputStream, SandboxBackend,
 };
 use strata::worker::{export, template_lookup};
 
@@ -58,7 +56,7 @@ enum TemplateCommand {
 
 pub async fn run(args: TemplateArgs) -> anyhow::Result<()> {
     let pool = super::connect_database(&args.storage).await?;
-    let store = EventStore::new(pool);
+    let store = strata::app::event_store(pool);
     match args.command {
         TemplateCommand::Exec {
             name,
@@ -154,7 +152,7 @@ async fn exec_in_template(
         .collect::<Result<Vec<_>, _>>()?;
     let mut spec = BootSpec::new(layers);
     let runtime = record.runtime_context();
-    spec.context = VmmContext {
+    spec.context = ExecDefaults {
         env: runtime.env.into_iter().collect(),
         user: runtime.user,
         workdir: Some(runtime.workdir),

@@ -89,7 +89,7 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
         shutdown.clone(),
     ));
     let projections = tokio::spawn(strata::projections::run_all(
-        strata::events::EventStore::new(pool.clone()),
+        strata::app::event_store(pool.clone()),
         std::time::Duration::from_secs(5),
         shutdown.clone(),
     ));

@@ -84,6 +84,22 @@ impl From<Digest> for String {
     }
 }
 
+/// The domain's digest is the same sha256: converting is exact and cannot fail.
+impl From<&crate::domain::ids::Digest> for Digest {
+    fn from(d: &crate::domain::ids::Digest) -> Digest {
+        Digest(d.hex())
+    }
+}
+
+/// A content address as the domain's digest: exact, since both hold a sha256.
+impl From<&Digest> for crate::domain::ids::Digest {
+    fn from(d: &Digest) -> crate::domain::ids::Digest {
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(&d.0, &mut bytes).expect("a parsed digest is 64 hex digits");
+        crate::domain::ids::Digest::from_bytes(bytes)
+    }
+}
+
 /// A blob's bytes as read from a store, before verification.
 pub type BlobRead = Box<dyn Read + Send>;
 
@@ -390,7 +406,11 @@ impl Write for LocalSink {
         self.written += n as u64;
         if self.written - self.flushed >= WRITEBACK_EVERY {
             self.file.flush()?;
-            start_writeback(self.file.get_ref().as_file(), self.flushed, self.written - self.flushed);
+            start_writeback(
+                self.file.get_ref().as_file(),
+                self.flushed,
+                self.written - self.flushed,
+            );
             self.flushed = self.written;
         }
         Ok(n)

@@ -41,7 +41,9 @@ pub fn open_blob_store_with(
     };
     if let Some(path) = url.strip_prefix("file://") {
         if !path.starts_with('/') {
-            return Err(bad("a file URL needs an absolute path: file:///var/lib/strata/blobs"));
+            return Err(bad(
+                "a file URL needs an absolute path: file:///var/lib/strata/blobs",
+            ));
         }
         return Ok(Arc::new(LocalBlobStore::open(path)?));
     }

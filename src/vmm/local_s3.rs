@@ -113,7 +113,10 @@ impl LocalS3 {
         let url = format!("{}/{bucket}?uploads", self.endpoint);
         let (status, body) = http_request("GET", &url)?;
         if status != 200 {
-            return Err(failed("listing multipart uploads", format!("HTTP {status}: {body}")));
+            return Err(failed(
+                "listing multipart uploads",
+                format!("HTTP {status}: {body}"),
+            ));
         }
         Ok(body.matches("<Upload>").count())
     }

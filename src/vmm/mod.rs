@@ -26,12 +26,12 @@ pub mod object_blob_store;
 pub mod users;
 
 pub use backend::{
-    BootSpec, CommandContext, CommandLine, CopyRequest, ExecOutcome, ExecRequest, Limits, Network,
+    BootSpec, CommandLine, CopyRequest, ExecDefaults, ExecOutcome, ExecRequest, Limits, Network,
     OutputLine, OutputSink, OutputStream, Sandbox, SandboxBackend,
 };
 pub use blob_store::{BlobSink, BlobStore, Digest, LocalBlobStore};
 pub use blob_url::open_blob_store;
-pub use object_blob_store::ObjectBlobStore;
 pub use error::VmmError;
 pub use layer::{LayerCache, LayerRef};
 pub use namespace::{NamespaceBackend, NamespaceConfig};
+pub use object_blob_store::ObjectBlobStore;

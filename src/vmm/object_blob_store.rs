@@ -291,7 +291,10 @@ impl ObjectSink {
     }
 
     fn send(&mut self, message: Upload) -> io::Result<()> {
-        let tx = self.tx.as_ref().expect("a sink sends only before it publishes");
+        let tx = self
+            .tx
+            .as_ref()
+            .expect("a sink sends only before it publishes");
         // `futures`' executor, not tokio's: this may run on a thread of some other runtime.
         futures::executor::block_on(tx.send(message)).map_err(|_| self.failed())
     }

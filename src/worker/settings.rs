@@ -65,3 +65,23 @@ impl WorkerSettings {
         self.lease / 3
     }
 }
+
+impl WorkerSettings {
+    /// The node's settings from its command-line flags (`strata worker`, `strata up`).
+    pub fn from_args(
+        args: &crate::config::BuildNodeArgs,
+        node_id: String,
+        data_dir: PathBuf,
+        agent_binary: PathBuf,
+    ) -> WorkerSettings {
+        let mut s = WorkerSettings::new(node_id, data_dir, agent_binary);
+        s.lease = Duration::from_secs(args.lease_secs.max(1));
+        s.max_builds = args.max_builds.max(1);
+        s.ready_timeout = Duration::from_secs(args.ready_timeout_secs);
+        s.step_timeout = Duration::from_secs(args.step_timeout_secs);
+        s.poll_interval = Duration::from_millis(args.queue_poll_ms.max(50));
+        s.layer_cache_bytes = args.layer_cache_bytes;
+        s.registry = args.registry.settings();
+        s
+    }
+}

@@ -63,18 +63,22 @@ impl Backend {
         let Backend::S3 { store, .. } = self else {
             panic!("not an object store")
         };
-        store.as_object().expect("the S3 backend is an object store")
+        store
+            .as_object()
+            .expect("the S3 backend is an object store")
     }
 
     /// Names of what is stored under the store's `dir` (`sha256`, `tmp`, `quarantine`).
     fn names_in(&self, dir: &str) -> Vec<String> {
         match self {
-            Backend::Local { dir: root, .. } => match std::fs::read_dir(root.path().join("blobs").join(dir)) {
-                Ok(entries) => entries
-                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                    .collect(),
-                Err(_) => Vec::new(),
-            },
+            Backend::Local { dir: root, .. } => {
+                match std::fs::read_dir(root.path().join("blobs").join(dir)) {
+                    Ok(entries) => entries
+                        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                        .collect(),
+                    Err(_) => Vec::new(),
+                }
+            }
             Backend::S3 { .. } => {
                 let store = self.object();
                 let raw = store.raw();
@@ -157,15 +161,25 @@ fn sixteen_concurrent_puts_of_one_digest_store_one_object() {
                 })
                 .collect();
             let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-            assert!(results.windows(2).all(|w| w[0] == w[1]), "{}", backend.name());
+            assert!(
+                results.windows(2).all(|w| w[0] == w[1]),
+                "{}",
+                backend.name()
+            );
             let digest = &results[0].0;
-            assert_eq!(backend.names_in("sha256").len(), if len == 4096 { 1 } else { 2 });
-            assert!(backend.names_in("sha256").contains(&digest.hex().to_owned()));
+            assert_eq!(
+                backend.names_in("sha256").len(),
+                if len == 4096 { 1 } else { 2 }
+            );
+            assert!(backend
+                .names_in("sha256")
+                .contains(&digest.hex().to_owned()));
             assert_eq!(backend.store().verify(digest).unwrap(), len as u64);
         }
-        eventually(&format!("{}: no temporary objects left", backend.name()), || {
-            backend.names_in("tmp").is_empty()
-        });
+        eventually(
+            &format!("{}: no temporary objects left", backend.name()),
+            || backend.names_in("tmp").is_empty(),
+        );
         assert_eq!(backend.open_multipart_uploads(), 0, "{}", backend.name());
     }
 }
@@ -186,13 +200,36 @@ fn a_corrupted_object_reads_as_an_error_and_a_put_repairs_it() {
         let mut reader = store.open_verified(&digest).unwrap();
         let read = std::io::copy(&mut reader, &mut std::io::sink());
         let err = strata::vmm::blob_store::read_error(read.unwrap_err(), "reading");
-        assert!(matches!(err, VmmError::DigestMismatch { .. }), "{}: {err}", backend.name());
+        assert!(
+            matches!(err, VmmError::DigestMismatch { .. }),
+            "{}: {err}",
+            backend.name()
+        );
 
-        assert_eq!(store.intact_size(&digest).unwrap(), None, "{}", backend.name());
-        assert!(backend.names_in("sha256").is_empty(), "{}: moved aside", backend.name());
-        assert_eq!(backend.names_in("quarantine").len(), 1, "{}", backend.name());
+        assert_eq!(
+            store.intact_size(&digest).unwrap(),
+            None,
+            "{}",
+            backend.name()
+        );
+        assert!(
+            backend.names_in("sha256").is_empty(),
+            "{}: moved aside",
+            backend.name()
+        );
+        assert_eq!(
+            backend.names_in("quarantine").len(),
+            1,
+            "{}",
+            backend.name()
+        );
         assert_eq!(store.put_bytes(&content).unwrap(), (digest.clone(), size));
-        assert_eq!(store.intact_size(&digest).unwrap(), Some(size), "{}", backend.name());
+        assert_eq!(
+            store.intact_size(&digest).unwrap(),
+            Some(size),
+            "{}",
+            backend.name()
+        );
     }
 }
 
@@ -210,9 +247,10 @@ fn an_interrupted_upload_leaves_nothing_visible() {
         let mut writer = store.writer().unwrap();
         writer.write_all(&content[..1000]).unwrap();
         drop(writer);
-        eventually(&format!("{}: nothing left of the uploads", backend.name()), || {
-            backend.names_in("tmp").is_empty() && backend.open_multipart_uploads() == 0
-        });
+        eventually(
+            &format!("{}: nothing left of the uploads", backend.name()),
+            || backend.names_in("tmp").is_empty() && backend.open_multipart_uploads() == 0,
+        );
         assert!(backend.names_in("sha256").is_empty(), "{}", backend.name());
         let digest = Digest::of_bytes(&content);
         assert_eq!(store.size(&digest).unwrap(), None);
@@ -234,7 +272,10 @@ fn blobs_round_trip_and_a_wrong_expected_digest_stores_nothing() {
                 writer.write_all(piece).unwrap();
             }
             let (digest, size) = writer.commit().unwrap();
-            assert_eq!((digest.clone(), size), (Digest::of_bytes(&content), len as u64));
+            assert_eq!(
+                (digest.clone(), size),
+                (Digest::of_bytes(&content), len as u64)
+            );
             assert_eq!(store.size(&digest).unwrap(), Some(len as u64));
             let mut back = Vec::new();
             let mut reader = store.open_verified(&digest).unwrap();

@@ -140,10 +140,7 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
     busybox_source(&seed);
     let (port1, port2) = (free_port(), free_port());
     let script = script
-        .replace(
-            "postgres://strata:secret@127.0.0.1:5432/strata",
-            &db.url,
-        )
+        .replace("postgres://strata:secret@127.0.0.1:5432/strata", &db.url)
         .replace("http://127.0.0.1:9000", &s3.endpoint)
         .replace("/srv/strata", &root.path().display().to_string())
         .replace("/var/lib/strata", &seed.display().to_string())
@@ -151,7 +148,10 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
         .replace("127.0.0.1:3002", &format!("127.0.0.1:{port2}"))
         // A budget below any layer: every extraction evicts all a running sandbox does not
         // mount, and the builds must not notice.
-        .replace("STRATA_LAYER_CACHE_BYTES=20000000000", "STRATA_LAYER_CACHE_BYTES=1");
+        .replace(
+            "STRATA_LAYER_CACHE_BYTES=20000000000",
+            "STRATA_LAYER_CACHE_BYTES=1",
+        );
     assert!(script.contains("STRATA_LAYER_CACHE_BYTES=1 "));
     assert!(script.contains("strata worker &") && script.contains("strata api &"));
 
@@ -258,7 +258,10 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert!(resumed >= 1, "build {second} on {second_node} did not resume from {first_node}'s checkpoint");
+    assert!(
+        resumed >= 1,
+        "build {second} on {second_node} did not resume from {first_node}'s checkpoint"
+    );
 
     // Wipe every worker's layer cache while they run: the next build extracts what it needs
     // again from the bucket.
@@ -295,7 +298,11 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
     };
     let deadline = Instant::now() + Duration::from_secs(60);
     while acquisitions(&db.pool).await == acquired_before {
-        assert!(Instant::now() < deadline, "the build was never acquired\n{}", log_text());
+        assert!(
+            Instant::now() < deadline,
+            "the build was never acquired\n{}",
+            log_text()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let killed_node: String = sqlx::query_scalar(
@@ -319,8 +326,13 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
     let (_, _, status) = victim.await.unwrap();
     assert_eq!(status["status"], "error", "{status}");
     assert!(
-        status["reason"]["message"].to_string().contains(&killed_node)
-            || status["reason"]["message"].to_string().to_lowercase().contains("node"),
+        status["reason"]["message"]
+            .to_string()
+            .contains(&killed_node)
+            || status["reason"]["message"]
+                .to_string()
+                .to_lowercase()
+                .contains("node"),
         "{status}"
     );
 
@@ -347,7 +359,11 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
             .unwrap()
             .block_on(async {
                 use futures::TryStreamExt;
-                raw.list(Some(&prefix)).try_collect::<Vec<_>>().await.unwrap().len()
+                raw.list(Some(&prefix))
+                    .try_collect::<Vec<_>>()
+                    .await
+                    .unwrap()
+                    .len()
             });
         drop(s3);
         n

@@ -187,7 +187,11 @@ async fn a_checkpoint_of_the_same_content_repairs_a_torn_blob() {
     let mut digest = None;
     for tear in ["first checkpoint", "truncated", "bit-flipped"] {
         if let Some(d) = &digest {
-            let path = backend.blobs().as_local().expect("the local store").path_of(d);
+            let path = backend
+                .blobs()
+                .as_local()
+                .expect("the local store")
+                .path_of(d);
             let mut bytes = std::fs::read(&path).unwrap();
             match tear {
                 "truncated" => bytes.truncate(bytes.len() / 2),

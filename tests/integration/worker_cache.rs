@@ -18,7 +18,7 @@ use strata::events::{Actor, ActorRole, Metadata, StreamWrite};
 use strata::streams::{Build, CacheEntry};
 use uuid::Uuid;
 // ---------------------------------------------------------------------------------------------
-// What the API would append
+// What the API appends (through common::build_api, as the handlers do)
 // ---------------------------------------------------------------------------------------------
 
 use common::build_api::{api_context, stream};
@@ -100,7 +100,7 @@ fn entry_steps(
 }
 
 /// What an outside observer sees of a result: the filesystem manifest and the final context.
-async fn observe(fx: &Fixture, name: &str) -> (String, strata::domain::build_spec::CommandContext) {
+async fn observe(fx: &Fixture, name: &str) -> (String, strata::domain::build_spec::StepContext) {
     let result = fx.result(name).await;
     let mut sb = boot_on(&result.record.layers).await;
     let m = manifest(&mut sb).await;

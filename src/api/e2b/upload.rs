@@ -11,12 +11,13 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
 
-use super::command_error;
-use super::files_link::decide_build_and_files;
+use super::files_link::upload_error;
+use super::{api_metadata, command_error};
 use crate::api::error::ApiError;
 use crate::api::upload_ingest::{ingest_upload, IngestError};
 use crate::api::AppState;
-use crate::domain::build::upload::{complete_upload, CompleteUpload};
+use crate::app::CommandContext;
+use crate::domain::build::upload::CompleteUpload;
 use crate::domain::build::Phase;
 use crate::domain::ids::Digest;
 use crate::domain::upload_url::{verify, UploadGrant, UrlError, METHOD_PUT};
@@ -125,10 +126,10 @@ async fn refuse_if_frozen(state: &AppState, grant: &UploadGrant) -> Result<(), A
 }
 
 async fn complete(state: &AppState, cmd: &CompleteUpload) -> Result<(), ApiError> {
-    decide_build_and_files(state, &cmd.build, &cmd.hash, |build, files| {
-        complete_upload(build, files, cmd).map(|decision| (decision, ()))
-    })
-    .await
+    let ctx = CommandContext::new(api_metadata(state));
+    crate::app::upload::complete_upload(&state.events, &ctx, cmd)
+        .await
+        .map_err(|e| command_error(e, upload_error))
 }
 
 /// Expired or altered URLs are 403: the URL is the credential.

@@ -212,7 +212,7 @@ pub struct NamespaceSandbox {
     id: String,
     dir: PathBuf,
     layers: Vec<Digest>,
-    context: CommandContext,
+    context: ExecDefaults,
     limits: Limits,
     tmpfs_tmp: bool,
     /// Bumped at each checkpoint: names the current upper and work directories.
@@ -600,7 +600,7 @@ impl Sandbox for NamespaceSandbox {
         &self.layers
     }
 
-    fn context_mut(&mut self) -> &mut CommandContext {
+    fn context_mut(&mut self) -> &mut ExecDefaults {
         &mut self.context
     }
 
