@@ -82,8 +82,10 @@ impl Plan {
             backend_version: env!("CARGO_PKG_VERSION").to_owned(),
             base_image_digest: image_digest,
             architecture: std::env::consts::ARCH.to_owned(),
-            cpu_count: job.resources.cpu_count.unwrap_or(0),
-            memory_mb: job.resources.memory_mb.unwrap_or(0),
+            // What the sandbox runs with, not what was asked: a build that names E2B's
+            // defaults and one that names nothing run alike and share their entries.
+            cpu_count: job.resources.effective_cpu_count(),
+            memory_mb: job.resources.effective_memory_mb(),
             disk_mb: job.resources.min_free_disk_mb.unwrap_or(0).into(),
             builder_semantics_version: BUILDER_SEMANTICS_VERSION,
             hashing_version: HASHING_VERSION,

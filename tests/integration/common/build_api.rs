@@ -38,6 +38,17 @@ impl Api {
         name: &str,
         waiting_deadline: chrono::DateTime<Utc>,
     ) -> (TemplateId, BuildId) {
+        self.register_with(name, waiting_deadline, Resources::default())
+            .await
+    }
+
+    /// [`Self::register`] with the waiting deadline and the requested resources given.
+    pub async fn register_with(
+        &self,
+        name: &str,
+        waiting_deadline: chrono::DateTime<Utc>,
+        resources: Resources,
+    ) -> (TemplateId, BuildId) {
         let now = Utc::now();
         strata::app::registration::register_build(
             &self.store,
@@ -46,7 +57,7 @@ impl Api {
                 team: self.team.clone(),
                 name: TemplateName::parse(name).unwrap(),
                 tags: vec![Tag::default_tag()],
-                resources: Resources::default(),
+                resources,
                 now,
                 waiting_deadline,
             },
