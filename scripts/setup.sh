@@ -43,6 +43,18 @@ fi
   fi
 )
 
+# An S3-protocol server (moto, pinned) for the object-store blob tests and `strata bench upload
+# --store s3`; the tests start and stop it themselves. Its own virtualenv, so it pins nothing of
+# the SDK's.
+(
+  cd "$(dirname "$0")/.."
+  [ -x .venv-s3/bin/python ] || python3 -m venv .venv-s3
+  if ! cmp -s tests/s3/requirements.txt .venv-s3/requirements.installed; then
+    .venv-s3/bin/pip install --quiet --disable-pip-version-check -r tests/s3/requirements.txt
+    cp tests/s3/requirements.txt .venv-s3/requirements.installed
+  fi
+)
+
 # The stock E2B JS SDK for the conformance suite, pinned by tests/e2e/js/package-lock.json.
 (
   cd "$(dirname "$0")/../tests/e2e/js"

@@ -18,6 +18,12 @@ pub struct StorageArgs {
     #[arg(long, env = "STRATA_DATA_DIR", default_value = "/var/lib/strata")]
     pub data_dir: PathBuf,
 
+    /// Where blobs (layers, images, uploaded contexts) live: `file:///path`, or
+    /// `s3://bucket/prefix` configured by the standard `AWS_*` variables (`AWS_ENDPOINT` and
+    /// `AWS_ALLOW_HTTP` for S3-compatible servers). Unset: `<data-dir>/blobs`, one node only.
+    #[arg(long, env = "STRATA_BLOB_URL")]
+    pub blob_url: Option<String>,
+
     /// Maximum connections in this process's Postgres pool.
     #[arg(long, env = "STRATA_DB_POOL_SIZE", default_value_t = 16)]
     pub db_pool_size: u32,
@@ -111,6 +117,12 @@ pub struct BuildNodeArgs {
     #[arg(long, env = "STRATA_STEP_TIMEOUT_SECS", default_value_t = 3600)]
     pub step_timeout_secs: u64,
 
+    /// Most bytes of extracted layers this node keeps in `<data-dir>/layers`; past it, the
+    /// least recently used layers no running sandbox mounts are removed (and extracted again
+    /// from the blob store when next needed). Unset: unbounded.
+    #[arg(long, env = "STRATA_LAYER_CACHE_BYTES")]
+    pub layer_cache_bytes: Option<u64>,
+
     /// How often the build queue is polled when no notification arrives.
     #[arg(long, env = "STRATA_QUEUE_POLL_MS", default_value_t = 2000)]
     pub queue_poll_ms: u64,
@@ -161,24 +173,5 @@ impl RegistryArgs {
                 .collect(),
             max_bytes: self.pull_max_bytes,
         }
-    }
-}
-
-impl BuildNodeArgs {
-    pub fn settings(
-        &self,
-        node_id: String,
-        data_dir: PathBuf,
-        agent_binary: PathBuf,
-    ) -> crate::worker::WorkerSettings {
-        use std::time::Duration;
-        let mut s = crate::worker::WorkerSettings::new(node_id, data_dir, agent_binary);
-        s.lease = Duration::from_secs(self.lease_secs.max(1));
-        s.max_builds = self.max_builds.max(1);
-        s.ready_timeout = Duration::from_secs(self.ready_timeout_secs);
-        s.step_timeout = Duration::from_secs(self.step_timeout_secs);
-        s.poll_interval = Duration::from_millis(self.queue_poll_ms.max(50));
-        s.registry = self.registry.settings();
-        s
     }
 }

@@ -3,7 +3,9 @@
 //! Layout:
 //! * [`domain`]: pure state machines (`decide`/`evolve`), cache-key encoding, validation. No I/O.
 //! * [`events`]: versioned event types and the Postgres event store.
-//! * [`projections`]: read models fed inline or from the global feed.
+//! * [`projections`]: read models fed inline or from the global feed, and their queries.
+//! * [`app`]: the write side: one function per use case (load, decide, append); the only
+//!   caller of the command loop. Layers and their directions: `layers.rs`, ADR 0016.
 //! * [`reconcilers`]: workers that drive every build to a terminal state.
 //! * [`api`]: the E2B-compatible HTTP API and the operator (audit) API.
 //! * [`vmm`]: sandbox backends, layers and images.
@@ -14,6 +16,7 @@
 //! * [`config`], [`telemetry`], [`embedded_postgres`]: process plumbing shared by the subcommands.
 
 pub mod api;
+pub mod app;
 pub mod clock;
 pub mod config;
 pub mod db;
@@ -22,10 +25,10 @@ pub mod embedded_postgres;
 pub mod events;
 pub mod fault;
 pub mod inspect;
+mod layers;
 pub mod metrics;
 pub mod projections;
 pub mod reconcilers;
-pub mod registration;
 pub mod registry;
 pub mod streams;
 pub mod telemetry;

@@ -1,8 +1,8 @@
 //! The domain's state machines bound to their streams: one [`Aggregate`] adapter per stream
 //! kind, and the stream ids built from validated domain ids.
 //!
-//! Handlers, workers and reconcilers load with [`crate::events::command::load`], call the
-//! domain's pure `decide`, and append; these adapters are the only place that says which
+//! The application layer ([`crate::app`]) loads with [`crate::events::command::load`], calls
+//! the domain's pure `decide`, and appends; these adapters are the only place that says which
 //! `evolve` folds which stream.
 
 use chrono::{DateTime, Utc};
@@ -42,39 +42,37 @@ pub fn cache_key_stream(scope: &Scope, key: &CacheKey) -> StreamId {
     id(ids::stream::cache_key(scope, &key.0))
 }
 
-pub struct Build;
-impl Aggregate for Build {
-    type State = build::State;
-    type Event = build::Event;
-    type Command = build::Command;
-    type Error = build::Error;
-    fn evolve(state: Self::State, event: &Self::Event) -> Self::State {
-        build::evolve(state, event)
-    }
-    fn decide(
-        state: &Self::State,
-        command: &Self::Command,
-    ) -> Result<Vec<Self::Event>, Self::Error> {
-        build::decide(state, command)
-    }
+/// Binds a domain module's `State`, `Event`, `Command`, `Error`, `evolve` and `decide` to a
+/// stream kind: the adapters are this one line each.
+macro_rules! aggregate {
+    ($(#[$doc:meta])* $name:ident => $module:ident) => {
+        $(#[$doc])*
+        pub struct $name;
+        impl Aggregate for $name {
+            type State = $module::State;
+            type Event = $module::Event;
+            type Command = $module::Command;
+            type Error = $module::Error;
+            fn evolve(state: Self::State, event: &Self::Event) -> Self::State {
+                $module::evolve(state, event)
+            }
+            fn decide(
+                state: &Self::State,
+                command: &Self::Command,
+            ) -> Result<Vec<Self::Event>, Self::Error> {
+                $module::decide(state, command)
+            }
+        }
+    };
 }
 
-pub struct Template;
-impl Aggregate for Template {
-    type State = template::State;
-    type Event = template::Event;
-    type Command = template::Command;
-    type Error = template::Error;
-    fn evolve(state: Self::State, event: &Self::Event) -> Self::State {
-        template::evolve(state, event)
-    }
-    fn decide(
-        state: &Self::State,
-        command: &Self::Command,
-    ) -> Result<Vec<Self::Event>, Self::Error> {
-        template::decide(state, command)
-    }
-}
+aggregate!(Build => build);
+aggregate!(Template => template);
+aggregate!(Files => files);
+aggregate!(Team => team);
+aggregate!(Promotion => promotion);
+aggregate!(Snapshot => snapshot);
+aggregate!(CacheEntry => cache_entry);
 
 /// The name claim: its command is the candidate template id for an unclaimed name.
 pub struct TemplateName;
@@ -91,91 +89,6 @@ impl Aggregate for TemplateName {
         candidate: &TemplateId,
     ) -> Result<Vec<Self::Event>, Self::Error> {
         Ok(template::decide_name(state, candidate).1)
-    }
-}
-
-pub struct Files;
-impl Aggregate for Files {
-    type State = files::State;
-    type Event = files::Event;
-    type Command = files::Command;
-    type Error = files::Error;
-    fn evolve(state: Self::State, event: &Self::Event) -> Self::State {
-        files::evolve(state, event)
-    }
-    fn decide(
-        state: &Self::State,
-        command: &Self::Command,
-    ) -> Result<Vec<Self::Event>, Self::Error> {
-        files::decide(state, command)
-    }
-}
-
-pub struct Team;
-impl Aggregate for Team {
-    type State = team::State;
-    type Event = team::Event;
-    type Command = team::Command;
-    type Error = team::Error;
-    fn evolve(state: Self::State, event: &Self::Event) -> Self::State {
-        team::evolve(state, event)
-    }
-    fn decide(
-        state: &Self::State,
-        command: &Self::Command,
-    ) -> Result<Vec<Self::Event>, Self::Error> {
-        team::decide(state, command)
-    }
-}
-
-pub struct Promotion;
-impl Aggregate for Promotion {
-    type State = promotion::State;
-    type Event = promotion::Event;
-    type Command = promotion::Command;
-    type Error = promotion::Error;
-    fn evolve(state: Self::State, event: &Self::Event) -> Self::State {
-        promotion::evolve(state, event)
-    }
-    fn decide(
-        state: &Self::State,
-        command: &Self::Command,
-    ) -> Result<Vec<Self::Event>, Self::Error> {
-        promotion::decide(state, command)
-    }
-}
-
-pub struct Snapshot;
-impl Aggregate for Snapshot {
-    type State = snapshot::State;
-    type Event = snapshot::Event;
-    type Command = snapshot::Command;
-    type Error = snapshot::Error;
-    fn evolve(state: Self::State, event: &Self::Event) -> Self::State {
-        snapshot::evolve(state, event)
-    }
-    fn decide(
-        state: &Self::State,
-        command: &Self::Command,
-    ) -> Result<Vec<Self::Event>, Self::Error> {
-        snapshot::decide(state, command)
-    }
-}
-
-pub struct CacheEntry;
-impl Aggregate for CacheEntry {
-    type State = cache_entry::State;
-    type Event = cache_entry::Event;
-    type Command = cache_entry::Command;
-    type Error = cache_entry::Error;
-    fn evolve(state: Self::State, event: &Self::Event) -> Self::State {
-        cache_entry::evolve(state, event)
-    }
-    fn decide(
-        state: &Self::State,
-        command: &Self::Command,
-    ) -> Result<Vec<Self::Event>, Self::Error> {
-        cache_entry::decide(state, command)
     }
 }
 

@@ -12,7 +12,7 @@ use thiserror::Error;
 use crate::config::ServeArgs;
 use crate::domain::upload_url::UploadSecret;
 use crate::events::EventStore;
-use crate::vmm::{LocalBlobStore, VmmError};
+use crate::vmm::{BlobStore, LocalBlobStore, VmmError};
 
 #[derive(Debug, Error)]
 pub enum StateError {
@@ -50,7 +50,7 @@ pub struct AppState {
     /// Actor id recorded on events this process appends.
     pub node_id: String,
     /// Uploaded context archives, content-addressed; shared with the workers.
-    pub blobs: Arc<LocalBlobStore>,
+    pub blobs: Arc<dyn BlobStore>,
     /// Signs and verifies upload URLs; never logged.
     pub upload_secret: Arc<UploadSecret>,
     /// Seals the registry credentials a build start brings (key derived from the same secret).
@@ -72,7 +72,7 @@ impl AppState {
         let secret = UploadSecret::new(secret_bytes)?;
         let secs = |s: u64| Duration::seconds(s as i64);
         Ok(Self {
-            events: EventStore::new(pool.clone()),
+            events: crate::app::event_store(pool.clone()),
             pool,
             admin_token: serve.admin_token.clone(),
             public_url: serve.public_url(),
@@ -88,6 +88,13 @@ impl AppState {
             }),
             data_dir: data_dir.to_path_buf(),
         })
+    }
+
+    /// The same state with uploads stored in `blobs` (`STRATA_BLOB_URL`) instead of
+    /// `<data-dir>/blobs`.
+    pub fn with_blobs(mut self, blobs: Arc<dyn BlobStore>) -> Self {
+        self.blobs = blobs;
+        self
     }
 }
 

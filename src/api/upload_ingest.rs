@@ -1,17 +1,24 @@
-//! Streaming an upload body to a temporary object while the server computes its digest.
+//! Streaming an upload body into the blob store while the server computes its digest.
 //!
 //! The client's `filesHash` is only a name; what a build consumes is identified by the sha256
 //! the server computes here, over exactly the bytes it stored. The body is never trusted for
 //! its length either: it must match the declared `Content-Length` exactly and stay under the
 //! ceiling the signed URL granted, or nothing is kept.
+//!
+//! Each chunk goes to two threads: one hashes, one writes to the store's sink (a temporary file
+//! in the local store, one `writev` per batch; a multipart upload in an object store). Chunks are
+//! `Bytes`, shared by reference count: neither thread copies them. The sink is published under the digest only
+//! once both have finished and the length is right; any failure drops it unpublished, which
+//! removes what it held (the temporary file, the multipart upload).
 
-use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use sha2::{Digest, Sha256};
-use std::io::Write;
 use thiserror::Error;
+
+use crate::vmm::{BlobSink, BlobStore, VmmError};
 
 #[derive(Debug, Error)]
 pub enum IngestError {
@@ -21,45 +28,41 @@ pub enum IngestError {
     LengthMismatch { declared: u64, received: u64 },
     #[error("reading the upload body failed: {0}")]
     Body(String),
-    #[error("writing the upload to {path} failed: {source}")]
-    Io {
-        path: PathBuf,
+    #[error("storing the upload in {store} failed: {source}")]
+    Store {
+        store: String,
         #[source]
-        source: std::io::Error,
+        source: VmmError,
     },
 }
 
-/// An upload fully received and hashed, waiting to be published. The temporary file is
-/// removed when this is dropped unless it was moved away first.
+/// An upload received, hashed and published in the blob store.
 #[derive(Debug)]
-pub struct StagedUpload {
-    pub file: tempfile::TempPath,
-    /// Lowercase hex sha256 of the bytes in `file`.
+pub struct IngestedUpload {
+    /// Lowercase hex sha256 of the bytes stored.
     pub digest: String,
     pub size: u64,
 }
 
-/// Chunks in flight between the body reader and the writer thread (hyper's chunks are up to a
-/// few hundred KiB, so this bounds buffered memory to a few MiB per upload).
-const CHANNEL_CHUNKS: usize = 16;
+/// Chunks are handed to the threads in batches of about this many bytes: hyper's chunks are
+/// often a few KiB, and waking two threads per chunk costs more than hashing it. A batch is a
+/// list of the same `Bytes`, not a copy.
+const BATCH_BYTES: usize = 1 << 20;
 
-/// The writer asks the kernel to start writeback after this many new bytes, so the final
-/// fsync finds little left to do and the disk works while the network is still receiving.
-const WRITEBACK_EVERY: u64 = 8 << 20;
+/// Batches in flight between the body reader and each of the hashing and writing threads: a few
+/// MiB per upload, on top of what the store's sink holds (a few parts for an object store).
+const CHANNEL_BATCHES: usize = 8;
 
-/// Receives `body` into a new temporary file in `tmp_dir`, hashing as it goes.
+/// Receives `body` into `blobs`, hashing as it goes, and publishes it under its digest.
 ///
 /// `declared` is the request's `Content-Length`; `ceiling` is the size limit signed into the
 /// upload URL. A declared length over the ceiling is refused before a byte is read.
-///
-/// Hashing and writing run on a blocking thread fed by a bounded channel, so the executor only
-/// moves chunks (no copy: `Bytes` is shared) and receiving overlaps hashing and disk writes.
-pub async fn stage_upload<S, E>(
+pub async fn ingest_upload<S, E>(
     body: S,
     declared: u64,
     ceiling: u64,
-    tmp_dir: &Path,
-) -> Result<StagedUpload, IngestError>
+    blobs: Arc<dyn BlobStore>,
+) -> Result<IngestedUpload, IngestError>
 where
     S: Stream<Item = Result<Bytes, E>>,
     E: std::fmt::Display,
@@ -67,96 +70,112 @@ where
     if declared > ceiling {
         return Err(IngestError::TooLarge { declared, ceiling });
     }
-    let io = |source| IngestError::Io {
-        path: tmp_dir.to_path_buf(),
+    let described = blobs.describe();
+    let store_error = |source| IngestError::Store {
+        store: described.clone(),
         source,
     };
-    let named = tempfile::Builder::new()
-        .prefix("upload-")
-        .tempfile_in(tmp_dir)
-        .map_err(io)?;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(CHANNEL_CHUNKS);
-    let writer = tokio::task::spawn_blocking(move || write_and_hash(named, rx));
+    let joined = |e: tokio::task::JoinError| {
+        store_error(VmmError::io("an upload thread")(std::io::Error::other(
+            e.to_string(),
+        )))
+    };
+    let sink = tokio::task::spawn_blocking(move || blobs.sink())
+        .await
+        .map_err(joined)?
+        .map_err(store_error)?;
+    let (to_hasher, hasher_rx) = tokio::sync::mpsc::channel::<Vec<Bytes>>(CHANNEL_BATCHES);
+    let (to_writer, writer_rx) = tokio::sync::mpsc::channel::<Vec<Bytes>>(CHANNEL_BATCHES);
+    let hasher = tokio::task::spawn_blocking(move || hash(hasher_rx));
+    let writer = tokio::task::spawn_blocking(move || write(sink, writer_rx));
 
     let mut received: u64 = 0;
     let mut outcome = Ok(());
+    let mut batch = Vec::new();
+    let mut batched = 0;
     futures::pin_mut!(body);
-    while let Some(chunk) = body.next().await {
-        let chunk = match chunk {
-            Ok(chunk) => chunk,
-            Err(e) => {
+    loop {
+        let chunk = match body.next().await {
+            Some(Ok(chunk)) => Some(chunk),
+            Some(Err(e)) => {
                 outcome = Err(IngestError::Body(e.to_string()));
                 break;
             }
+            None => None,
         };
-        received += chunk.len() as u64;
-        if received > declared {
-            outcome = Err(IngestError::LengthMismatch { declared, received });
-            break;
+        let last = chunk.is_none();
+        if let Some(chunk) = chunk {
+            received += chunk.len() as u64;
+            if received > declared {
+                outcome = Err(IngestError::LengthMismatch { declared, received });
+                break;
+            }
+            batched += chunk.len();
+            batch.push(chunk);
         }
-        if tx.send(chunk).await.is_err() {
+        if batch.is_empty() || (batched < BATCH_BYTES && !last) {
+            if last {
+                break;
+            }
+            continue;
+        }
+        let full = std::mem::take(&mut batch);
+        batched = 0;
+        if to_hasher.send(full.clone()).await.is_err() || to_writer.send(full).await.is_err() {
             break; // the writer stopped on an error; it is reported below
         }
+        if last {
+            break;
+        }
     }
-    drop(tx);
-    let written = writer
-        .await
-        .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    drop((to_hasher, to_writer));
+    let digest = hasher.await.map_err(joined)?;
+    let written = writer.await.map_err(joined)?;
     outcome?;
-    let (file, path, digest) = written.map_err(io)?;
+    let sink = written.map_err(|e| store_error(VmmError::io("writing the upload")(e)))?;
     if received != declared {
         return Err(IngestError::LengthMismatch { declared, received });
     }
-    tokio::task::spawn_blocking(move || file.sync_data())
+    let blob_digest =
+        crate::vmm::Digest::parse(&digest).expect("a sha256 hasher produces 64 hex digits");
+    tokio::task::spawn_blocking(move || sink.publish(&blob_digest))
         .await
-        .map_err(|e| io(std::io::Error::other(e.to_string())))?
-        .map_err(io)?;
-    Ok(StagedUpload {
-        file: path,
+        .map_err(joined)?
+        .map_err(store_error)?;
+    Ok(IngestedUpload {
         digest,
         size: received,
     })
 }
 
-/// The writer thread: hashes and writes every chunk until the channel closes; returns the file
-/// (not yet synced), its path and the hex digest. Dropping the path on error removes the file.
-fn write_and_hash(
-    named: tempfile::NamedTempFile,
-    mut rx: tokio::sync::mpsc::Receiver<Bytes>,
-) -> std::io::Result<(std::fs::File, tempfile::TempPath, String)> {
-    let (mut file, path) = named.into_parts();
+/// The hashing thread: hashes every chunk until the channel closes; returns the hex digest.
+fn hash(mut rx: tokio::sync::mpsc::Receiver<Vec<Bytes>>) -> String {
     let mut hasher = Sha256::new();
-    let (mut written, mut flushed) = (0u64, 0u64);
-    while let Some(chunk) = rx.blocking_recv() {
-        hasher.update(&chunk);
-        file.write_all(&chunk)?;
-        written += chunk.len() as u64;
-        if written - flushed >= WRITEBACK_EVERY {
-            start_writeback(&file, flushed, written - flushed);
-            flushed = written;
+    while let Some(batch) = rx.blocking_recv() {
+        for chunk in &batch {
+            hasher.update(chunk);
         }
     }
-    Ok((file, path, hex::encode(hasher.finalize())))
+    hex::encode(hasher.finalize())
 }
 
-/// Starts (does not wait for) writeback of a written range. Only a hint: the fsync at the end
-/// is what makes the upload durable, so a failure here is ignored.
-fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: sync_file_range only reads its integer arguments; the fd is open for the call.
-    unsafe {
-        libc::sync_file_range(
-            file.as_raw_fd(),
-            offset as libc::off64_t,
-            len as libc::off64_t,
-            libc::SYNC_FILE_RANGE_WRITE,
-        );
+/// The writing thread: appends every chunk to the sink until the channel closes. On error the
+/// sink is dropped here, unpublished, and the receiver with it, which stops the body reader.
+fn write(
+    mut sink: Box<dyn BlobSink>,
+    mut rx: tokio::sync::mpsc::Receiver<Vec<Bytes>>,
+) -> std::io::Result<Box<dyn BlobSink>> {
+    while let Some(batch) = rx.blocking_recv() {
+        sink.append_all(batch)?;
     }
+    Ok(sink)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vmm::LocalBlobStore;
+    use std::path::Path;
 
     fn chunks(parts: &[&'static [u8]]) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
         futures::stream::iter(
@@ -171,24 +190,42 @@ mod tests {
         std::fs::read_dir(dir).unwrap().count()
     }
 
-    #[tokio::test]
-    async fn stages_exact_bytes_with_their_digest() {
+    fn store() -> (tempfile::TempDir, Arc<dyn BlobStore>) {
         let dir = tempfile::tempdir().unwrap();
-        let staged = stage_upload(chunks(&[b"hello ", b"world"]), 11, 100, dir.path())
-            .await
-            .unwrap();
-        assert_eq!(staged.size, 11);
-        assert_eq!(std::fs::read(&staged.file).unwrap(), b"hello world");
+        let store = Arc::new(LocalBlobStore::open(dir.path()).unwrap());
+        (dir, store)
+    }
+
+    /// Nothing published and nothing left in the staging area.
+    fn nothing_kept(dir: &Path) {
+        assert_eq!(files_in(&dir.join("sha256")), 0, "nothing published");
         assert_eq!(
-            staged.digest,
-            "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9"
+            files_in(&dir.join("tmp")),
+            0,
+            "the temporary object was removed"
         );
     }
 
     #[tokio::test]
+    async fn stores_exact_bytes_under_their_digest() {
+        let (dir, blobs) = store();
+        let ingested = ingest_upload(chunks(&[b"hello ", b"world"]), 11, 100, blobs.clone())
+            .await
+            .unwrap();
+        assert_eq!(ingested.size, 11);
+        assert_eq!(
+            ingested.digest,
+            "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9"
+        );
+        let digest = crate::vmm::Digest::parse(&ingested.digest).unwrap();
+        assert_eq!(blobs.verify(&digest).unwrap(), 11);
+        assert_eq!(files_in(&dir.path().join("tmp")), 0);
+    }
+
+    #[tokio::test]
     async fn refuses_declared_length_over_ceiling_before_reading() {
-        let dir = tempfile::tempdir().unwrap();
-        let err = stage_upload(chunks(&[b"x"]), 101, 100, dir.path())
+        let (dir, blobs) = store();
+        let err = ingest_upload(chunks(&[b"x"]), 101, 100, blobs)
             .await
             .unwrap_err();
         assert!(matches!(
@@ -198,13 +235,13 @@ mod tests {
                 ceiling: 100
             }
         ));
-        assert_eq!(files_in(dir.path()), 0);
+        nothing_kept(dir.path());
     }
 
     #[tokio::test]
     async fn body_longer_than_declared_is_rejected_and_nothing_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let err = stage_upload(chunks(&[b"abc", b"def"]), 4, 100, dir.path())
+        let (dir, blobs) = store();
+        let err = ingest_upload(chunks(&[b"abc", b"def"]), 4, 100, blobs)
             .await
             .unwrap_err();
         assert!(matches!(
@@ -214,13 +251,13 @@ mod tests {
                 received: 6
             }
         ));
-        assert_eq!(files_in(dir.path()), 0, "the temporary object was removed");
+        nothing_kept(dir.path());
     }
 
     #[tokio::test]
     async fn body_shorter_than_declared_is_rejected_and_nothing_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let err = stage_upload(chunks(&[b"abc"]), 10, 100, dir.path())
+        let (dir, blobs) = store();
+        let err = ingest_upload(chunks(&[b"abc"]), 10, 100, blobs)
             .await
             .unwrap_err();
         assert!(matches!(
@@ -230,18 +267,18 @@ mod tests {
                 received: 3
             }
         ));
-        assert_eq!(files_in(dir.path()), 0);
+        nothing_kept(dir.path());
     }
 
     #[tokio::test]
     async fn a_broken_body_stream_is_an_error_and_nothing_kept() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, blobs) = store();
         let body = futures::stream::iter(vec![
             Ok(Bytes::from_static(b"abc")),
             Err(std::io::Error::other("connection reset")),
         ]);
-        let err = stage_upload(body, 10, 100, dir.path()).await.unwrap_err();
+        let err = ingest_upload(body, 10, 100, blobs).await.unwrap_err();
         assert!(matches!(err, IngestError::Body(ref m) if m.contains("connection reset")));
-        assert_eq!(files_in(dir.path()), 0);
+        nothing_kept(dir.path());
     }
 }

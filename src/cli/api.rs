@@ -25,7 +25,11 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
         args.node.node_id(),
         &args.storage.data_dir,
     )
-    .context("preparing the API")?;
+    .context("preparing the API")?
+    .with_blobs(
+        strata::vmm::open_blob_store(args.storage.blob_url.as_deref(), &args.storage.data_dir)
+            .context("opening the blob store (STRATA_BLOB_URL)")?,
+    );
     let shutdown = CancellationToken::new();
     let server = serve(args.serve.listen, state, shutdown.clone()).await?;
     super::shutdown_signal().await;

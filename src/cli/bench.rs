@@ -52,9 +52,11 @@ pub enum BenchCommand {
     /// Blob and layer durability and verification against the plain (unsynced, unverified)
     /// paths: put, cache probe, layer extraction.
     Blobs(super::bench_blobs::BenchBlobsArgs),
+    /// Builds per second through 1, 2, 3 build nodes sharing one Postgres and one object store.
+    Scale(super::bench_scale::BenchScaleArgs),
     /// Reads and background passes on an empty store against the same on a filled one
     /// (10k templates, 100k builds, 1M log lines by default).
-    ScaleStore(super::bench_scale::BenchScaleArgs),
+    ScaleStore(super::bench_scale_store::BenchScaleStoreArgs),
 }
 
 #[derive(Debug, Args)]
@@ -92,7 +94,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Cache(args) => super::bench_cache::run(args).await,
         BenchCommand::Pull(args) => super::bench_pull::run(args).await,
         BenchCommand::Blobs(args) => super::bench_blobs::run(args).await,
-        BenchCommand::ScaleStore(args) => super::bench_scale::run(args).await,
+        BenchCommand::Scale(args) => super::bench_scale::run(args).await,
+        BenchCommand::ScaleStore(args) => super::bench_scale_store::run(args).await,
     }
 }
 
@@ -357,7 +360,7 @@ async fn bench_events(
         s
     };
 
-    let mut store = EventStore::new(pool.clone());
+    let mut store = strata::app::event_store(pool.clone());
     if let Some(max_in_flight) = group_in_flight {
         store = store.with_group_commit(GroupCommitPolicy {
             max_in_flight,

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use strata::app::registration::{register_build, RegisterBuild};
 use strata::config::StorageArgs;
-use strata::domain::build::{self, StepOutcome};
+use strata::domain::build::StepOutcome;
 use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
 use strata::domain::ids::{BuildId, TeamId};
-use strata::events::command::{execute, load, CommandContext};
+use strata::events::command::{load, CommandContext};
 use strata::events::{Actor, ActorRole, EventStore, Metadata};
-use strata::registration::{register_build, RegisterBuild};
 use strata::streams::{build_stream, Build};
 use strata::worker::{Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
@@ -44,7 +44,7 @@ pub async fn run(args: BenchCacheArgs) -> anyhow::Result<()> {
     let storage = args.storage.clone();
     super::bench::with_bench_database(&storage, |options, where_| async move {
         let pool = super::bench::bench_pool(options, 4).await?;
-        let store = EventStore::new(pool.clone());
+        let store = strata::app::event_store(pool.clone());
         let mut settings = WorkerSettings::new(
             "bench-cache",
             &args.storage.data_dir,
@@ -138,18 +138,8 @@ async fn timed(
     let began = Instant::now();
     let build = register(store, team, label).await?;
     let now = strata::clock::local_now();
-    execute::<Build>(
-        store,
-        &build_stream(&build),
-        &build::Command::StartBuild {
-            spec,
-            now,
-            queue_deadline: now + chrono::Duration::minutes(10),
-            attempt: None,
-        },
-        &context(),
-    )
-    .await?;
+    let queue_deadline = now + chrono::Duration::minutes(10);
+    strata::app::build::start_build(store, &context(), &build, spec, now, queue_deadline).await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let phase: Option<String> =

@@ -18,13 +18,11 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use sqlx::PgPool;
+use strata::app::registration::{register_build, RegisterBuild};
 use strata::config::StorageArgs;
-use strata::domain::build;
 use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
 use strata::domain::ids::{BuildId, TeamId};
-use strata::events::{execute, Actor, ActorRole, CommandContext, EventStore, Metadata};
-use strata::registration::{register_build, RegisterBuild};
-use strata::streams::{build_stream, Build};
+use strata::events::{Actor, ActorRole, CommandContext, EventStore, Metadata};
 use uuid::Uuid;
 
 #[derive(Debug, Args)]
@@ -118,7 +116,7 @@ async fn bench(args: &LifecycleBenchArgs, url: &str) -> anyhow::Result<()> {
     let n = args.builds.max(2);
     let pool = strata::db::connect(url, 8).await?;
     strata::db::migrate(&pool).await?;
-    let store = EventStore::new(pool.clone());
+    let store = strata::app::event_store(pool.clone());
     let team = TeamId::parse("benchteam")?;
     let spec = serde_json::json!({
         "fromImage": "busybox", "force": false,
@@ -284,18 +282,9 @@ async fn register(store: &EventStore, team: &TeamId, name: &str) -> anyhow::Resu
 async fn start(store: &EventStore, build: BuildId, spec: &serde_json::Value) -> anyhow::Result<()> {
     let spec: TemplateBuildStartV2 = serde_json::from_value(spec.clone())?;
     let now = strata::clock::local_now();
-    execute::<Build>(
-        store,
-        &build_stream(&build),
-        &build::Command::StartBuild {
-            spec,
-            now,
-            queue_deadline: now + chrono::Duration::hours(1),
-            attempt: None,
-        },
-        &bench_context(),
-    )
-    .await
-    .map_err(|e| anyhow::anyhow!("starting build {build}: {e}"))?;
+    let queue_deadline = now + chrono::Duration::hours(1);
+    strata::app::build::start_build(store, &bench_context(), &build, spec, now, queue_deadline)
+        .await
+        .map_err(|e| anyhow::anyhow!("starting build {build}: {e}"))?;
     Ok(())
 }

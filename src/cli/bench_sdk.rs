@@ -15,13 +15,11 @@ use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use clap::Args;
 use serde::Deserialize;
+use strata::app::CommandContext;
 use strata::config::StorageArgs;
 use strata::domain::ids::{BuildId, TeamId};
-use strata::domain::team::{ApiKey, Command};
-use strata::events::command::{execute, CommandContext};
 use strata::events::{Actor, ActorRole, EventStore, Metadata};
-use strata::streams::{build_stream, team_stream, Team};
-use uuid::Uuid;
+use strata::streams::build_stream;
 
 #[derive(Debug, Args)]
 pub struct BenchSdkArgs {
@@ -78,7 +76,7 @@ pub async fn run(args: BenchSdkArgs) -> anyhow::Result<()> {
         }
     }
     let pool = super::connect_database(&args.storage).await?;
-    let store = EventStore::new(pool.clone());
+    let store = strata::app::event_store(pool.clone());
     let key = issue_key(&store).await?;
 
     let output = tokio::process::Command::new(&args.python)
@@ -111,15 +109,8 @@ pub async fn run(args: BenchSdkArgs) -> anyhow::Result<()> {
 
 async fn issue_key(store: &EventStore) -> anyhow::Result<String> {
     let ctx = CommandContext::new(Metadata::new(Actor::new(ActorRole::Cli, "bench")));
-    let key = ApiKey::from_random(rand::random());
-    let command = Command::IssueKey {
-        key_id: Uuid::new_v4(),
-        key_sha256: key.sha256_hex(),
-        prefix: key.display_prefix(),
-        now: strata::clock::local_now(),
-    };
     let team = TeamId::parse("bench-sdk")?;
-    execute::<Team>(store, &team_stream(&team), &command, &ctx)
+    let key = strata::app::team::issue_key(store, &ctx, &team, strata::clock::local_now())
         .await
         .context("issuing the bench key")?;
     Ok(key.expose().to_string())

@@ -10,23 +10,26 @@
 //! Baselines, same run: one core hashing the same (page-cached) file with openssl: the speed the
 //! server's own digest cannot beat; and a plain copy of the file made durable with fdatasync on
 //! the same filesystem (the disk's share, which the upload also pays). Each side runs `--repeat` times; medians are reported.
+//!
+//! `--store s3` adds a second API in the same run whose blob store is an S3 bucket: the one
+//! `STRATA_BLOB_URL` names (with its `AWS_*` settings), else a bucket on a local S3-protocol
+//! server started for the run (moto, `scripts/setup.sh`). Its row sits beside the local store's.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
 use sqlx::PgPool;
 use strata::api::AppState;
+use strata::app::CommandContext;
 use strata::config::{ServeArgs, StorageArgs};
 use strata::domain::ids::TeamId;
-use strata::domain::team::{ApiKey, Command};
-use strata::events::command::{execute, CommandContext};
-use strata::events::{Actor, ActorRole, EventStore, Metadata};
-use strata::streams::{team_stream, Team};
+use strata::events::{Actor, ActorRole, Metadata};
+use strata::vmm::{BlobStore, Digest};
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 #[derive(Debug, Args)]
 pub struct BenchUploadArgs {
@@ -40,8 +43,87 @@ pub struct BenchUploadArgs {
     /// tmpfs such as /dev/shm, fsync is free and the figures isolate the CPU path.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Which blob stores to upload into: `local` (the data directory), or `s3`, which measures
+    /// the local store and an S3 bucket side by side.
+    #[arg(long, value_enum, default_value_t = StoreChoice::Local)]
+    store: StoreChoice,
     #[command(flatten)]
     storage: StorageArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum StoreChoice {
+    Local,
+    S3,
+}
+
+/// One API under test: where it listens and what it stores into.
+struct Target {
+    label: &'static str,
+    base: String,
+    blobs: Arc<dyn BlobStore>,
+    shutdown: CancellationToken,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Serves the API on a loopback port with `blobs` as its blob store.
+async fn start_api(
+    pool: &PgPool,
+    data_dir: &Path,
+    size: u64,
+    label: &'static str,
+    blobs: Arc<dyn BlobStore>,
+) -> anyhow::Result<Target> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let serve = ServeArgs {
+        listen: addr,
+        admin_token: None,
+        public_url: Some(format!("http://{addr}")),
+        upload_secret: None,
+        upload_max_bytes: size + (1 << 20),
+        upload_url_ttl_secs: 900,
+        build_waiting_timeout_secs: 3600,
+        build_queue_timeout_secs: 3600,
+    };
+    let state = AppState::new(pool.clone(), &serve, "bench".into(), data_dir)
+        .context("preparing the API")?
+        .with_blobs(blobs.clone());
+    let shutdown = CancellationToken::new();
+    let server = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, strata::api::router(state))
+                .with_graceful_shutdown(async move { shutdown.cancelled().await })
+                .await
+        })
+    };
+    Ok(Target {
+        label,
+        base: format!("http://{addr}"),
+        blobs,
+        shutdown,
+        server,
+    })
+}
+
+/// The S3 store to measure: `STRATA_BLOB_URL` when it names one, else a bucket on a local
+/// S3-protocol server that lives as long as the returned guard.
+fn s3_store(
+    storage: &StorageArgs,
+) -> anyhow::Result<(Arc<dyn BlobStore>, Option<strata::vmm::local_s3::LocalS3>)> {
+    if let Some(url) = storage
+        .blob_url
+        .as_deref()
+        .filter(|u| u.starts_with("s3://"))
+    {
+        let store = strata::vmm::open_blob_store(Some(url), &storage.data_dir)?;
+        return Ok((store, None));
+    }
+    let server = strata::vmm::local_s3::LocalS3::start()
+        .context("starting a local S3 server for the bench")?;
+    let store = server.blob_store("bench", "strata")?;
+    Ok((store, Some(server)))
 }
 
 pub async fn run(args: BenchUploadArgs) -> anyhow::Result<()> {
@@ -62,10 +144,17 @@ pub async fn run(args: BenchUploadArgs) -> anyhow::Result<()> {
     let archive = work.path().join("context.tar");
     write_random_file(&archive, size).await?;
     let data_dir = work.path().join("data");
+    let (s3, _s3_server) = match args.store {
+        StoreChoice::Local => (None, None),
+        StoreChoice::S3 => {
+            let (store, server) = tokio::task::block_in_place(|| s3_store(&args.storage))?;
+            (Some(store), server)
+        }
+    };
 
     super::bench::with_bench_database(&args.storage, |options, where_| async move {
         let pool = super::bench::bench_pool(options, 4).await?;
-        let result = bench_upload(&pool, &data_dir, &archive, size, repeat, where_).await;
+        let result = bench_upload(&pool, &data_dir, &archive, size, repeat, where_, s3).await;
         pool.close().await;
         result
     })
@@ -79,62 +168,75 @@ async fn bench_upload(
     size: u64,
     repeat: usize,
     where_: &str,
+    s3: Option<Arc<dyn BlobStore>>,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let serve = ServeArgs {
-        listen: addr,
-        admin_token: None,
-        public_url: Some(format!("http://{addr}")),
-        upload_secret: None,
-        upload_max_bytes: size + (1 << 20),
-        upload_url_ttl_secs: 900,
-        build_waiting_timeout_secs: 3600,
-        build_queue_timeout_secs: 3600,
-    };
-    let state = AppState::new(pool.clone(), &serve, "bench".into(), data_dir)
-        .context("preparing the API")?;
-    let blobs = data_dir.join("blobs").join("sha256");
-    let shutdown = CancellationToken::new();
-    let server = {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, strata::api::router(state))
-                .with_graceful_shutdown(async move { shutdown.cancelled().await })
-                .await
-        })
-    };
+    let local = strata::vmm::open_blob_store(None, data_dir)?;
+    let mut targets = vec![start_api(pool, data_dir, size, "local store", local).await?];
+    if let Some(s3) = s3 {
+        targets.push(start_api(pool, data_dir, size, "S3 store", s3).await?);
+    }
+    let result = measure(pool, data_dir, archive, size, repeat, where_, &targets).await;
+    for target in targets {
+        target.shutdown.cancel();
+        target.server.await.context("API task")??;
+    }
+    result
+}
 
-    let result = async {
+async fn measure(
+    pool: &PgPool,
+    data_dir: &Path,
+    archive: &Path,
+    size: u64,
+    repeat: usize,
+    where_: &str,
+    targets: &[Target],
+) -> anyhow::Result<()> {
+    {
         let key = issue_key(pool).await?;
         let client = reqwest::Client::new();
-        let base = format!("http://{addr}");
-        let template = register(&client, &base, &key).await?;
+        let mut templates = Vec::new();
+        for target in targets {
+            templates.push(register(&client, &target.base, &key).await?);
+        }
         println!(
-            "strata bench upload: {} MiB archive in {}, {repeat} runs each, Postgres {where_}, API on {addr}",
+            "strata bench upload: {} MiB archive in {}, {repeat} runs each, Postgres {where_}, stores: {}",
             size >> 20,
-            archive.parent().map(Path::display).map(|d| d.to_string()).unwrap_or_default()
+            archive.parent().map(Path::display).map(|d| d.to_string()).unwrap_or_default(),
+            targets.iter().map(|t| t.blobs.describe()).collect::<Vec<_>>().join(", ")
         );
 
         let mut ceiling = Vec::with_capacity(repeat);
         let mut disk = Vec::with_capacity(repeat);
-        let mut ingest = Vec::with_capacity(repeat);
+        let mut ingest = vec![Vec::with_capacity(repeat); targets.len()];
         let mut openssl_digest = String::new();
         for _ in 0..repeat {
             let (elapsed, digest) = openssl_sha256(archive).await?;
             ceiling.push(elapsed);
             openssl_digest = digest;
             disk.push(durable_copy(archive, data_dir).await?);
-            ingest.push(upload_once(&client, &base, &key, &template, archive, size).await?);
+            for (i, target) in targets.iter().enumerate() {
+                ingest[i].push(
+                    upload_once(&client, &target.base, &key, &templates[i], archive, size).await?,
+                );
+            }
         }
-        // The server named the blob by the digest it computed; it must be openssl's.
-        if !blobs.join(&openssl_digest).is_file() {
-            bail!("the server did not store the archive under its sha256 {openssl_digest}");
+        // Each server named the blob by the digest it computed; it must be openssl's.
+        let digest = Digest::parse(&openssl_digest)?;
+        for target in targets {
+            let blobs = target.blobs.clone();
+            let d = digest.clone();
+            let stored = tokio::task::spawn_blocking(move || blobs.intact_size(&d)).await??;
+            if stored != Some(size) {
+                bail!(
+                    "the {} did not store the archive under its sha256 {openssl_digest}",
+                    target.label
+                );
+            }
         }
 
         let mib = size as f64 / (1 << 20) as f64;
         let ceiling_rate = mib / median(&ceiling).as_secs_f64();
-        let ingest_rate = mib / median(&ingest).as_secs_f64();
         let runs = |v: &[Duration]| {
             v.iter()
                 .map(|d| format!("{:.0}", mib / d.as_secs_f64()))
@@ -160,21 +262,20 @@ async fn bench_upload(
             mib / median(&disk).as_secs_f64() / ceiling_rate,
             runs(&disk)
         );
-        println!(
-            "{:<44} {:>10.0} {:>10.2}   {}",
-            "PUT upload: stream, hash, fsync, publish",
-            ingest_rate,
-            ingest_rate / ceiling_rate,
-            runs(&ingest)
-        );
+        for (target, times) in targets.iter().zip(&ingest) {
+            let rate = mib / median(times).as_secs_f64();
+            println!(
+                "{:<44} {:>10.0} {:>10.2}   {}",
+                format!("PUT upload into the {}", target.label),
+                rate,
+                rate / ceiling_rate,
+                runs(times)
+            );
+        }
         println!();
-        println!("digest checked: the stored blob is named by openssl's sha256 {openssl_digest}");
+        println!("digest checked: each stored blob is named by openssl's sha256 {openssl_digest}");
         Ok(())
     }
-    .await;
-    shutdown.cancel();
-    server.await.context("API task")??;
-    result
 }
 
 /// `size` bytes that do not compress: the shape of a context archive that is mostly binaries.
@@ -193,17 +294,10 @@ async fn write_random_file(path: &PathBuf, size: u64) -> anyhow::Result<()> {
 }
 
 async fn issue_key(pool: &PgPool) -> anyhow::Result<String> {
-    let store = EventStore::new(pool.clone());
+    let store = strata::app::event_store(pool.clone());
     let ctx = CommandContext::new(Metadata::new(Actor::new(ActorRole::Cli, "bench")));
-    let key = ApiKey::from_random(rand::random());
-    let command = Command::IssueKey {
-        key_id: Uuid::new_v4(),
-        key_sha256: key.sha256_hex(),
-        prefix: key.display_prefix(),
-        now: strata::clock::local_now(),
-    };
     let team = TeamId::parse("bench-upload")?;
-    execute::<Team>(&store, &team_stream(&team), &command, &ctx)
+    let key = strata::app::team::issue_key(&store, &ctx, &team, strata::clock::local_now())
         .await
         .context("issuing the bench key")?;
     Ok(key.expose().to_string())

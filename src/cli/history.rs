@@ -6,7 +6,7 @@
 use anyhow::Context;
 use clap::Args;
 use strata::config::StorageArgs;
-use strata::events::{EventStore, RecordedEvent, StreamId};
+use strata::events::{RecordedEvent, StreamId};
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
@@ -41,7 +41,7 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
     }
     let stream = StreamId::parse(&args.stream)?;
     let pool = super::connect_database(&args.storage).await?;
-    let store = EventStore::new(pool);
+    let store = strata::app::event_store(pool);
     let events = store
         .read_stream(&stream, args.from_version.max(1), args.limit)
         .await
@@ -79,7 +79,7 @@ async fn build_timeline(args: &HistoryArgs, build: uuid::Uuid) -> anyhow::Result
     .await
     .context("listing the build's promotion streams")?;
     streams.extend(promotions);
-    let store = EventStore::new(pool);
+    let store = strata::app::event_store(pool);
     let mut events = Vec::new();
     for name in &streams {
         let stream = StreamId::parse(name)?;

@@ -21,6 +21,10 @@ pub struct ImageArgs {
         global = true
     )]
     data_dir: PathBuf,
+    /// The blob store the images' layers go to and come from (see `strata api --help`); unset:
+    /// `<data-dir>/blobs`. Each node keeps its own catalog, naming blobs in the shared store.
+    #[arg(long, env = "STRATA_BLOB_URL", global = true)]
+    blob_url: Option<String>,
     #[command(subcommand)]
     command: ImageCommand,
 }
@@ -80,11 +84,16 @@ fn short(digest: &str) -> String {
 
 pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
     let data_dir = args.data_dir;
-    let backend = NamespaceBackend::new(NamespaceConfig {
-        data_dir: data_dir.clone(),
-        agent_binary: std::env::current_exe().context("locating the strata binary")?,
-        depth: Default::default(),
-    })
+    let blobs = strata::vmm::open_blob_store(args.blob_url.as_deref(), &data_dir)
+        .context("opening the blob store (STRATA_BLOB_URL)")?;
+    let backend = NamespaceBackend::with_blobs(
+        NamespaceConfig {
+            data_dir: data_dir.clone(),
+            agent_binary: std::env::current_exe().context("locating the strata binary")?,
+            depth: Default::default(),
+        },
+        blobs,
+    )
     .context("opening the node's sandbox backend")?;
     let blobs = backend.blobs();
     match args.command {

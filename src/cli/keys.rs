@@ -2,13 +2,11 @@
 //! its sha256.
 
 use anyhow::Context;
-use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
+use strata::app::team::{issue_key, revoke_key};
+use strata::app::CommandContext;
 use strata::domain::ids::TeamId;
-use strata::domain::team::{ApiKey, Command};
-use strata::events::command::{execute, CommandContext};
-use strata::events::{Actor, ActorRole, EventStore, Metadata};
-use strata::streams::{team_stream, Team};
+use strata::events::{Actor, ActorRole, Metadata};
 use uuid::Uuid;
 
 use strata::config::StorageArgs;
@@ -47,19 +45,12 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
     strata::db::migrate(&pool)
         .await
         .context("applying migrations")?;
-    let store = EventStore::new(pool.clone());
+    let store = strata::app::event_store(pool.clone());
     let ctx = CommandContext::new(Metadata::new(Actor::new(ActorRole::Cli, whoami())));
     match args.command {
         KeysCommand::Create { team } => {
             let team = parse_team(&team)?;
-            let key = ApiKey::from_random(rand::random());
-            let command = Command::IssueKey {
-                key_id: Uuid::new_v4(),
-                key_sha256: key.sha256_hex(),
-                prefix: key.display_prefix(),
-                now: strata::clock::local_now(),
-            };
-            execute::<Team>(&store, &team_stream(&team), &command, &ctx)
+            let key = issue_key(&store, &ctx, &team, strata::clock::local_now())
                 .await
                 .context("issuing the key")?;
             eprintln!("issued a key for team {team}; it is shown once:");
@@ -67,12 +58,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
         }
         KeysCommand::List { team } => {
             let team = parse_team(&team)?;
-            let rows: Vec<KeyRow> = sqlx::query_as(
-                "SELECT key_id, prefix, issued_at, revoked_at FROM api_keys WHERE team_id = $1 ORDER BY issued_at",
-            )
-            .bind(team.as_str())
-            .fetch_all(&pool)
-            .await?;
+            let rows = strata::projections::api_keys::keys_of(&pool, team.as_str()).await?;
             println!(
                 "{:<36}  {:<12}  {:<20}  revoked",
                 "key id", "prefix", "issued"
@@ -89,11 +75,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
         }
         KeysCommand::Revoke { team, key_id } => {
             let team = parse_team(&team)?;
-            let command = Command::RevokeKey {
-                key_id,
-                now: strata::clock::local_now(),
-            };
-            execute::<Team>(&store, &team_stream(&team), &command, &ctx)
+            revoke_key(&store, &ctx, &team, key_id, strata::clock::local_now())
                 .await
                 .context("revoking the key")?;
             eprintln!("revoked key {key_id} of team {team}");
@@ -101,9 +83,6 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
-
-/// key id, display prefix, issued, revoked.
-type KeyRow = (Uuid, String, DateTime<Utc>, Option<DateTime<Utc>>);
 
 fn parse_team(raw: &str) -> anyhow::Result<TeamId> {
     TeamId::parse(raw).with_context(|| format!("team name {raw:?}"))

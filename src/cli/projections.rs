@@ -5,7 +5,6 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use strata::config::StorageArgs;
-use strata::events::EventStore;
 use strata::projections;
 use tokio_util::sync::CancellationToken;
 
@@ -36,7 +35,7 @@ enum ProjectionsCommand {
 
 pub async fn run(args: ProjectionsArgs) -> anyhow::Result<()> {
     let pool = super::connect_database(&args.storage).await?;
-    let store = EventStore::new(pool.clone());
+    let store = strata::app::event_store(pool.clone());
     match args.command {
         ProjectionsCommand::List => {
             let registry = projections::registry();

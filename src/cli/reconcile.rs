@@ -1,14 +1,11 @@
 //! `strata reconcile`: runs the reconcilers (all, or `--only` some) as their own process.
 
-use std::sync::Arc;
-
 use anyhow::Context;
 use clap::Args;
 use strata::config::{NodeArgs, StorageArgs};
-use strata::events::EventStore;
 use strata::reconcilers::schedule::DEFAULT_SCHEDULE;
 use strata::reconcilers::{run_scheduled, ReconcileEnv, Reconciler, Schedule};
-use strata::vmm::LocalBlobStore;
+use strata::vmm::open_blob_store;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
@@ -47,19 +44,18 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
 }
 
 /// What the reconcilers need: the store, the node id in their events' metadata, and the blob
-/// store of `<data-dir>/blobs`, where promotion checks a build's layers.
+/// store (`STRATA_BLOB_URL`, else `<data-dir>/blobs`), where promotion checks a build's layers.
 pub fn environment(
     pool: sqlx::PgPool,
     node: String,
     storage: &StorageArgs,
 ) -> anyhow::Result<ReconcileEnv> {
-    let blobs_dir = storage.data_dir.join("blobs");
-    let blobs = LocalBlobStore::open(&blobs_dir)
-        .with_context(|| format!("opening the blob store in {}", blobs_dir.display()))?;
+    let blobs = open_blob_store(storage.blob_url.as_deref(), &storage.data_dir)
+        .context("opening the blob store (STRATA_BLOB_URL)")?;
     Ok(ReconcileEnv {
-        store: EventStore::new(pool),
+        store: strata::app::event_store(pool),
         node,
-        blobs: Arc::new(blobs),
+        blobs,
     })
 }
 

@@ -7,11 +7,9 @@ use clap::{Args, Subcommand};
 use strata::config::StorageArgs;
 use strata::domain::ids::TeamId;
 use strata::domain::snapshot::SnapshotRecord;
-use strata::events::EventStore;
 use strata::vmm::{
-    BootSpec, CommandContext as VmmContext, CommandLine, Digest as VmmDigest, ExecOutcome,
-    ExecRequest, LocalBlobStore, NamespaceBackend, NamespaceConfig, OutputLine, OutputStream,
-    SandboxBackend,
+    BootSpec, CommandLine, Digest as VmmDigest, ExecDefaults, ExecOutcome, ExecRequest,
+    NamespaceBackend, NamespaceConfig, OutputLine, OutputStream, SandboxBackend,
 };
 use strata::worker::{export, template_lookup};
 
@@ -58,7 +56,7 @@ enum TemplateCommand {
 
 pub async fn run(args: TemplateArgs) -> anyhow::Result<()> {
     let pool = super::connect_database(&args.storage).await?;
-    let store = EventStore::new(pool);
+    let store = strata::app::event_store(pool);
     match args.command {
         TemplateCommand::Exec {
             name,
@@ -82,8 +80,11 @@ pub async fn run(args: TemplateArgs) -> anyhow::Result<()> {
                 template_lookup::resolve(&store, &team, &name, template_lookup::Checkpoint::Result)
                     .await
                     .with_context(|| format!("looking up template {name:?} in team {team}"))?;
-            let blobs = LocalBlobStore::open(args.storage.data_dir.join("blobs"))
-                .context("opening the blob store")?;
+            let blobs = strata::vmm::open_blob_store(
+                args.storage.blob_url.as_deref(),
+                &args.storage.data_dir,
+            )
+            .context("opening the blob store (STRATA_BLOB_URL)")?;
             let record = found.record.clone();
             let (d, n) = (dir.clone(), name.clone());
             let progress = super::progress::Progress::for_stderr();
@@ -96,7 +97,7 @@ pub async fn run(args: TemplateArgs) -> anyhow::Result<()> {
             let mut written = 0u64;
             let manifest = tokio::task::spawn_blocking(move || {
                 export::write_oci_layout_reporting(
-                    &blobs,
+                    blobs.as_ref(),
                     &record,
                     &n,
                     &d,
@@ -133,11 +134,16 @@ async fn exec_in_template(
     timeout_secs: u64,
     command: Vec<String>,
 ) -> anyhow::Result<i32> {
-    let backend = NamespaceBackend::new(NamespaceConfig {
-        data_dir: storage.data_dir.clone(),
-        agent_binary: std::env::current_exe().context("locating the strata binary")?,
-        depth: Default::default(),
-    })
+    let blobs = strata::vmm::open_blob_store(storage.blob_url.as_deref(), &storage.data_dir)
+        .context("opening the blob store (STRATA_BLOB_URL)")?;
+    let backend = NamespaceBackend::with_blobs(
+        NamespaceConfig {
+            data_dir: storage.data_dir.clone(),
+            agent_binary: std::env::current_exe().context("locating the strata binary")?,
+            depth: Default::default(),
+        },
+        blobs,
+    )
     .context("opening the node's sandbox backend")?;
     let layers = record
         .layers
@@ -146,7 +152,7 @@ async fn exec_in_template(
         .collect::<Result<Vec<_>, _>>()?;
     let mut spec = BootSpec::new(layers);
     let runtime = record.runtime_context();
-    spec.context = VmmContext {
+    spec.context = ExecDefaults {
         env: runtime.env.into_iter().collect(),
         user: runtime.user,
         workdir: Some(runtime.workdir),

@@ -69,7 +69,11 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
         node_id.clone(),
         &args.storage.data_dir,
     )
-    .context("preparing the API")?;
+    .context("preparing the API")?
+    .with_blobs(
+        strata::vmm::open_blob_store(args.storage.blob_url.as_deref(), &args.storage.data_dir)
+            .context("opening the blob store (STRATA_BLOB_URL)")?,
+    );
     let api = super::api::serve(args.serve.listen, state, shutdown.clone()).await?;
     let worker_settings = super::worker::settings(&args.build, &args.node, &args.storage)?;
     let worker = tokio::spawn(super::worker::run_until(
@@ -85,7 +89,7 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
         shutdown.clone(),
     ));
     let projections = tokio::spawn(strata::projections::run_all(
-        strata::events::EventStore::new(pool.clone()),
+        strata::app::event_store(pool.clone()),
         std::time::Duration::from_secs(5),
         shutdown.clone(),
     ));

@@ -5,7 +5,6 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use strata::config::StorageArgs;
 use strata::domain::ids::BuildId;
-use strata::events::EventStore;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Subject {
@@ -32,7 +31,7 @@ pub async fn run(args: WhyArgs) -> anyhow::Result<()> {
     let uuid = uuid::Uuid::parse_str(&args.id)
         .with_context(|| format!("{:?} is not a build id (a UUID)", args.id))?;
     let pool = super::connect_database(&args.storage).await?;
-    let store = EventStore::new(pool);
+    let store = strata::app::event_store(pool);
     let why = strata::inspect::why_build(&store, BuildId::from_uuid(uuid)).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&why)?);

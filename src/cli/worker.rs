@@ -1,7 +1,6 @@
 use anyhow::Context;
 use clap::Args;
 use strata::config::{BuildNodeArgs, NodeArgs, StorageArgs};
-use strata::events::EventStore;
 use strata::worker::{Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 
@@ -45,7 +44,13 @@ pub fn settings(
     storage: &StorageArgs,
 ) -> anyhow::Result<WorkerSettings> {
     let agent = std::env::current_exe().context("locating the strata binary")?;
-    let mut settings = build.settings(node.node_id(), storage.data_dir.clone(), agent);
+    let mut settings = strata::worker::WorkerSettings::from_args(
+        build,
+        node.node_id(),
+        storage.data_dir.clone(),
+        agent,
+    );
+    settings.blob_url = storage.blob_url.clone();
     // Registry credentials are sealed by the API under the server secret; every node opens
     // them with the same one (STRATA_UPLOAD_SECRET, or the data directory's secret file).
     let secret = strata::api::state::server_secret(
@@ -65,7 +70,7 @@ pub async fn run_until(
     settings: WorkerSettings,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let worker = Worker::new(EventStore::new(pool), settings)
+    let worker = Worker::new(strata::app::event_store(pool), settings)
         .context("starting the build node (it needs root for sandboxes)")
         .inspect_err(|e| tracing::error!("{e:#}"))?;
     worker.run_until(shutdown).await?;

@@ -7,7 +7,7 @@
 //! * Build start (`POST /v2/templates/{id}/builds/{bid}`): [`TemplateBuildStartV2`], its
 //!   [`BaseSource`], [`RegistryCredentials`] (redacted in `Debug`) and [`Step`] with the exact
 //!   argument rules of PROTOCOL §3; [`TemplateBuildStartV2::request_digest`] for the freeze.
-//! * Execution context (PROTOCOL §3.7): [`CommandContext`] and [`fold_contexts`], which says which
+//! * Execution context (PROTOCOL §3.7): [`StepContext`] and [`fold_contexts`], which says which
 //!   user, workdir and environment each step runs with.
 //!
 //! Both bodies deserialize through their validators (`#[serde(try_from)]`), so a value of these
@@ -871,7 +871,7 @@ pub(crate) fn encode_step(e: &mut Encoder, step: &Step) {
 /// The logical state a step runs in: who, where, with which environment. Stored per checkpoint
 /// so a resumed build restores exactly what a cold build would have had.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct CommandContext {
+pub struct StepContext {
     pub user: String,
     pub workdir: String,
     /// Declared values, in declaration order of first assignment replaced in place. The executor
@@ -891,7 +891,7 @@ pub fn home_of(user: &str) -> String {
     }
 }
 
-impl CommandContext {
+impl StepContext {
     /// The context of a build from an image, after the implicit `USER user true` step: user
     /// `user`, workdir its home, no environment beyond the image's own.
     pub fn after_default_user() -> Self {
@@ -936,7 +936,7 @@ pub struct EffectiveStep {
     /// For COPY: the destination resolved against the workdir, and the `user:group` owner.
     pub copy_target: Option<CopyTarget>,
     /// The context in force after the step, for the next step and for the checkpoint.
-    pub after: CommandContext,
+    pub after: StepContext,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -949,7 +949,7 @@ pub struct CopyTarget {
 
 /// Folds the steps over the base context: ENV, USER and WORKDIR persist; RUN's user override does
 /// not; relative WORKDIR and COPY destinations resolve against the current workdir.
-pub fn fold_contexts(base: &CommandContext, steps: &[Step]) -> Vec<EffectiveStep> {
+pub fn fold_contexts(base: &StepContext, steps: &[Step]) -> Vec<EffectiveStep> {
     let mut ctx = base.clone();
     let mut out = Vec::with_capacity(steps.len());
     for (i, step) in steps.iter().enumerate() {
@@ -1203,7 +1203,7 @@ mod tests {
             {"type": "ENV", "args": ["A", "3"]},
         ]}))
         .unwrap();
-        let steps = fold_contexts(&CommandContext::after_default_user(), &s.steps);
+        let steps = fold_contexts(&StepContext::after_default_user(), &s.steps);
         assert_eq!(steps[0].user, "user");
         assert_eq!(steps[0].workdir, "/home/user");
         assert_eq!(
@@ -1290,7 +1290,7 @@ mod tests {
         #[test]
         fn workdir_is_always_absolute_and_normalized(paths in proptest::collection::vec("[a-z./]{1,8}", 0..6)) {
             let steps: Vec<Step> = paths.into_iter().map(|path| Step::Workdir { path, force: false }).collect();
-            for s in fold_contexts(&CommandContext::after_default_user(), &steps) {
+            for s in fold_contexts(&StepContext::after_default_user(), &steps) {
                 prop_assert!(s.workdir.starts_with('/'));
                 prop_assert!(!s.workdir.contains("//") && !s.workdir.contains("/./") && !s.workdir.contains("/../"));
             }

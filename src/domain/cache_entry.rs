@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::build_spec::CommandContext;
+use super::build_spec::StepContext;
 use super::cache_key::{CacheKey, HASHING_VERSION};
 use super::ids::{BuildId, Epoch, SnapshotId};
 
@@ -43,7 +43,7 @@ pub enum Target {
     /// The `build_cache` snapshot sealed after a mutating step, with the context after it.
     Checkpoint {
         snapshot: SnapshotId,
-        context: CommandContext,
+        context: StepContext,
     },
     /// A complete build result; a hit promotes it under the new build's identity.
     FinalResult {
@@ -422,7 +422,7 @@ mod tests {
         Entry {
             target: Target::Checkpoint {
                 snapshot,
-                context: CommandContext::after_default_user(),
+                context: StepContext::after_default_user(),
             },
             parent,
             hashing_version: HASHING_VERSION,

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::build::Binding;
-use super::build_spec::{encode_step, CommandContext, Step};
+use super::build_spec::{encode_step, Step, StepContext};
 use super::canonical::Encoder;
 use super::ids::{Digest, FilesHash, SnapshotId};
 
@@ -72,7 +72,7 @@ pub enum BaseIdentity {
 
 /// The content identity of a stack a build boots on: its layers, bottom first, and the command
 /// context it starts with.
-pub fn stack_identity(layers: &[Digest], context: &CommandContext) -> BaseIdentity {
+pub fn stack_identity(layers: &[Digest], context: &StepContext) -> BaseIdentity {
     let mut e = Encoder::new("strata.cache.stack.v1");
     e.list(layers.iter(), |e, d| {
         e.digest_field(d);
@@ -151,7 +151,7 @@ pub fn step_key(parent: &CacheKey, step: &Step, blob: Option<&Digest>) -> CacheK
 pub struct Finalization {
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
-    pub context: CommandContext,
+    pub context: StepContext,
     pub semantics_version: u64,
 }
 
@@ -251,7 +251,7 @@ mod tests {
         Finalization {
             start_cmd: None,
             ready_cmd: None,
-            context: CommandContext::after_default_user(),
+            context: StepContext::after_default_user(),
             semantics_version: 1,
         }
     }
@@ -355,7 +355,7 @@ mod tests {
     #[test]
     fn a_stack_is_identified_by_its_layers_and_context() {
         let layers = [Digest::of(b"l1"), Digest::of(b"l2")];
-        let ctx = CommandContext::after_default_user();
+        let ctx = StepContext::after_default_user();
         assert_eq!(stack_identity(&layers, &ctx), stack_identity(&layers, &ctx));
         assert_ne!(
             stack_identity(&layers, &ctx),

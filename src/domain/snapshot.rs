@@ -14,7 +14,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::build_spec::CommandContext;
+use super::build_spec::StepContext;
 use super::ids::{BuildId, Digest, Epoch};
 
 /// What a snapshot is for.
@@ -36,7 +36,7 @@ pub struct SnapshotRecord {
     /// The base image's manifest digest (for `fromTemplate` chains, the root image's).
     pub base_image_digest: Option<Digest>,
     /// User, workdir and the evaluated environment in force at this point.
-    pub context: CommandContext,
+    pub context: StepContext,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
     /// The build and attempt that produced the layers.
@@ -49,8 +49,8 @@ impl SnapshotRecord {
     /// build's environment. ENV (and the base image's env) is build-time only, as on E2B: it
     /// reaches later steps, the start and ready commands and templates built `fromTemplate`
     /// on this one, never a sandbox's commands (ADR 0012).
-    pub fn runtime_context(&self) -> CommandContext {
-        CommandContext {
+    pub fn runtime_context(&self) -> StepContext {
+        StepContext {
             env: Default::default(),
             ..self.context.clone()
         }
@@ -125,7 +125,7 @@ mod tests {
             purpose: Purpose::Template,
             layers: layers.iter().map(|l| Digest::of(l)).collect(),
             base_image_digest: None,
-            context: CommandContext::after_default_user(),
+            context: StepContext::after_default_user(),
             start_cmd: None,
             ready_cmd: None,
             build: BuildId::from_uuid(Uuid::from_u128(1)),

@@ -9,7 +9,7 @@
 //!    an insert for a new stream) and, in the same statement, inserts its events at the versions
 //!    after the old head. No row back is a version conflict. The event insert has no
 //!    `ON CONFLICT`: a duplicate must fail loudly, never be dropped silently.
-//! 3. The standing inline projections (see [`EventStore::new`]) and the caller's, then `COMMIT`; after it, a NOTIFY for feed subscribers.
+//! 3. The standing inline projections (see [`EventStore::with_standing_projections`]) and the caller's, then `COMMIT`; after it, a NOTIFY for feed subscribers.
 //!
 //! A serialization failure re-runs the attempt (bounded, with jittered backoff), unless a fresh
 //! read shows a stream has moved past the expectation, which no re-run can fix.

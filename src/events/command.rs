@@ -77,6 +77,21 @@ impl CommandContext {
         derive_event_id(self.command_id, stream, index)
     }
 
+    /// The write of `events` to `stream`, expected at `expected`, with this command's ids and
+    /// metadata.
+    pub fn write<E: DomainEvent>(
+        &self,
+        stream: &StreamId,
+        expected: ExpectedVersion,
+        events: &[E],
+    ) -> Result<StreamWrite, EncodeError> {
+        Ok(StreamWrite::new(
+            stream.clone(),
+            expected,
+            self.encode(stream, events)?,
+        ))
+    }
+
     /// Encodes `events` for `stream` with this command's ids and metadata.
     pub fn encode<E: DomainEvent>(
         &self,
@@ -294,6 +309,46 @@ pub async fn execute<A: Aggregate>(
     }
 }
 
+/// [`execute`] from a state the caller carried forward (what its own last write left), so the
+/// stream is not read and folded again for a write that follows the caller's own. The first
+/// round decides on `carried` and appends at its version. Only the stream as it is may refuse a
+/// command or find nothing to do, so a refusal or an empty decision on `carried`, and a version
+/// conflict (someone else wrote), fall back to [`execute`] on fresh state.
+pub async fn execute_from<A: Aggregate>(
+    store: &EventStore,
+    stream: &StreamId,
+    carried: Loaded<A::State>,
+    command: &A::Command,
+    context: &CommandContext,
+) -> Result<Executed<A::State>, CommandError<A::Error>> {
+    if let Ok(decided) = A::decide(&carried.state, command) {
+        if !decided.is_empty() {
+            let write = StreamWrite::new(
+                stream.clone(),
+                carried.expected(),
+                context.encode(stream, &decided)?,
+            );
+            match store.append(vec![write]).await {
+                Ok(outcome) if !outcome.replay => {
+                    let version = outcome.version(stream).unwrap_or(carried.version);
+                    return Ok(Executed {
+                        state: decided.iter().fold(carried.state, A::evolve),
+                        version,
+                        events: outcome.events,
+                        attempts: 1,
+                        replay: false,
+                    });
+                }
+                // A replay, a lost race or reused ids: judged on the stream as it is.
+                Ok(_) | Err(AppendError::EventIdsReused { .. }) => {}
+                Err(err) if err.is_version_conflict() => {}
+                Err(err) => return Err(CommandError::Append(err)),
+            }
+        }
+    }
+    execute::<A>(store, stream, command, context).await
+}
+
 /// The events this command (`context`'s id) already appended to `stream`, if its first event
 /// is stored: the mark of a run whose reply was lost.
 pub async fn already_applied(
@@ -329,14 +384,34 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Vec<StreamWrite>, CommandError<E>>>,
 {
+    execute_writes_with(store, max_attempts, || {
+        let decided = decide();
+        async move { decided.await.map(|writes| (writes, ())) }
+    })
+    .await
+    .map(|(outcome, ())| outcome)
+}
+
+/// [`execute_writes`] whose decision also produces a value (the template a registration
+/// chose, the generation a link reserved): the value of the round whose writes were appended
+/// is returned with the outcome.
+pub async fn execute_writes_with<T, E, F, Fut>(
+    store: &EventStore,
+    max_attempts: u32,
+    mut decide: F,
+) -> Result<(AppendOutcome, T), CommandError<E>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(Vec<StreamWrite>, T), CommandError<E>>>,
+{
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let writes = decide().await?;
+        let (writes, value) = decide().await?;
         match store.append(writes).await {
             Ok(mut outcome) => {
                 outcome.attempts = attempt;
-                return Ok(outcome);
+                return Ok((outcome, value));
             }
             Err(AppendError::VersionConflict { stream, .. }) if attempt < max_attempts => {
                 tracing::debug!(%stream, attempt, "version conflict; deciding again");

@@ -41,13 +41,9 @@ impl std::fmt::Debug for EventStore {
 }
 
 impl EventStore {
-    /// The store with strata's standing inline projections
-    /// ([`crate::projections::standing_inline`]).
-    pub fn new(pool: PgPool) -> Self {
-        Self::with_standing_projections(pool, crate::projections::standing_inline())
-    }
-
-    /// A store that applies exactly `standing` to every append (none, for a bare store).
+    /// A store that applies exactly `standing` to every append (none, for a bare store). The
+    /// store knows no read model of its own: strata's are wired in one layer up, by
+    /// `crate::app::event_store`.
     pub fn with_standing_projections(
         pool: PgPool,
         standing: Vec<Arc<dyn InlineProjection>>,

@@ -52,3 +52,32 @@ impl InlineProjection for ApiKeysProjection {
         Ok(())
     }
 }
+
+/// The team a live (unrevoked) key with this sha256 belongs to, as stored.
+pub async fn team_of_key(
+    pool: &sqlx::PgPool,
+    key_sha256: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT team_id FROM api_keys WHERE key_sha256 = $1 AND revoked_at IS NULL")
+        .bind(key_sha256)
+        .fetch_optional(pool)
+        .await
+}
+
+/// One of a team's keys as listed: id, display prefix, issued, revoked.
+pub type KeyRow = (
+    uuid::Uuid,
+    String,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
+
+/// Every key `team` was issued, oldest first, revoked ones included.
+pub async fn keys_of(pool: &sqlx::PgPool, team: &str) -> Result<Vec<KeyRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT key_id, prefix, issued_at, revoked_at FROM api_keys WHERE team_id = $1 ORDER BY issued_at",
+    )
+    .bind(team)
+    .fetch_all(pool)
+    .await
+}

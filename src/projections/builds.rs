@@ -9,6 +9,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::domain::build::Event;
+use crate::domain::ids::{BuildId, TemplateId};
 use crate::events::{InlineProjection, RecordedEvent};
 
 /// Category of the streams this projection follows.
@@ -204,4 +205,118 @@ async fn destroy_credentials(
         .execute(&mut *conn)
         .await
         .map(drop)
+}
+
+/// The template's most recently registered build still waiting for uploads and start.
+pub async fn waiting_build(
+    pool: &sqlx::PgPool,
+    template: &TemplateId,
+) -> Result<Option<BuildId>, sqlx::Error> {
+    let build: Option<Uuid> = sqlx::query_scalar(
+        "SELECT build_id FROM builds WHERE template_id = $1 AND phase = 'waiting'
+         ORDER BY registered_at DESC LIMIT 1",
+    )
+    .bind(template.as_str())
+    .fetch_optional(pool)
+    .await?;
+    Ok(build.map(BuildId::from_uuid))
+}
+
+/// Builds past a deadline or lease, by the database clock: what each reconciler acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// Active, lease passed: the node stopped renewing (attempt expiry).
+    LapsedAttempt,
+    /// Publishing, lease passed: the node died mid-promotion (promotion).
+    LapsedPromotion,
+    /// Waiting or Queued past the deadline (waiting-deadline expiry).
+    PastDeadline,
+}
+
+/// At most `limit` builds `due`, the longest overdue first.
+pub async fn due_builds(
+    pool: &sqlx::PgPool,
+    due: Due,
+    limit: i64,
+) -> Result<Vec<BuildId>, sqlx::Error> {
+    let sql = match due {
+        Due::LapsedAttempt => {
+            "SELECT build_id FROM builds
+             WHERE phase = 'active' AND lease_expires_at < now()
+             ORDER BY lease_expires_at LIMIT $1"
+        }
+        Due::LapsedPromotion => {
+            "SELECT build_id FROM builds
+             WHERE phase = 'publishing' AND lease_expires_at < now()
+             ORDER BY lease_expires_at LIMIT $1"
+        }
+        Due::PastDeadline => {
+            "SELECT build_id FROM builds
+             WHERE phase IN ('waiting', 'queued') AND deadline < now()
+             ORDER BY deadline LIMIT $1"
+        }
+    };
+    let ids: Vec<Uuid> = sqlx::query_scalar(sql).bind(limit).fetch_all(pool).await?;
+    Ok(ids.into_iter().map(BuildId::from_uuid).collect())
+}
+
+/// A page of Waiting builds, by id after `after` (nil for the first page).
+pub async fn waiting_builds_after(
+    pool: &sqlx::PgPool,
+    after: Uuid,
+    limit: i64,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT build_id FROM builds WHERE phase = 'waiting' AND build_id > $1
+         ORDER BY build_id LIMIT $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// A page of the builds with an upload intent past its expiry (`upload_intents`), by id after
+/// `after` (nil for the first page).
+pub async fn builds_with_intents_due_after(
+    pool: &sqlx::PgPool,
+    after: Uuid,
+    limit: i64,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT DISTINCT build_id FROM upload_intents WHERE expires_at <= now() AND build_id > $1
+         ORDER BY build_id LIMIT $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// At most `limit` queued builds, the longest registered first: the worker's queue.
+pub async fn queued_builds(pool: &sqlx::PgPool, limit: i64) -> Result<Vec<BuildId>, sqlx::Error> {
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT build_id FROM builds WHERE phase = 'queued' ORDER BY registered_at, build_id LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(ids.into_iter().map(BuildId::from_uuid).collect())
+}
+
+/// The template's builds that have not reached Publishing, oldest first: what deleting the
+/// template ends.
+pub async fn unpublished_builds_of(
+    pool: &sqlx::PgPool,
+    template: &TemplateId,
+) -> Result<Vec<BuildId>, sqlx::Error> {
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT build_id FROM builds
+         WHERE template_id = $1 AND phase IN ('waiting', 'queued', 'active')
+         ORDER BY registered_at, build_id",
+    )
+    .bind(template.as_str())
+    .fetch_all(pool)
+    .await?;
+    Ok(ids.into_iter().map(BuildId::from_uuid).collect())
 }

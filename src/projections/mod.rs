@@ -45,8 +45,8 @@ pub(crate) fn events_of<'a, E: crate::events::DomainEvent>(
         })
 }
 
-/// Inline projections every [`EventStore`] applies to every append (see
-/// [`EventStore::new`]): read models that must be exact.
+/// Inline projections strata's event store applies to every append (wired in by
+/// [`crate::app::event_store`]): read models that must be exact.
 pub fn standing_inline() -> Vec<Arc<dyn crate::events::InlineProjection>> {
     vec![
         Arc::new(builds::BuildsProjection),

@@ -67,3 +67,35 @@ impl InlineProjection for TemplatesProjection {
         Ok(())
     }
 }
+
+/// Whether `template` is a live (not deleted) template of `team`.
+pub async fn is_live_template_of(
+    pool: &sqlx::PgPool,
+    team: &crate::domain::ids::TeamId,
+    template: &crate::domain::ids::TemplateId,
+) -> Result<bool, sqlx::Error> {
+    let owned: Option<bool> = sqlx::query_scalar(
+        "SELECT true FROM templates WHERE template_id = $1 AND team_id = $2 AND NOT deleted",
+    )
+    .bind(template.as_str())
+    .bind(team.as_str())
+    .fetch_optional(pool)
+    .await?;
+    Ok(owned.is_some())
+}
+
+/// Whether `template` is `team`'s template and deleted; another team's template is `false`,
+/// exactly like a missing one.
+pub async fn is_deleted_template_of(
+    pool: &sqlx::PgPool,
+    team: &crate::domain::ids::TeamId,
+    template: &crate::domain::ids::TemplateId,
+) -> Result<bool, sqlx::Error> {
+    let deleted: Option<bool> =
+        sqlx::query_scalar("SELECT deleted FROM templates WHERE template_id = $1 AND team_id = $2")
+            .bind(template.as_str())
+            .bind(team.as_str())
+            .fetch_optional(pool)
+            .await?;
+    Ok(deleted == Some(true))
+}

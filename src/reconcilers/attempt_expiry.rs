@@ -5,21 +5,18 @@
 //! promotion reconciler drives it forward instead.
 
 use super::{Pass, ReconcileEnv, ReconcileError};
+use crate::app::build::expire_attempt;
+use crate::app::CommandError;
 use crate::domain::build::{self, Phase};
 use crate::domain::ids::BuildId;
 use crate::events::command::load;
-use crate::events::{execute, CommandError};
+use crate::projections::builds::Due;
 use crate::streams::{build_stream, database_now, Build};
 
 pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
-    Pass::over_due_builds(
-        env,
-        "SELECT build_id FROM builds
-         WHERE phase = 'active' AND lease_expires_at < now()
-         ORDER BY lease_expires_at LIMIT $1",
-        "attempt expiry",
-        |build| expire(env, build),
-    )
+    Pass::over_due_builds(env, Due::LapsedAttempt, "attempt expiry", |build| {
+        expire(env, build)
+    })
     .await
 }
 
@@ -34,15 +31,7 @@ pub async fn expire(env: &ReconcileEnv, build: BuildId) -> Result<bool, Reconcil
         return Ok(false);
     };
     let now = database_now(env.store.pool()).await?;
-    let command = build::Command::ExpireAttempt { now };
-    match execute::<Build>(
-        &env.store,
-        &stream,
-        &command,
-        &env.context(build, Some(epoch.0)),
-    )
-    .await
-    {
+    match expire_attempt(&env.store, &env.context(build, Some(epoch.0)), &build, now).await {
         Ok(done) => {
             if let Some(Ok(build::Event::AttemptExpired {
                 lease_expires_at,

@@ -1,8 +1,8 @@
 //! Errors of a reconciler pass. A pass that fails is retried at the next tick; a lost race is not
 //! an error (it is [`Pass::skipped`](super::Pass)).
 
+use crate::app::publish::PromoteError;
 use crate::events::{CommandError, ReadError};
-use crate::worker::WorkerError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
@@ -13,7 +13,7 @@ pub enum ReconcileError {
     #[error("event store: {0}")]
     Store(String),
     #[error("promotion: {0}")]
-    Promotion(#[from] WorkerError),
+    Promotion(#[from] PromoteError),
     #[error("invalid schedule {expression:?}: {message}; use six fields, seconds first (\"*/2 * * * * *\")")]
     Schedule { expression: String, message: String },
 }

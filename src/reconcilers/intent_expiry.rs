@@ -11,23 +11,22 @@
 use uuid::Uuid;
 
 use super::{Pass, ReconcileEnv, ReconcileError, BATCH};
-use crate::domain::build::{self, IntentState, Phase};
+use crate::app::build::expire_intent;
+use crate::app::CommandError;
+use crate::domain::build::{IntentState, Phase};
 use crate::domain::ids::{BuildId, IntentId};
 use crate::events::command::load;
-use crate::events::{execute, CommandError};
 use crate::streams::{build_stream, database_now, Build};
 
 pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
     let mut pass = Pass::default();
     let mut after = Uuid::nil();
     loop {
-        let page: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT DISTINCT build_id FROM upload_intents WHERE expires_at <= now() AND build_id > $1
-             ORDER BY build_id LIMIT $2",
+        let page = crate::projections::builds::builds_with_intents_due_after(
+            env.store.pool(),
+            after,
+            BATCH,
         )
-        .bind(after)
-        .bind(BATCH)
-        .fetch_all(env.store.pool())
         .await?;
         let Some(last) = page.last() else { break };
         after = *last;
@@ -74,14 +73,7 @@ pub async fn expire(
     intent: IntentId,
 ) -> Result<bool, ReconcileError> {
     let now = database_now(env.store.pool()).await?;
-    match execute::<Build>(
-        &env.store,
-        &build_stream(&build),
-        &build::Command::ExpireIntent { intent, now },
-        &env.context(build, None),
-    )
-    .await
-    {
+    match expire_intent(&env.store, &env.context(build, None), &build, intent, now).await {
         Ok(done) => Ok(!done.events.is_empty()),
         // Completed or expired meanwhile: nothing to do.
         Err(CommandError::Rejected(reason)) => {

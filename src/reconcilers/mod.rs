@@ -139,7 +139,7 @@ impl Pass {
     /// a stale row costs a skip, never a wrong transition.
     async fn over_due_builds<F, Fut>(
         env: &ReconcileEnv,
-        due_sql: &str,
+        due: crate::projections::builds::Due,
         what: &str,
         mut act: F,
     ) -> Result<Pass, ReconcileError>
@@ -147,16 +147,12 @@ impl Pass {
         F: FnMut(BuildId) -> Fut,
         Fut: std::future::Future<Output = Result<bool, ReconcileError>>,
     {
-        let due: Vec<uuid::Uuid> = sqlx::query_scalar(due_sql)
-            .bind(BATCH)
-            .fetch_all(env.store.pool())
-            .await?;
+        let due = crate::projections::builds::due_builds(env.store.pool(), due, BATCH).await?;
         let mut pass = Pass {
             candidates: due.len(),
             ..Pass::default()
         };
-        for id in due {
-            let build = BuildId::from_uuid(id);
+        for build in due {
             let span = crate::trace::build_span(&env.store, build, what).await;
             pass.add(act(build).instrument(span).await, what, build);
         }

@@ -6,22 +6,17 @@
 //! visible.
 
 use super::{Pass, ReconcileEnv, ReconcileError};
+use crate::app::publish::{Ending, PromoteError, PromotionDriver};
 use crate::domain::build::Phase;
 use crate::domain::ids::BuildId;
 use crate::events::command::load;
+use crate::projections::builds::Due;
 use crate::streams::{build_stream, Build};
-use crate::worker::promote::{Ending, PromotionDriver};
-use crate::worker::WorkerError;
 
 pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
-    Pass::over_due_builds(
-        env,
-        "SELECT build_id FROM builds
-         WHERE phase = 'publishing' AND lease_expires_at < now()
-         ORDER BY lease_expires_at LIMIT $1",
-        "promotion",
-        |build| finish(env, build),
-    )
+    Pass::over_due_builds(env, Due::LapsedPromotion, "promotion", |build| {
+        finish(env, build)
+    })
     .await
 }
 
@@ -54,7 +49,7 @@ pub async fn finish(env: &ReconcileEnv, build: BuildId) -> Result<bool, Reconcil
             Ok(driven.appended > 0)
         }
         // Only the build refusing this epoch is nothing to do; a store error fails the pass.
-        Err(WorkerError::Fenced { reason, .. }) => {
+        Err(PromoteError::Fenced { reason, .. }) => {
             tracing::debug!(%build, %reason, "promotion not driven");
             Ok(false)
         }

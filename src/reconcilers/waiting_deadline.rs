@@ -3,34 +3,23 @@
 //! QueueExpired), its bindings and pending intents released.
 
 use super::{Pass, ReconcileEnv, ReconcileError};
-use crate::domain::build;
+use crate::app::build::expire_waiting;
+use crate::app::CommandError;
 use crate::domain::ids::BuildId;
-use crate::events::{execute, CommandError};
-use crate::streams::{build_stream, database_now, Build};
+use crate::projections::builds::Due;
+use crate::streams::database_now;
 
 pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
-    Pass::over_due_builds(
-        env,
-        "SELECT build_id FROM builds
-         WHERE phase IN ('waiting', 'queued') AND deadline < now()
-         ORDER BY deadline LIMIT $1",
-        "waiting-deadline expiry",
-        |build| expire(env, build),
-    )
+    Pass::over_due_builds(env, Due::PastDeadline, "waiting-deadline expiry", |build| {
+        expire(env, build)
+    })
     .await
 }
 
 /// Fails the build if, on the stream, it is Waiting or Queued past its deadline.
 pub async fn expire(env: &ReconcileEnv, build: BuildId) -> Result<bool, ReconcileError> {
     let now = database_now(env.store.pool()).await?;
-    match execute::<Build>(
-        &env.store,
-        &build_stream(&build),
-        &build::Command::ExpireWaiting { now },
-        &env.context(build, None),
-    )
-    .await
-    {
+    match expire_waiting(&env.store, &env.context(build, None), &build, now).await {
         Ok(done) => {
             if !done.events.is_empty() {
                 tracing::info!(%build, "build expired before it started or was claimed");

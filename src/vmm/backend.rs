@@ -16,7 +16,7 @@ use super::layer::LayerRef;
 
 /// Defaults every command inherits unless it overrides them.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct CommandContext {
+pub struct ExecDefaults {
     pub env: Vec<(String, String)>,
     /// A user name or `uid[:gid]`; empty means root.
     pub user: String,
@@ -62,7 +62,7 @@ impl Default for Limits {
 pub struct BootSpec {
     /// Layer digests, bottom first.
     pub layers: Vec<Digest>,
-    pub context: CommandContext,
+    pub context: ExecDefaults,
     pub limits: Limits,
     /// Mount a tmpfs on `/tmp`. Off by default: builds expect `/tmp` to persist across steps
     /// and into checkpoints, as it does under Docker and E2B (see ADR 0003).
@@ -73,7 +73,7 @@ impl BootSpec {
     pub fn new(layers: Vec<Digest>) -> BootSpec {
         BootSpec {
             layers,
-            context: CommandContext::default(),
+            context: ExecDefaults::default(),
             limits: Limits::default(),
             tmpfs_tmp: false,
         }
@@ -194,7 +194,7 @@ pub trait Sandbox: Send {
     /// The current stack, bottom first (grows with each checkpoint).
     fn layers(&self) -> &[Digest];
     /// The context commands inherit; builders update it on ENV, USER and WORKDIR.
-    fn context_mut(&mut self) -> &mut CommandContext;
+    fn context_mut(&mut self) -> &mut ExecDefaults;
     /// Runs a command; every line of output goes to `output` as it arrives. Processes the
     /// command leaves behind are killed when it ends.
     async fn exec(&mut self, request: ExecRequest, output: OutputSink) -> Result<ExecOutcome>;

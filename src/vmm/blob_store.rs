@@ -1,8 +1,11 @@
-//! Content-addressed blob storage: layers, image manifests and license notices, named by the
-//! sha256 of their bytes.
+//! Content-addressed blob storage: layers, image manifests, license notices and uploaded
+//! contexts, named by the sha256 of their bytes.
 //!
 //! [`BlobStore`] is a trait because a node-local directory is one implementation and an object
-//! store is the next. [`LocalBlobStore`] keeps `blobs/sha256/<hex>`; every write goes to a
+//! store (S3 and compatible servers, [`super::object_blob_store`]) is the other; `STRATA_BLOB_URL`
+//! picks one ([`super::blob_url`]). Bytes go in through a [`BlobSink`], which knows nothing of
+//! the digest until the caller, having hashed exactly what it wrote, publishes them under it.
+//! [`LocalBlobStore`] keeps `blobs/sha256/<hex>`; every write goes to a
 //! temporary file, is fsynced, and is published with `rename(2)` followed by an fsync of the
 //! directory, so a reader never sees a partial blob and a published blob survives a host crash.
 //!
@@ -21,6 +24,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use sha2::{Digest as _, Sha256};
 
 use super::error::{Result, VmmError};
@@ -80,12 +84,68 @@ impl From<Digest> for String {
     }
 }
 
+/// The domain's digest is the same sha256: converting is exact and cannot fail.
+impl From<&crate::domain::ids::Digest> for Digest {
+    fn from(d: &crate::domain::ids::Digest) -> Digest {
+        Digest(d.hex())
+    }
+}
+
+/// A content address as the domain's digest: exact, since both hold a sha256.
+impl From<&Digest> for crate::domain::ids::Digest {
+    fn from(d: &Digest) -> crate::domain::ids::Digest {
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(&d.0, &mut bytes).expect("a parsed digest is 64 hex digits");
+        crate::domain::ids::Digest::from_bytes(bytes)
+    }
+}
+
+/// A blob's bytes as read from a store, before verification.
+pub type BlobRead = Box<dyn Read + Send>;
+
+/// Where a blob's bytes go while its digest is not yet known. Nothing is visible under any
+/// digest until [`publish`](BlobSink::publish); dropping a sink unpublished discards what it
+/// received (a temporary file is removed, a multipart upload is aborted).
+pub trait BlobSink: Write + Send {
+    /// Appends a chunk the caller already owns (no copy where the backend can keep it).
+    fn append(&mut self, chunk: Bytes) -> io::Result<()> {
+        self.write_all(&chunk)
+    }
+    /// Appends chunks in order; a backend may hand them to the system in one call.
+    fn append_all(&mut self, chunks: Vec<Bytes>) -> io::Result<()> {
+        chunks.into_iter().try_for_each(|chunk| self.append(chunk))
+    }
+    /// Makes the received bytes durable and visible under `digest`, which the caller computed
+    /// over exactly those bytes. Create-if-absent: a blob already stored under the digest is the
+    /// same content, or torn and then found and removed by the next verified read.
+    fn publish(self: Box<Self>, digest: &Digest) -> Result<()>;
+}
+
 /// Where immutable blobs live. Implementations must make `put` atomic and idempotent.
 pub trait BlobStore: Send + Sync {
+    /// Where to stream a blob whose digest the caller computes (uploads hash on their own
+    /// thread); most callers want [`writer`](Self::writer), which hashes for them.
+    fn sink(&self) -> Result<Box<dyn BlobSink>>;
     /// A writer that hashes as it goes; `commit` publishes the blob under its digest.
-    fn writer(&self) -> Result<BlobWriter>;
+    fn writer(&self) -> Result<BlobWriter> {
+        Ok(BlobWriter {
+            sink: self.sink()?,
+            hasher: Sha256::new(),
+            size: 0,
+        })
+    }
     /// Opens a blob for reading, verifying its digest when the reader reaches the end.
-    fn open_verified(&self, digest: &Digest) -> Result<VerifyingReader<File>>;
+    fn open_verified(&self, digest: &Digest) -> Result<VerifyingReader<BlobRead>>;
+    /// Where the blobs are, for logs and errors: never credentials or signed URLs.
+    fn describe(&self) -> String;
+    /// The node-local store behind this one, when it is one (tests tear its files).
+    fn as_local(&self) -> Option<&LocalBlobStore> {
+        None
+    }
+    /// The object store behind this one, when it is one (tests inspect its objects).
+    fn as_object(&self) -> Option<&super::object_blob_store::ObjectBlobStore> {
+        None
+    }
     /// Size in bytes, or `None` when absent. Says nothing about the content: decisions that
     /// trust the blob use [`intact_size`](Self::intact_size).
     fn size(&self, digest: &Digest) -> Result<Option<u64>>;
@@ -236,21 +296,29 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 }
 
 impl BlobStore for LocalBlobStore {
-    fn writer(&self) -> Result<BlobWriter> {
+    fn sink(&self) -> Result<Box<dyn BlobSink>> {
         let tmp = tempfile::Builder::new()
             .prefix("put-")
             .tempfile_in(self.root.join("tmp"))
             .map_err(VmmError::io("creating a temporary blob file"))?;
-        Ok(BlobWriter {
+        Ok(Box::new(LocalSink {
             file: io::BufWriter::with_capacity(1 << 20, tmp),
-            hasher: Sha256::new(),
-            size: 0,
+            written: 0,
+            flushed: 0,
             store_root: self.root.clone(),
             verified: self.verified.clone(),
-        })
+        }))
     }
 
-    fn open_verified(&self, digest: &Digest) -> Result<VerifyingReader<File>> {
+    fn describe(&self) -> String {
+        format!("file://{}", self.root.display())
+    }
+
+    fn as_local(&self) -> Option<&LocalBlobStore> {
+        Some(self)
+    }
+
+    fn open_verified(&self, digest: &Digest) -> Result<VerifyingReader<BlobRead>> {
         let path = self.path_of(digest);
         let file = File::open(&path).map_err(|e| {
             if e.kind() == io::ErrorKind::NotFound {
@@ -261,7 +329,7 @@ impl BlobStore for LocalBlobStore {
                 VmmError::io(format!("opening {}", path.display()))(e)
             }
         })?;
-        Ok(VerifyingReader::new(file, digest.clone()))
+        Ok(VerifyingReader::new(Box::new(file), digest.clone()))
     }
 
     fn size(&self, digest: &Digest) -> Result<Option<u64>> {
@@ -319,24 +387,122 @@ impl BlobStore for LocalBlobStore {
     }
 }
 
-/// Streams bytes into a temporary file while hashing them.
-pub struct BlobWriter {
+/// The local store's sink: a temporary file in `<root>/tmp`, renamed into place on publish.
+struct LocalSink {
     file: io::BufWriter<tempfile::NamedTempFile>,
-    hasher: Sha256,
-    size: u64,
+    written: u64,
+    flushed: u64,
     store_root: PathBuf,
     verified: Verified,
 }
 
-impl Write for BlobWriter {
+/// The sink asks the kernel to start writeback after this many new bytes, so the final fsync
+/// finds little left to do and the disk works while bytes are still arriving.
+const WRITEBACK_EVERY: u64 = 8 << 20;
+
+impl Write for LocalSink {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.file.write(buf)?;
+        self.written += n as u64;
+        if self.written - self.flushed >= WRITEBACK_EVERY {
+            self.file.flush()?;
+            start_writeback(
+                self.file.get_ref().as_file(),
+                self.flushed,
+                self.written - self.flushed,
+            );
+            self.flushed = self.written;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl BlobSink for LocalSink {
+    /// Chunks the caller owns go straight to the file: the buffer would only copy them again.
+    fn append(&mut self, chunk: Bytes) -> io::Result<()> {
+        self.append_all(vec![chunk])
+    }
+
+    /// One `writev` for many chunks, without copying them.
+    fn append_all(&mut self, chunks: Vec<Bytes>) -> io::Result<()> {
+        self.file.flush()?;
+        let file = self.file.get_mut().as_file_mut();
+        let mut slices: Vec<io::IoSlice<'_>> = chunks.iter().map(|c| io::IoSlice::new(c)).collect();
+        let mut pending = &mut slices[..];
+        while !pending.is_empty() {
+            let n = file.write_vectored(pending)?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            self.written += n as u64;
+            io::IoSlice::advance_slices(&mut pending, n);
+        }
+        if self.written - self.flushed >= WRITEBACK_EVERY {
+            start_writeback(
+                self.file.get_ref().as_file(),
+                self.flushed,
+                self.written - self.flushed,
+            );
+            self.flushed = self.written;
+        }
+        Ok(())
+    }
+
+    /// Publishes durably. If the digest is already stored, this copy replaces it: the stored
+    /// one may be torn by a crash, this one was hashed as it was written.
+    fn publish(self: Box<Self>, digest: &Digest) -> Result<()> {
+        let LocalSink {
+            file,
+            store_root,
+            verified,
+            ..
+        } = *self;
+        let tmp = file
+            .into_inner()
+            .map_err(|e| VmmError::io("flushing a blob")(e.into_error()))?;
+        tmp.as_file()
+            .sync_data()
+            .map_err(VmmError::io(format!("syncing blob {digest}")))?;
+        let (_, path) = tmp.into_parts();
+        publish(&store_root, &verified, &path, digest)
+        // The temporary name was consumed by the rename; dropping `path` finds nothing to remove.
+    }
+}
+
+/// Starts (does not wait for) writeback of a written range. Only a hint: the fsync at publish
+/// is what makes the blob durable, so a failure here is ignored.
+fn start_writeback(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sync_file_range only reads its integer arguments; the fd is open for the call.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
+    }
+}
+
+/// Streams bytes into a store's sink while hashing them.
+pub struct BlobWriter {
+    sink: Box<dyn BlobSink>,
+    hasher: Sha256,
+    size: u64,
+}
+
+impl Write for BlobWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.sink.write(buf)?;
         self.hasher.update(&buf[..n]);
         self.size += n as u64;
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
-        self.file.flush()
+        self.sink.flush()
     }
 }
 
@@ -354,20 +520,10 @@ impl BlobWriter {
         self.commit()
     }
 
-    /// Publishes the blob durably. If the digest is already stored, this copy replaces it: the
-    /// stored one may be torn by a crash, this one was hashed as it was written.
+    /// Publishes the blob durably under the digest of what was written.
     pub fn commit(self) -> Result<(Digest, u64)> {
         let digest = Digest::from_hasher(self.hasher);
-        let tmp = self
-            .file
-            .into_inner()
-            .map_err(|e| VmmError::io("flushing a blob")(e.into_error()))?;
-        tmp.as_file()
-            .sync_data()
-            .map_err(VmmError::io(format!("syncing blob {digest}")))?;
-        let (_, path) = tmp.into_parts();
-        publish(&self.store_root, &self.verified, &path, &digest)?;
-        // The temporary name was consumed by the rename; dropping `path` finds nothing to remove.
+        self.sink.publish(&digest)?;
         Ok((digest, self.size))
     }
 }

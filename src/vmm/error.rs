@@ -25,6 +25,16 @@ pub enum VmmError {
     #[error("blob {expected} is corrupt: its content hashes to {actual}; delete it and re-import")]
     DigestMismatch { expected: String, actual: String },
 
+    #[error("object store: {what}: {source}")]
+    ObjectStore {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    #[error("STRATA_BLOB_URL {url:?}: {why}")]
+    BlobUrl { url: String, why: String },
+
     #[error("invalid digest {0:?}: expected sha256:<64 hex digits>")]
     InvalidDigest(String),
 

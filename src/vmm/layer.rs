@@ -289,16 +289,23 @@ fn walk<W: Write>(
 /// writes the mark (each step fsynced), so after a host crash a tree is either marked and whole
 /// or unmarked and replaced by a fresh extraction. The mark lives beside the tree, not in it,
 /// because the tree is a lower directory of every sandbox on that layer.
+/// The node's extracted layers, `<data-dir>/layers/<hex>/`: a cache of the blob store. It may
+/// be wiped at any time (every layer is extracted again from its blob on next use) and may be
+/// bounded ([`LayerCache::set_budget`], `src/vmm/layer_budget.rs`).
 #[derive(Debug, Clone)]
 pub struct LayerCache {
-    root: PathBuf,
+    pub(super) root: PathBuf,
+    pub(super) budget: super::layer_budget::Budget,
 }
 
 impl LayerCache {
     pub fn open(root: impl Into<PathBuf>) -> Result<LayerCache> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(VmmError::io(format!("creating {}", root.display())))?;
-        Ok(LayerCache { root })
+        Ok(LayerCache {
+            root,
+            budget: Default::default(),
+        })
     }
 
     pub fn path(&self, digest: &Digest) -> PathBuf {
@@ -313,6 +320,7 @@ impl LayerCache {
     /// A fresh temporary directory to extract `digest` into, on the cache's filesystem; hand it
     /// to [`Self::publish_staged`] once its content is verified, or remove it.
     pub fn staging(&self, digest: &Digest) -> Result<PathBuf> {
+        self.recreate_root()?;
         let tmp = self.root.join(format!(
             ".tmp-{}-{}",
             digest.hex(),
@@ -335,13 +343,16 @@ impl LayerCache {
         if result.is_err() {
             let _ = fs::remove_dir_all(staged);
         }
-        result.map(|()| self.path(digest))
+        result?;
+        self.enforce_budget();
+        Ok(self.path(digest))
     }
 
     /// Moves `tree`, an overlay-format directory whose layer tar hashes to `digest`, into the
     /// cache as that layer's tree, published as [`Self::publish_staged`] does. The caller
     /// vouches for the content (it wrote the tar from this very tree). On error `tree` is gone.
     fn adopt(&self, tree: &Path, digest: &Digest) -> Result<Adopted> {
+        self.recreate_root()?;
         let staged = self.root.join(format!(
             ".tmp-{}-{}",
             digest.hex(),
@@ -364,7 +375,13 @@ impl LayerCache {
         self.publish_staged(&staged, digest).map(|_| Adopted::Yes)
     }
 
-    fn mark(&self, digest: &Digest) -> PathBuf {
+    /// The cache directory may have been wiped while the node runs: make it again.
+    fn recreate_root(&self) -> Result<()> {
+        fs::create_dir_all(&self.root)
+            .map_err(VmmError::io(format!("creating {}", self.root.display())))
+    }
+
+    pub(super) fn mark(&self, digest: &Digest) -> PathBuf {
         self.root.join(format!("{}.complete", digest.hex()))
     }
 
@@ -377,8 +394,10 @@ impl LayerCache {
     pub fn ensure(&self, blobs: &dyn BlobStore, digest: &Digest) -> Result<PathBuf> {
         let dest = self.path(digest);
         if self.is_complete(digest) {
+            self.touch(digest);
             return Ok(dest);
         }
+        self.recreate_root()?;
         let tmp = self.root.join(format!(
             ".tmp-{}-{}",
             digest.hex(),
@@ -406,7 +425,9 @@ impl LayerCache {
         if published.is_err() {
             let _ = fs::remove_dir_all(&tmp);
         }
-        published.map(|()| dest)
+        published?;
+        self.enforce_budget();
+        Ok(dest)
     }
 
     /// Puts a synced temporary tree in place and marks it complete, under a lock so that two
@@ -443,8 +464,13 @@ impl LayerCache {
         fs::rename(tmp, &dest).map_err(VmmError::io(format!("publishing layer {digest}")))?;
         sync_dir(&self.root)?;
         let mark = self.mark(digest);
+        // The mark holds the tree's size, for the cache's budget; its mtime is the last use.
+        let size = super::layer_budget::tree_bytes(&dest);
         fs::File::create(&mark)
-            .and_then(|f| f.sync_all())
+            .and_then(|mut f| {
+                f.write_all(size.to_string().as_bytes())?;
+                f.sync_all()
+            })
             .map_err(VmmError::io(format!("marking layer {digest} complete")))?;
         sync_dir(&self.root)?;
         drop(lock);

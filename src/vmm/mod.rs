@@ -5,27 +5,33 @@
 //!   and in-sandbox agent.
 //! * [`archive_policy`]: what an archive may contain; the one place that writes archives.
 //! * [`copy`], [`users`]: COPY semantics and user resolution, run inside sandboxes.
-//! * [`layer`], [`blob_store`], [`depth`], [`compact`]: layer tars, content-addressed
+//! * [`layer`], [`blob_store`] (with [`blob_url`], [`object_blob_store`]), [`depth`], [`compact`]: layer tars, content-addressed
 //!   storage, the overlay depth budget and compaction.
 //! * [`image`]: the local image catalog, built-in base images and imports.
 
 pub mod archive_policy;
 pub mod backend;
 pub mod blob_store;
+pub mod blob_url;
 pub mod compact;
 pub mod copy;
 pub mod depth;
 pub mod error;
 pub mod image;
 pub mod layer;
+pub mod layer_budget;
+pub mod local_s3;
 pub mod namespace;
+pub mod object_blob_store;
 pub mod users;
 
 pub use backend::{
-    BootSpec, CommandContext, CommandLine, CopyRequest, ExecOutcome, ExecRequest, Limits, Network,
+    BootSpec, CommandLine, CopyRequest, ExecDefaults, ExecOutcome, ExecRequest, Limits, Network,
     OutputLine, OutputSink, OutputStream, Sandbox, SandboxBackend,
 };
-pub use blob_store::{BlobStore, Digest, LocalBlobStore};
+pub use blob_store::{BlobSink, BlobStore, Digest, LocalBlobStore};
+pub use blob_url::open_blob_store;
 pub use error::VmmError;
 pub use layer::{LayerCache, LayerRef};
 pub use namespace::{NamespaceBackend, NamespaceConfig};
+pub use object_blob_store::ObjectBlobStore;

@@ -7,22 +7,23 @@
 //!
 //! Time is the database's (`SELECT now()`), so every node judges leases by one clock.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::error::{Fence, Refusal, WorkerError};
+use super::error::{Fence, WorkerError};
 use super::store_retry::retrying;
-use crate::domain::build::{self, AttemptGrant, FailedStep, StepOutcome};
-use crate::domain::ids::{BuildId, Epoch, NodeId, SnapshotId};
-use crate::domain::snapshot::{self, SnapshotRecord};
-use crate::events::command::load;
-use crate::events::{
-    execute, execute_writes, Actor, ActorRole, AppendError, CommandContext, CommandError,
-    EventStore, Metadata, ReadError, StreamId, StreamWrite,
+use crate::app::{self, CommandContext, CommandError, Executed};
+use crate::domain::build::{
+    self, AttemptGrant, BasePin, CacheConsultation, FailedStep, StepOutcome,
 };
-use crate::streams::{build_stream, snapshot_stream, Build, Snapshot};
+use crate::domain::ids::{BuildId, Epoch, NodeId, SnapshotId};
+use crate::domain::snapshot::SnapshotRecord;
+use crate::events::command::{load, Loaded};
+use crate::events::{Actor, ActorRole, AppendError, EventStore, Metadata, ReadError, StreamId};
+use crate::streams::{build_stream, Build};
 
 /// Decide-and-append rounds before a contended write gives up.
 const MAX_ROUNDS: u32 = 32;
@@ -58,14 +59,12 @@ pub async fn acquire(
     );
     let executed = retry_store_errors(build, "acquiring", || async {
         let now = db_now(store.pool()).await?;
-        let command = build::Command::AcquireAttempt {
-            grant: AttemptGrant {
-                node: node_id.clone(),
-                lease_expires_at: now + lease,
-            },
-            now,
+        let grant = AttemptGrant {
+            node: node_id.clone(),
+            lease_expires_at: now + lease,
         };
-        Ok(execute::<Build>(store, &stream, &command, &ctx).await)
+        let carried = Some(observed.clone());
+        Ok(app::attempt::acquire_attempt(store, &ctx, build, carried, grant, now).await)
     })
     .await?;
     match executed {
@@ -80,12 +79,17 @@ pub async fn acquire(
                 if done.replay {
                     tracing::info!(%build, epoch = %held, "acquire replayed after a lost reply; keeping the claim");
                 }
+                let carried = Loaded {
+                    state: done.state.clone(),
+                    version: done.version,
+                };
                 Ok(Some(Attempt {
                     store: store.clone(),
                     build,
                     epoch: held,
                     node: node.to_owned(),
                     lease,
+                    carried: Arc::new(Mutex::new(Some(carried))),
                 }))
             }
             _ => Ok(None),
@@ -165,6 +169,11 @@ pub struct Attempt {
     pub node: String,
     /// The lease duration: how long a write is retried while the store is unavailable.
     pub lease: Duration,
+    /// The build as this attempt's last write left it (shared with the lease renewer, which
+    /// writes the same stream): the next write decides on it instead of reading and folding the
+    /// stream again. A write by anyone else makes it stale, which the next append's version
+    /// check catches; that write then decides on the stream as it is.
+    carried: Arc<Mutex<Option<Loaded<build::State>>>>,
 }
 
 impl Attempt {
@@ -175,20 +184,6 @@ impl Attempt {
 
     pub fn context(&self) -> CommandContext {
         CommandContext::new(self.metadata()).with_max_attempts(MAX_ROUNDS)
-    }
-
-    /// The context of a command with a derived id (see [`command_id`]): step completion is
-    /// named by its epoch, step and outcome, so any retry of it is a replay.
-    fn context_for(&self, command: &build::Command) -> CommandContext {
-        match command {
-            build::Command::RecordStepProgress {
-                epoch,
-                step,
-                outcome,
-                ..
-            } if *epoch == self.epoch => self.step_context(*step, outcome),
-            _ => self.context(),
-        }
     }
 
     /// The context of recording `outcome` for `step` in this attempt. The outcome is part of
@@ -223,15 +218,17 @@ impl Attempt {
         retrying(what, self.build, self.lease, op).await
     }
 
-    /// Runs a build command of this attempt once under `ctx`; a refusal is
-    /// [`WorkerError::Fenced`].
-    async fn command_once(
+    /// One of this attempt's writes, as the worker sees it: a refusal by the build is
+    /// [`WorkerError::Fenced`]; anything else is the store's.
+    fn settle(
         &self,
-        command: &build::Command,
-        ctx: &CommandContext,
+        written: Result<Executed<build::State>, CommandError<build::Error>>,
     ) -> Result<build::State, WorkerError> {
-        match execute::<Build>(&self.store, &self.stream(), command, ctx).await {
-            Ok(done) => Ok(done.state),
+        match written {
+            Ok(done) => {
+                self.carry(&done);
+                Ok(done.state)
+            }
             Err(CommandError::Rejected(reason)) => Err(WorkerError::Fenced {
                 build: self.build,
                 epoch: self.epoch,
@@ -241,33 +238,66 @@ impl Attempt {
         }
     }
 
-    /// Runs a build command of this attempt; a refusal is [`WorkerError::Fenced`]. An
-    /// unavailable store is retried within the lease with the same command id, so a reply lost
-    /// after commit is a replay.
-    pub async fn command(&self, command: build::Command) -> Result<build::State, WorkerError> {
-        let ctx = self.context_for(&command);
-        self.retrying("recording progress", || self.command_once(&command, &ctx))
-            .await
+    /// Runs one of this attempt's writes, retrying while the store is unavailable
+    /// (within the lease, under the same command id, so a reply lost after commit is a replay).
+    async fn write<F, Fut>(&self, write: F) -> Result<(), WorkerError>
+    where
+        F: Fn(Option<Loaded<build::State>>) -> Fut,
+        Fut: std::future::Future<
+            Output = Result<Executed<build::State>, CommandError<build::Error>>,
+        >,
+    {
+        self.retrying("recording progress", || async {
+            self.settle(write(self.carried()).await)
+        })
+        .await
+        .map(drop)
     }
 
-    /// [`Self::command`] at the database's clock (itself read with retries).
-    async fn command_at(
-        &self,
-        make: impl FnOnce(DateTime<Utc>) -> build::Command,
-    ) -> Result<build::State, WorkerError> {
-        let now = self.retrying("reading the clock", || self.now()).await?;
-        self.command(make(now)).await
+    /// Keeps `done`'s state for the next write, unless a later one is already kept.
+    fn carry(&self, done: &Executed<build::State>) {
+        let mut carried = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        if carried.as_ref().is_none_or(|c| c.version < done.version) {
+            *carried = Some(Loaded {
+                state: done.state.clone(),
+                version: done.version,
+            });
+        }
+    }
+
+    /// The state the next write decides on first (see [`Attempt::carried`]).
+    pub fn carried(&self) -> Option<Loaded<build::State>> {
+        self.carried
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Forgets the carried state: a multi-stream write moved the build in a way this attempt
+    /// did not fold, so the next write reads the stream.
+    fn forget(&self) {
+        *self.carried.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The database's clock, read with retries within the lease.
+    async fn now_retrying(&self) -> Result<DateTime<Utc>, WorkerError> {
+        self.retrying("reading the clock", || self.now()).await
     }
 
     /// Extends the lease to `lease` from now. Tried once: the renewal loop is the retry.
     pub async fn renew(&self, lease: Duration) -> Result<(), WorkerError> {
         let now = self.now().await?;
-        let command = build::Command::RenewLease {
-            epoch: self.epoch,
+        let renewed = app::attempt::renew_lease(
+            &self.store,
+            &self.context(),
+            self.build,
+            self.carried(),
+            self.epoch,
             now,
-            lease_expires_at: now + lease,
-        };
-        self.command_once(&command, &self.context()).await.map(drop)
+            now + lease,
+        )
+        .await;
+        self.settle(renewed).map(drop)
     }
 
     /// Records that `step` ran without a checkpoint.
@@ -275,17 +305,59 @@ impl Attempt {
         self.record_outcome(step, StepOutcome::Executed).await
     }
 
-    /// Records a step's outcome that references no new snapshot (executed, or cached).
+    /// Records a step's outcome that references no new snapshot (executed, or cached). An
+    /// unavailable store is retried within the lease under the step's command id, so a reply
+    /// lost after commit is a replay.
     pub async fn record_outcome(&self, step: u32, outcome: StepOutcome) -> Result<(), WorkerError> {
-        let epoch = self.epoch;
-        self.command_at(|now| build::Command::RecordStepProgress {
-            epoch,
-            step,
-            outcome,
-            now,
+        let now = self.now_retrying().await?;
+        let (store, build, epoch) = (&self.store, self.build, self.epoch);
+        let ctx = self.step_context(step, &outcome);
+        self.write(|carried| {
+            app::attempt::record_step(
+                store,
+                &ctx,
+                build,
+                carried,
+                epoch,
+                step,
+                outcome.clone(),
+                now,
+            )
         })
         .await
-        .map(drop)
+    }
+
+    /// Records what the cache lookup found (`CacheConsulted`), retried like progress.
+    pub async fn record_cache_consultation(
+        &self,
+        consultation: CacheConsultation,
+    ) -> Result<(), WorkerError> {
+        let now = self.now().await?;
+        let (store, build, epoch) = (&self.store, self.build, self.epoch);
+        let ctx = self.context();
+        self.write(|carried| {
+            app::attempt::record_cache_consultation(
+                store,
+                &ctx,
+                build,
+                carried,
+                epoch,
+                consultation.clone(),
+                now,
+            )
+        })
+        .await
+    }
+
+    /// Records the digest the base image's tag resolved to, so a later attempt uses the same.
+    pub async fn pin_base_image(&self, pin: &BasePin) -> Result<(), WorkerError> {
+        let now = self.now().await?;
+        let (store, build, epoch) = (&self.store, self.build, self.epoch);
+        let ctx = self.context();
+        self.write(|carried| {
+            app::attempt::pin_base_image(store, &ctx, build, carried, epoch, pin, now)
+        })
+        .await
     }
 
     /// Records a snapshot and, in the same transaction, the step it checkpoints (when `step` is
@@ -296,88 +368,41 @@ impl Attempt {
         record: &SnapshotRecord,
         step: Option<u32>,
     ) -> Result<(), WorkerError> {
-        // Named by its step, like [`Self::command`]'s step completion: a retry is a replay.
+        // Named by its step, like [`Self::record_outcome`]: a retry is a replay.
         let ctx = match step {
             Some(step) => self.step_context(step, &StepOutcome::Checkpointed { snapshot: id }),
             None => self.context(),
         };
         self.retrying("recording a snapshot", || async {
-            self.write_snapshot(&ctx, id, record, step)
-                .await
-                .map(drop)
-                .map_err(|e| WorkerError::from_command(self.build, self.epoch, e))
+            app::attempt::record_snapshot(
+                &self.store,
+                &ctx,
+                self.build,
+                self.epoch,
+                id,
+                record,
+                step,
+            )
+            .await
+            .map(drop)
+            .map_err(|e| WorkerError::from_command(self.build, self.epoch, e))
         })
-        .await
-    }
-
-    async fn write_snapshot(
-        &self,
-        ctx: &CommandContext,
-        id: SnapshotId,
-        record: &SnapshotRecord,
-        step: Option<u32>,
-    ) -> Result<crate::events::AppendOutcome, CommandError<Refusal>> {
-        execute_writes(&self.store, MAX_ROUNDS, || {
-            let (store, ctx, record) = (self.store.clone(), ctx.clone(), record.clone());
-            let (build_stream, snap_stream, epoch) =
-                (self.stream(), snapshot_stream(&id), self.epoch);
-            async move {
-                let now = db_now(store.pool()).await?;
-                let build = load::<Build>(&store, &build_stream)
-                    .await
-                    .map_err(CommandError::into_other)?;
-                let build_events = match step {
-                    Some(step) => build::decide(
-                        &build.state,
-                        &build::Command::RecordStepProgress {
-                            epoch,
-                            step,
-                            outcome: StepOutcome::Checkpointed { snapshot: id },
-                            now,
-                        },
-                    )
-                    .map_err(|e| CommandError::Rejected(e.into()))?,
-                    None => {
-                        // No step to record: the build stream is only guarded, after the same
-                        // fencing check.
-                        build::check_open_attempt(&build.state, epoch, now)
-                            .map_err(|e| CommandError::Rejected(e.into()))?;
-                        Vec::new()
-                    }
-                };
-                let snap = load::<Snapshot>(&store, &snap_stream)
-                    .await
-                    .map_err(CommandError::into_other)?;
-                let snap_events =
-                    snapshot::decide(&snap.state, &snapshot::Command::Record { record, now })
-                        .map_err(|e| CommandError::Rejected(e.into()))?;
-                Ok(vec![
-                    StreamWrite::new(
-                        build_stream.clone(),
-                        build.expected(),
-                        ctx.encode(&build_stream, &build_events)?,
-                    ),
-                    StreamWrite::new(
-                        snap_stream.clone(),
-                        snap.expected(),
-                        ctx.encode(&snap_stream, &snap_events)?,
-                    ),
-                ])
-            }
-        })
-        .await
+        .await?;
+        if step.is_some() {
+            // The step was recorded on the build in the same append.
+            self.forget();
+        }
+        Ok(())
     }
 
     /// Ends the build in `error` with the reason the user sees.
     pub async fn fail(&self, step: FailedStep, message: &str) -> Result<(), WorkerError> {
-        let epoch = self.epoch;
-        self.command_at(|now| build::Command::FailBuild {
-            epoch,
-            message: message.to_owned(),
-            step: Some(step),
-            now,
+        let now = self.now_retrying().await?;
+        let (store, build, epoch) = (&self.store, self.build, self.epoch);
+        let ctx = self.context();
+        self.write(|carried| {
+            app::attempt::fail_build(store, &ctx, build, carried, epoch, step, message, now)
         })
         .await
-        .map(drop)
     }
 }

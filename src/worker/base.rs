@@ -10,7 +10,7 @@ use super::build_log::BuildLog;
 use super::error::WorkerError;
 use super::template_lookup::{self, Checkpoint, LookupError};
 use crate::domain::build::BasePin;
-use crate::domain::build_spec::{BaseSource, CommandContext, RegistryCredentials};
+use crate::domain::build_spec::{BaseSource, RegistryCredentials, StepContext};
 use crate::domain::ids::{self, TeamId};
 use crate::domain::image_ref::ImageRef;
 use crate::domain::start::StartCommands;
@@ -27,7 +27,7 @@ pub struct ResolvedBase {
     /// The context before any user step. For an image: its config (root and `/` unless it says
     /// otherwise); the implicit default-user step comes after. For a template: its final context
     /// (finalization does not change it).
-    pub context: CommandContext,
+    pub context: StepContext,
     pub image_digest: Option<ids::Digest>,
     /// `fromTemplate` bases already have the default user; the implicit step is skipped.
     pub from_template: bool,
@@ -49,11 +49,11 @@ pub enum BaseError {
 }
 
 pub fn to_vmm(d: &ids::Digest) -> Digest {
-    Digest::parse(&d.to_string()).expect("a domain digest is a valid sha256 digest")
+    Digest::from(d)
 }
 
 pub fn to_domain(d: &Digest) -> ids::Digest {
-    ids::Digest::parse(&d.to_string()).expect("a sha256 digest is a valid domain digest")
+    ids::Digest::from(d)
 }
 
 /// How a registry base is reached: the node's puller, the build's credentials, its pin.
@@ -84,7 +84,7 @@ pub async fn resolve(
             let env: BTreeMap<String, String> = manifest.config.env.iter().cloned().collect();
             Ok(ResolvedBase {
                 layers: manifest.digests(),
-                context: CommandContext {
+                context: StepContext {
                     user: manifest
                         .config
                         .user
@@ -208,7 +208,7 @@ async fn pull(
         .collect();
     Ok(ResolvedBase {
         layers: pulled.layers.iter().map(|l| l.digest.clone()).collect(),
-        context: CommandContext {
+        context: StepContext {
             user: "root".into(),
             workdir: "/".into(),
             env,

@@ -132,7 +132,7 @@ async fn insert(
     let at: Vec<DateTime<Utc>> = lines.iter().map(|l| l.at).collect();
     let level: Vec<String> = lines
         .iter()
-        .map(|l| level_name(l.level).to_owned())
+        .map(|l| LogLevel::as_str(l.level).to_owned())
         .collect();
     // Postgres text cannot hold NUL.
     let message: Vec<String> = lines.iter().map(|l| l.message.replace('\0', "")).collect();
@@ -167,14 +167,5 @@ async fn insert(
                 if db.code().as_deref() == Some("23505") && attempt < 5 => {}
             Err(err) => return Err(err),
         }
-    }
-}
-
-fn level_name(level: LogLevel) -> &'static str {
-    match level {
-        LogLevel::Debug => "debug",
-        LogLevel::Info => "info",
-        LogLevel::Warn => "warn",
-        LogLevel::Error => "error",
     }
 }

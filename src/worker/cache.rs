@@ -21,10 +21,11 @@ use std::sync::Arc;
 use super::attempt::Attempt;
 use super::base::{self, ResolvedBase};
 use super::build_log::BuildLog;
-use super::error::Refusal;
-use super::executor::BuildJob;
+use super::job::BuildJob;
 use super::store_retry::retrying_when;
-use crate::domain::build_spec::{fold_contexts, home_of, CommandContext, Step, DEFAULT_USER};
+use crate::app::cache::{publish_entry, Guard, PublishEntry};
+use crate::app::CommandError;
+use crate::domain::build_spec::{fold_contexts, home_of, Step, StepContext, DEFAULT_USER};
 use crate::domain::cache_entry::{
     self, Entry, EntryKind, Invalid, ParentEdge, Target, Validity, CACHE_FORMAT_VERSION,
 };
@@ -35,10 +36,8 @@ use crate::domain::cache_key::{
 use crate::domain::ids::{self, Scope, SnapshotId};
 use crate::domain::snapshot::{Purpose, SnapshotRecord};
 use crate::events::command::load;
-use crate::events::{execute_writes, CommandError, EventStore, StreamWrite};
-use crate::streams::{
-    build_stream, cache_key_stream, snapshot_stream, Build, CacheEntry, Snapshot,
-};
+use crate::events::EventStore;
+use crate::streams::{cache_key_stream, snapshot_stream, CacheEntry, Snapshot};
 use crate::vmm::BlobStore;
 
 /// Bumped whenever step execution semantics change (how USER, ENV, WORKDIR, COPY behave), so
@@ -47,8 +46,6 @@ use crate::vmm::BlobStore;
 pub const BUILDER_SEMANTICS_VERSION: u64 = 2;
 /// Bumped whenever start/ready handling changes. 2: E2B's finalize rules (ADR 0012).
 pub const FINALIZATION_SEMANTICS_VERSION: u64 = 2;
-
-const MAX_ROUNDS: u32 = 32;
 
 /// The cache identity of one frozen build.
 #[derive(Clone, Debug)]
@@ -85,8 +82,10 @@ impl Plan {
             backend_version: env!("CARGO_PKG_VERSION").to_owned(),
             base_image_digest: image_digest,
             architecture: std::env::consts::ARCH.to_owned(),
-            cpu_count: job.resources.cpu_count.unwrap_or(0),
-            memory_mb: job.resources.memory_mb.unwrap_or(0),
+            // What the sandbox runs with, not what was asked: a build that names E2B's
+            // defaults and one that names nothing run alike and share their entries.
+            cpu_count: job.resources.effective_cpu_count(),
+            memory_mb: job.resources.effective_memory_mb(),
             disk_mb: job.resources.min_free_disk_mb.unwrap_or(0).into(),
             builder_semantics_version: BUILDER_SEMANTICS_VERSION,
             hashing_version: HASHING_VERSION,
@@ -461,7 +460,7 @@ impl Writer {
         log: &BuildLog,
         step: usize,
         snapshot: SnapshotId,
-        context: &CommandContext,
+        context: &StepContext,
     ) {
         let Some(key) = self
             .plan
@@ -533,56 +532,17 @@ impl Writer {
         let stream = cache_key_stream(&self.plan.scope, &key);
         let repair = self.repair.get(&key).copied();
         let ctx = attempt.context();
-        let write_once = || {
-            execute_writes::<Refusal, _, _>(&attempt.store, MAX_ROUNDS, || {
-                let (store, ctx, entry, stream) = (
-                    attempt.store.clone(),
-                    ctx.clone(),
-                    entry.clone(),
-                    stream.clone(),
-                );
-                let (bstream, epoch) = (build_stream(&attempt.build), attempt.epoch);
-                async move {
-                    let now = super::attempt::db_now(store.pool()).await?;
-                    let b = load::<Build>(&store, &bstream)
-                        .await
-                        .map_err(CommandError::into_other)?;
-                    match guard {
-                        Guard::Open => {
-                            crate::domain::build::check_open_attempt(&b.state, epoch, now)
-                        }
-                        Guard::Ready => crate::domain::build::check_ready(&b.state, epoch),
-                    }
-                    .map_err(|e| CommandError::Rejected(e.into()))?;
-                    let c = load::<CacheEntry>(&store, &stream)
-                        .await
-                        .map_err(CommandError::into_other)?;
-                    let command = match c.state.live() {
-                        Some((existing, _)) if *existing == entry => {
-                            return Ok(vec![]);
-                        }
-                        Some((_, generation)) if forced || repair == Some(generation) => {
-                            cache_entry::Command::Replace {
-                                entry,
-                                expected_generation: generation,
-                                now,
-                            }
-                        }
-                        _ => cache_entry::Command::Publish { entry, now },
-                    };
-                    let events = cache_entry::decide(&c.state, &command)
-                        .map_err(|e| CommandError::Rejected(e.into()))?;
-                    Ok(vec![
-                        StreamWrite::new(bstream.clone(), b.expected(), Vec::new()),
-                        StreamWrite::new(
-                            stream.clone(),
-                            c.expected(),
-                            ctx.encode(&stream, &events)?,
-                        ),
-                    ])
-                }
-            })
+        let publish = PublishEntry {
+            build: attempt.build,
+            epoch: attempt.epoch,
+            scope: self.plan.scope.clone(),
+            key,
+            entry: entry.clone(),
+            forced,
+            repair,
+            guard,
         };
+        let write_once = || publish_entry(&attempt.store, &ctx, &publish);
         let outcome = retrying_when(
             "writing a cache entry",
             attempt.build,
@@ -627,14 +587,6 @@ impl Writer {
             }
         }
     }
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Guard {
-    /// The attempt must still hold the build.
-    Open,
-    /// The build must be Ready in this epoch.
-    Ready,
 }
 
 type FlightMap = HashMap<(Scope, CacheKey), Arc<tokio::sync::Mutex<()>>>;

@@ -6,7 +6,7 @@ use super::attempt::Attempt;
 use super::base::ResolvedBase;
 use super::cache::{Found, Plan};
 use super::error::WorkerError;
-use crate::domain::build::{self, CacheConsultation, CacheFound};
+use crate::domain::build::{CacheConsultation, CacheFound};
 
 /// What the lookup let the build do, as recorded.
 pub fn found_of(found: &Found) -> CacheFound {
@@ -25,20 +25,14 @@ pub async fn record(
     found: CacheFound,
 ) -> Result<(), WorkerError> {
     crate::metrics::cache_lookup(&found);
-    let now = attempt.now().await?;
     attempt
-        .command(build::Command::RecordCacheConsultation {
-            epoch: attempt.epoch,
-            consultation: CacheConsultation {
-                base_image_digest: resolved.image_digest,
-                base_key: plan.chain.base,
-                step_keys: plan.chain.steps.clone(),
-                final_key: plan.chain.final_key,
-                force_from: plan.force_from.map(|s| s as u32),
-                found,
-            },
-            now,
+        .record_cache_consultation(CacheConsultation {
+            base_image_digest: resolved.image_digest,
+            base_key: plan.chain.base,
+            step_keys: plan.chain.steps.clone(),
+            final_key: plan.chain.final_key,
+            force_from: plan.force_from.map(|s| s as u32),
+            found,
         })
         .await
-        .map(drop)
 }

@@ -11,8 +11,8 @@
 //! read or load stays a store error ([`WorkerError::is_unavailable`]), is retried within the
 //! lease, and never stops an attempt as if it had been fenced.
 
+use crate::domain::build;
 use crate::domain::ids::{BuildId, Epoch, TemplateId};
-use crate::domain::{build, cache_entry, promotion, snapshot, template};
 use crate::events::{CommandError, ReadError};
 use crate::vmm::VmmError;
 
@@ -66,20 +66,29 @@ pub enum Fence {
     Stopped,
 }
 
-/// What the domain may refuse in a worker's multi-stream write. Deliberately no string and no
-/// store error: a refusal here is an answer from state, never a failure to read it.
-#[derive(Debug, thiserror::Error)]
-pub enum Refusal {
-    #[error(transparent)]
-    Build(#[from] build::Error),
-    #[error(transparent)]
-    Snapshot(#[from] snapshot::Error),
-    #[error(transparent)]
-    Promotion(#[from] promotion::Error),
-    #[error(transparent)]
-    Template(#[from] template::Error),
-    #[error(transparent)]
-    CacheEntry(#[from] cache_entry::Error),
+pub use crate::app::Refusal;
+
+/// A promotion's failure as the worker's: the same fencing, corruption and store errors.
+impl From<crate::app::publish::PromoteError> for WorkerError {
+    fn from(err: crate::app::publish::PromoteError) -> Self {
+        use crate::app::publish::PromoteError;
+        match err {
+            PromoteError::Fenced {
+                build,
+                epoch,
+                reason,
+            } => WorkerError::Fenced {
+                build,
+                epoch,
+                reason: Fence::Refused(reason),
+            },
+            PromoteError::Corrupt { build, message } => WorkerError::Corrupt { build, message },
+            PromoteError::Database(e) => WorkerError::Database(e),
+            PromoteError::Read(e) => WorkerError::Read(e),
+            PromoteError::Unavailable(e) => WorkerError::Unavailable(e),
+            PromoteError::Store(e) => WorkerError::Store(e),
+        }
+    }
 }
 
 impl WorkerError {

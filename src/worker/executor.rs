@@ -14,7 +14,6 @@
 //! Every sandbox operation races the attempt's cancellation token: when the lease is lost the
 //! operation is dropped, the sandbox destroyed, and the build abandoned without another write.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,15 +26,15 @@ use super::base::{self, BaseError, ResolvedBase};
 use super::build_log::{BuildLog, LogLine};
 use super::cache::{self, Flights, Found};
 use super::error::{Fence, WorkerError};
+use super::job::BuildJob;
 use super::settings::WorkerSettings;
 use super::shell;
 use crate::domain::build::status::LogLevel;
 use crate::domain::build::{Binding, FailedStep, StepOutcome};
 use crate::domain::build_spec::{
-    home_of, resolve_path, BaseSource, CommandContext, Resources, Step, TemplateBuildStartV2,
-    DEFAULT_USER,
+    home_of, resolve_path, BaseSource, Step, StepContext, DEFAULT_USER,
 };
-use crate::domain::ids::{self, FilesHash, SnapshotId, TeamId};
+use crate::domain::ids::{self, SnapshotId};
 use crate::domain::snapshot::{Purpose, SnapshotRecord};
 use crate::domain::start::{self, StartCommands};
 use crate::vmm::image::ImageCatalog;
@@ -43,20 +42,6 @@ use crate::vmm::{
     BlobStore, BootSpec, CommandLine, CopyRequest, ExecOutcome, ExecRequest, Limits, OutputLine,
     OutputStream, Sandbox, SandboxBackend, VmmError,
 };
-
-/// What the executor needs to know about a frozen build.
-#[derive(Debug, Clone)]
-pub struct BuildJob {
-    pub team: TeamId,
-    pub spec: TemplateBuildStartV2,
-    pub bindings: BTreeMap<FilesHash, Binding>,
-    pub resources: Resources,
-    /// What an earlier attempt resolved the base image's tag to.
-    pub base_pin: Option<crate::domain::build::BasePin>,
-    /// Credentials for the base image's registry, when the build brought some; `Err` says why
-    /// they could not be read (the build then fails at `base` if it needs them).
-    pub credentials: Result<Option<crate::domain::build_spec::RegistryCredentials>, String>,
-}
 
 /// A build that failed: where, and the message the SDK raises.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +55,7 @@ pub struct StepFailure {
 pub struct BuildOutput {
     /// Bottom first: base layers, then checkpoints.
     pub layers: Vec<ids::Digest>,
-    pub context: CommandContext,
+    pub context: StepContext,
     pub base_image_digest: Option<ids::Digest>,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
@@ -122,7 +107,7 @@ pub struct Executor<'a> {
 /// The running state of the step loop.
 struct Run {
     sandbox: Box<dyn Sandbox>,
-    context: CommandContext,
+    context: StepContext,
     has_bash: bool,
     /// Changes since the last checkpoint that no step checkpoints (user creation).
     dirty: bool,
@@ -168,15 +153,7 @@ impl Executor<'_> {
             Err(BaseError::Worker(e)) => return Err(e),
         };
         if let (Some(pin), None) = (&resolved.pin, &job.base_pin) {
-            let now = self.attempt.now().await?;
-            self.attempt
-                .command(crate::domain::build::Command::PinBaseImage {
-                    epoch: self.attempt.epoch,
-                    reference: pin.reference.clone(),
-                    digest: pin.digest,
-                    now,
-                })
-                .await?;
+            self.attempt.pin_base_image(pin).await?;
         }
         let (writer, found, flight) = self.consult_cache(job, &resolved).await?;
         let total = job.spec.steps.len();
@@ -367,7 +344,7 @@ impl Executor<'_> {
         &self,
         job: &BuildJob,
         layers: Vec<crate::vmm::Digest>,
-        context: &CommandContext,
+        context: &StepContext,
     ) -> Result<Box<dyn Sandbox>, VmmError> {
         let mut spec = BootSpec::new(layers);
         spec.limits = Limits {
@@ -829,7 +806,7 @@ impl Executor<'_> {
     async fn finalize(
         &self,
         commands: &StartCommands,
-        context: &CommandContext,
+        context: &StepContext,
         run: &mut Run,
     ) -> Result<(), Stop> {
         let ready = commands.ready();
@@ -897,8 +874,8 @@ fn layers_of(sandbox: &dyn Sandbox) -> Vec<ids::Digest> {
     sandbox.layers().iter().map(base::to_domain).collect()
 }
 
-fn vmm_context(ctx: &CommandContext) -> crate::vmm::CommandContext {
-    crate::vmm::CommandContext {
+fn vmm_context(ctx: &StepContext) -> crate::vmm::ExecDefaults {
+    crate::vmm::ExecDefaults {
         env: ctx
             .env
             .iter()

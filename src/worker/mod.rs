@@ -2,12 +2,12 @@
 //!
 //! * [`node`]: the loop ([`Worker`]): find queued builds, acquire, renew leases, run, shut down.
 //! * [`attempt`]: one attempt's writes to the build stream, each fenced by its epoch.
+//! * [`job`]: a frozen build as the node runs it (shared by [`cache`] and [`executor`]).
 //! * [`executor`]: the steps of one build in a sandbox (PROTOCOL §3.7), checkpoints included.
 //! * [`base`], [`template_lookup`]: what a build starts from (`fromImage`, `fromTemplate`).
 //! * [`shell`]: the shell text run inside sandboxes (ENV evaluation, WORKDIR, start/ready).
 //! * [`cache`]: the step cache: key chain, lookup, entry publication, single-flight.
 //! * [`publish`]: result snapshot, Publishing, promotion outbox, Ready.
-//! * [`promote`]: drives a staged promotion to the end; shared with the promotion reconciler.
 //! * [`build_log`]: log lines to `build_logs`, batched and fenced.
 //! * [`export`]: a template's result as an OCI image layout.
 //! * [`settings`], [`error`].
@@ -22,8 +22,8 @@ pub mod cache_consultation;
 pub mod error;
 pub mod executor;
 pub mod export;
+pub mod job;
 pub mod node;
-pub mod promote;
 pub mod publish;
 pub mod settings;
 pub mod shell;

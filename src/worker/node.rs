@@ -19,16 +19,15 @@ use tracing::Instrument;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
 
 use super::attempt::{self, Attempt};
 use super::build_log::{write_logs, BuildLog};
 use super::error::{Fence, WorkerError};
-use super::executor::{BuildJob, Executor, Outcome};
+use super::executor::{Executor, Outcome};
+use super::job::BuildJob;
 use super::publish;
 use super::settings::WorkerSettings;
 use crate::domain::build;
-use crate::domain::ids::BuildId;
 use crate::events::command::load;
 use crate::events::{EventStore, FeedWakeups};
 use crate::streams::Build;
@@ -50,11 +49,25 @@ pub struct Worker {
 impl Worker {
     /// A node on the namespace backend in `settings.data_dir`.
     pub fn new(store: EventStore, settings: WorkerSettings) -> Result<Worker, WorkerError> {
-        let backend = NamespaceBackend::new(NamespaceConfig {
-            data_dir: settings.data_dir.clone(),
-            agent_binary: settings.agent_binary.clone(),
-            depth: settings.depth,
-        })?;
+        let blobs = crate::vmm::open_blob_store(settings.blob_url.as_deref(), &settings.data_dir)?;
+        Self::with_blobs(store, settings, blobs)
+    }
+
+    /// A node whose blobs are in `blobs` instead of the store `settings.blob_url` names.
+    pub fn with_blobs(
+        store: EventStore,
+        settings: WorkerSettings,
+        blobs: Arc<dyn BlobStore>,
+    ) -> Result<Worker, WorkerError> {
+        let backend = NamespaceBackend::with_blobs(
+            NamespaceConfig {
+                data_dir: settings.data_dir.clone(),
+                agent_binary: settings.agent_binary.clone(),
+                depth: settings.depth,
+            },
+            blobs,
+        )?;
+        backend.layers().set_budget(settings.layer_cache_bytes);
         let catalog = ImageCatalog::open(&settings.data_dir)?;
         let puller = crate::registry::Puller::new(
             &settings.data_dir,
@@ -128,13 +141,8 @@ impl Worker {
 
     /// Claims the oldest queued build this node can acquire.
     async fn claim_next(&self) -> Result<Option<Attempt>, WorkerError> {
-        let queued: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT build_id FROM builds WHERE phase = 'queued' ORDER BY registered_at, build_id LIMIT 16",
-        )
-        .fetch_all(self.store.pool())
-        .await?;
-        for id in queued {
-            let build = BuildId::from_uuid(id);
+        let queued = crate::projections::builds::queued_builds(self.store.pool(), 16).await?;
+        for build in queued {
             if let Some(a) = attempt::acquire(
                 &self.store,
                 build,
@@ -194,14 +202,26 @@ impl Worker {
         log: &BuildLog,
         cancel: &CancellationToken,
     ) -> Result<(), WorkerError> {
-        let state = attempt
-            .retrying("loading the build", || async {
-                load::<Build>(&self.store, &attempt.stream())
-                    .await
-                    .map_err(WorkerError::store)
+        // The state the acquire left, when nobody wrote since (one version read instead of
+        // folding the stream again); otherwise the stream as it is.
+        let version = attempt
+            .retrying("reading the build's version", || async {
+                Ok(self.store.stream_version(&attempt.stream()).await?)
             })
-            .await?
-            .state;
+            .await?;
+        let state = match attempt.carried() {
+            Some(carried) if carried.version == version => carried.state,
+            _ => {
+                attempt
+                    .retrying("loading the build", || async {
+                        load::<Build>(&self.store, &attempt.stream())
+                            .await
+                            .map_err(WorkerError::store)
+                    })
+                    .await?
+                    .state
+            }
+        };
         let now = attempt
             .retrying("reading the clock", || attempt.now())
             .await?;
@@ -272,7 +292,7 @@ impl Worker {
         }
         match outcome {
             Outcome::Built(output) => {
-                let snapshot = publish::publish(
+                let published = publish::publish(
                     attempt,
                     self.blobs.clone(),
                     &registration.template,
@@ -282,16 +302,13 @@ impl Worker {
                 )
                 .instrument(tracing::info_span!("build.publish"))
                 .await?;
+                let snapshot = published.snapshot;
                 tracing::info!(build = %attempt.build, %snapshot, layers = output.layers.len(), "build ready");
                 if let Some(mut publication) = output.cache {
-                    let build_base = load::<Build>(&self.store, &attempt.stream())
-                        .await
-                        .ok()
-                        .and_then(|b| b.state.result)
-                        .and_then(|r| r.build_base_checkpoint);
+                    // Carried forward from the publication: the build's result as it recorded it.
                     publication
                         .writer
-                        .final_result(attempt, log, snapshot, build_base)
+                        .final_result(attempt, log, snapshot, published.build_base_checkpoint)
                         .await;
                 }
             }

@@ -20,16 +20,24 @@ use super::attempt::Attempt;
 use super::build_log::BuildLog;
 use super::error::WorkerError;
 use super::executor::BuildOutput;
-use super::promote::{decide_build_and_promotion, Ending, PromotionDriver};
-use crate::domain::build::{self, BuildResult};
+use crate::app::publish::{Ending, PromotionDriver};
+use crate::app::CommandContext;
+use crate::domain::build::BuildResult;
 use crate::domain::build_spec::Tag;
 use crate::domain::ids::{self, SnapshotId, TemplateId};
-use crate::domain::promotion::{self, PromotionPlan};
+use crate::domain::promotion::PromotionPlan;
 use crate::domain::snapshot::{Purpose, SnapshotRecord};
-use crate::events::CommandContext;
 use crate::vmm::BlobStore;
 
-/// Takes a built result to Ready. Returns the result snapshot's id.
+/// What a published build is: its result snapshot, and the pre-finalization stack recorded for
+/// `fromTemplate` builds, as the build's `BeginPublishing` recorded them.
+#[derive(Debug, Clone, Copy)]
+pub struct Published {
+    pub snapshot: SnapshotId,
+    pub build_base_checkpoint: Option<SnapshotId>,
+}
+
+/// Takes a built result to Ready.
 pub async fn publish(
     attempt: &Attempt,
     blobs: Arc<dyn BlobStore>,
@@ -37,7 +45,7 @@ pub async fn publish(
     tags: &[Tag],
     output: &BuildOutput,
     log: &BuildLog,
-) -> Result<SnapshotId, WorkerError> {
+) -> Result<Published, WorkerError> {
     let record = |purpose, layers: &[ids::Digest]| SnapshotRecord {
         purpose,
         layers: layers.to_vec(),
@@ -89,10 +97,15 @@ pub async fn publish(
         metadata: attempt.metadata(),
     };
     let driven = attempt
-        .retrying("promoting", || driver.drive(attempt.build, attempt.epoch))
+        .retrying("promoting", || async {
+            Ok(driver.drive(attempt.build, attempt.epoch).await?)
+        })
         .await?;
     match driven.ending {
-        Ending::Ready => Ok(candidate),
+        Ending::Ready => Ok(Published {
+            snapshot: candidate,
+            build_base_checkpoint: build_base,
+        }),
         Ending::TemplateDeleted { template } => Err(WorkerError::TemplateDeleted {
             build: attempt.build,
             template,
@@ -110,21 +123,8 @@ async fn begin_publishing(
         candidate: plan.source,
         build_base_checkpoint: plan.build_base_checkpoint,
     };
-    let epoch = attempt.epoch;
-    decide_build_and_promotion(&attempt.store, ctx, attempt.build, epoch, |now| {
-        (
-            build::Command::BeginPublishing {
-                epoch,
-                result: result.clone(),
-                now,
-            },
-            promotion::Command::Stage {
-                plan: plan.clone(),
-                now,
-            },
-        )
-    })
-    .await
-    .map(drop)
-    .map_err(|e| WorkerError::from_command(attempt.build, epoch, e))
+    crate::app::publish::begin_publishing(&attempt.store, ctx, &result, plan)
+        .await
+        .map(drop)
+        .map_err(|e| WorkerError::from_command(attempt.build, attempt.epoch, e))
 }

@@ -11,6 +11,10 @@ pub struct WorkerSettings {
     pub node_id: String,
     /// Node data directory: blobs, layers, images, sandboxes.
     pub data_dir: PathBuf,
+    /// `STRATA_BLOB_URL`: the shared blob store; `None` is `<data_dir>/blobs`.
+    pub blob_url: Option<String>,
+    /// Budget of the node's extracted-layer cache in bytes; `None` is unbounded.
+    pub layer_cache_bytes: Option<u64>,
     /// The strata binary, started inside sandboxes as their init and agent.
     pub agent_binary: PathBuf,
     /// How long an attempt holds a build without renewal; renewed every third of it.
@@ -41,6 +45,8 @@ impl WorkerSettings {
         WorkerSettings {
             node_id: node_id.into(),
             data_dir: data_dir.into(),
+            blob_url: None,
+            layer_cache_bytes: None,
             agent_binary: agent_binary.into(),
             lease: Duration::from_secs(30),
             max_builds: 2,
@@ -57,5 +63,25 @@ impl WorkerSettings {
     /// before the lease passes.
     pub fn renew_every(&self) -> Duration {
         self.lease / 3
+    }
+}
+
+impl WorkerSettings {
+    /// The node's settings from its command-line flags (`strata worker`, `strata up`).
+    pub fn from_args(
+        args: &crate::config::BuildNodeArgs,
+        node_id: String,
+        data_dir: PathBuf,
+        agent_binary: PathBuf,
+    ) -> WorkerSettings {
+        let mut s = WorkerSettings::new(node_id, data_dir, agent_binary);
+        s.lease = Duration::from_secs(args.lease_secs.max(1));
+        s.max_builds = args.max_builds.max(1);
+        s.ready_timeout = Duration::from_secs(args.ready_timeout_secs);
+        s.step_timeout = Duration::from_secs(args.step_timeout_secs);
+        s.poll_interval = Duration::from_millis(args.queue_poll_ms.max(50));
+        s.layer_cache_bytes = args.layer_cache_bytes;
+        s.registry = args.registry.settings();
+        s
     }
 }

@@ -40,7 +40,10 @@ BLOCKS = {
     "strata image build-base": ("sh", ["run", "run", "run", "run", "help"]),
     "strata template export NAME[:TAG] ./out --team TEAM": ("sh", ["run", "run"]),
     "strata reconcile --only attempt-expiry --only promotion --schedule '*/2 * * * * *'": ("sh", ["serve", "help"]),
-    "strata bench upload": ("sh", ["help", "help", "help", "help", "help"]),
+    "strata bench upload": ("sh", ["help"] * 7),
+    # Several processes sharing one Postgres and one bucket: run as written by
+    # tests/integration/multi_node.rs against a local S3-protocol server.
+    "export DATABASE_URL=postgres://strata:secret@127.0.0.1:5432/strata": ("sh", ["multi_node"] * 14),
     # Pulling from a public registry needs the network: `--help` here; the pull itself runs
     # against loopback registries in tests/integration/registry_pull.rs and tests/e2e/test_sdk_registry.py.
     "strata image pull debian:stable": ("sh", ["help", "help", "help"]),
@@ -114,6 +117,12 @@ def run_line(reader, line, mode, cwd):
         runner = (ROOT / "tests" / "integration" / "ops_readme.rs").read_text()
         assert "## Operators" in README.read_text() and "Operators" in runner, (
             "the Operators examples are run by tests/integration/ops_readme.rs"
+        )
+        return
+    if mode == "multi_node":
+        runner = (ROOT / "tests" / "integration" / "multi_node.rs").read_text()
+        assert "## Past one machine" in README.read_text() and "Past one machine" in runner, (
+            "the process-layout example is run by tests/integration/multi_node.rs"
         )
         return
     assert mode == "run", mode

@@ -6,7 +6,7 @@ use crate::common;
 use std::sync::Arc;
 
 use strata::events::{
-    Actor, ActorRole, EventStore, ExpectedVersion, Metadata, NewEvent, StreamId, StreamWrite,
+    Actor, ActorRole, ExpectedVersion, Metadata, NewEvent, StreamId, StreamWrite,
 };
 use strata::projections::{stream_catalog, ProjectionRunner};
 use uuid::Uuid;
@@ -101,7 +101,7 @@ async fn the_operator_api_needs_the_token() {
 #[tokio::test]
 async fn history_feed_and_catalog_paginate() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     store.append(vec![write("job-a", 5)]).await.unwrap();
     store.append(vec![write("order-t", 2)]).await.unwrap();
     store.append(vec![write("job-b", 3)]).await.unwrap();

@@ -47,7 +47,7 @@ async fn seed(store: &EventStore) {
 #[tokio::test]
 async fn history_prints_a_stream_as_a_table_and_as_json() {
     let db = common::test_db().await;
-    seed(&EventStore::new(db.pool.clone())).await;
+    seed(&strata::app::event_store(db.pool.clone())).await;
 
     let (ok, out, err) = strata(&db.url, &["history", "job-cli"]);
     assert!(ok, "{err}");
@@ -87,7 +87,7 @@ async fn history_prints_a_stream_as_a_table_and_as_json() {
 #[tokio::test]
 async fn projections_list_and_rebuild() {
     let db = common::test_db().await;
-    seed(&EventStore::new(db.pool.clone())).await;
+    seed(&strata::app::event_store(db.pool.clone())).await;
 
     let (ok, out, err) = strata(&db.url, &["projections", "list"]);
     assert!(ok, "{err}");

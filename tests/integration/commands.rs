@@ -5,8 +5,8 @@ use crate::common;
 use serde::{Deserialize, Serialize};
 use strata::events::command::{self, load};
 use strata::events::{
-    execute, execute_writes, Actor, ActorRole, Aggregate, CommandContext, CommandError, EventStore,
-    Metadata, StreamId, StreamWrite,
+    execute, execute_writes, Actor, ActorRole, Aggregate, CommandContext, CommandError, Metadata,
+    StreamId, StreamWrite,
 };
 use uuid::Uuid;
 
@@ -91,7 +91,7 @@ fn ctx() -> CommandContext {
 #[tokio::test]
 async fn concurrent_commands_on_one_stream_all_succeed_with_exact_state() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let stream = StreamId::parse("counter-1").unwrap();
     const WRITERS: u64 = 16;
     let tasks: Vec<_> = (0..WRITERS)
@@ -141,7 +141,7 @@ async fn concurrent_commands_on_one_stream_all_succeed_with_exact_state() {
 #[tokio::test]
 async fn rejections_are_typed_and_write_nothing() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let stream = StreamId::parse("counter-2").unwrap();
     let cmd = CounterCommand::Increment { ceiling: 1 };
     let done = execute::<Counter>(&store, &stream, &cmd, &ctx())
@@ -163,7 +163,7 @@ async fn rejections_are_typed_and_write_nothing() {
 #[tokio::test]
 async fn rerunning_a_command_id_never_appends_twice() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let stream = StreamId::parse("counter-3").unwrap();
     let context = CommandContext::with_id(
         Uuid::now_v7(),
@@ -213,7 +213,7 @@ async fn rerunning_a_command_id_never_appends_twice() {
 #[tokio::test]
 async fn multi_stream_decisions_retry_until_their_guards_hold() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let limit = StreamId::parse("counter-limit").unwrap();
     // Seed the guarded stream.
     execute::<Counter>(
@@ -295,4 +295,70 @@ async fn multi_stream_decisions_retry_until_their_guards_hold() {
         );
     }
     mover.await.unwrap();
+}
+
+/// A writer that carries its state forward decides on it without reading the stream, and
+/// appends exactly as a fresh decision would; when someone else moved the stream, or the carried
+/// state would refuse, the decision is made again on the stream as it is.
+#[tokio::test]
+async fn a_carried_state_is_used_when_current_and_replaced_when_stale() {
+    let db = common::test_db().await;
+    let store = strata::app::event_store(db.pool.clone());
+    let stream = StreamId::parse("counter-carried").unwrap();
+    let inc = CounterCommand::Increment { ceiling: 3 };
+
+    // Current: one round, at the carried version.
+    let first = execute::<Counter>(&store, &stream, &inc, &ctx())
+        .await
+        .unwrap();
+    let carried = command::Loaded {
+        state: first.state.clone(),
+        version: first.version,
+    };
+    let second = command::execute_from::<Counter>(&store, &stream, carried.clone(), &inc, &ctx())
+        .await
+        .unwrap();
+    assert_eq!(second.state.value, 2);
+    assert_eq!(second.version, first.version + 1);
+    assert_eq!(second.attempts, 1);
+
+    // Stale (the stream moved past it): the append at the carried version loses, and the
+    // decision on the stream as it is lands, never a duplicate of the old one.
+    let third = command::execute_from::<Counter>(&store, &stream, carried, &inc, &ctx())
+        .await
+        .unwrap();
+    assert_eq!(third.state.value, 3);
+    assert_eq!(
+        load::<Counter>(&store, &stream).await.unwrap().state.value,
+        3
+    );
+
+    // A carried state that would refuse is not trusted: the stream decides. Here the stream
+    // is at the ceiling, so the refusal stands, decided on fresh state.
+    let at_ceiling = command::Loaded {
+        state: CounterState {
+            value: 3,
+            opened: true,
+        },
+        version: third.version,
+    };
+    match command::execute_from::<Counter>(&store, &stream, at_ceiling, &inc, &ctx()).await {
+        Err(CommandError::Rejected(CounterError::AtCeiling(3))) => {}
+        other => panic!("expected the stream's refusal, got {other:?}"),
+    }
+    let higher = CounterCommand::Increment { ceiling: 10 };
+    let wrongly_full = command::Loaded {
+        state: CounterState {
+            value: 10,
+            opened: true,
+        },
+        version: 1,
+    };
+    let fourth = command::execute_from::<Counter>(&store, &stream, wrongly_full, &higher, &ctx())
+        .await
+        .unwrap();
+    assert_eq!(
+        fourth.state.value, 4,
+        "decided on the stream, not on the carried state"
+    );
 }

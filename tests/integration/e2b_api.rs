@@ -504,20 +504,17 @@ async fn assign_tags_directly(
     build: &str,
     tags: &[&str],
 ) {
+    use strata::app::CommandContext;
     use strata::domain::build_spec::Tag;
     use strata::domain::ids::{BuildId, TemplateId};
-    use strata::domain::template::Command;
-    use strata::events::{execute, Actor, ActorRole, CommandContext, Metadata};
-    use strata::streams::{template_stream, Template};
-    execute::<Template>(
+    use strata::events::{Actor, ActorRole, Metadata};
+    strata::app::template::assign_tags(
         &api.state.events,
-        &template_stream(&TemplateId::parse(template).unwrap()),
-        &Command::AssignTags {
-            build: BuildId::parse(build).unwrap(),
-            tags: tags.iter().map(|t| Tag::parse(t).unwrap()).collect(),
-            now: chrono::Utc::now(),
-        },
         &CommandContext::new(Metadata::new(Actor::new(ActorRole::Api, "test"))),
+        &TemplateId::parse(template).unwrap(),
+        BuildId::parse(build).unwrap(),
+        tags.iter().map(|t| Tag::parse(t).unwrap()).collect(),
+        chrono::Utc::now(),
     )
     .await
     .unwrap();

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::PgConnection;
 use strata::events::{
-    Actor, ActorRole, EventStore, ExpectedVersion, FeedPosition, InlineProjection, Metadata,
-    NewEvent, RecordedEvent, StreamId, StreamWrite,
+    Actor, ActorRole, ExpectedVersion, FeedPosition, InlineProjection, Metadata, NewEvent,
+    RecordedEvent, StreamId, StreamWrite,
 };
 use tokio::sync::{mpsc, Notify};
 use uuid::Uuid;
@@ -48,7 +48,7 @@ impl InlineProjection for HoldOpen {
 }
 
 /// Waits (bounded) until the feed shows `n` events from the start.
-async fn wait_visible(store: &EventStore, n: usize) {
+async fn wait_visible(store: &strata::events::EventStore, n: usize) {
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while store
         .read_feed(FeedPosition::START, 100)
@@ -72,7 +72,7 @@ fn types(events: &[RecordedEvent]) -> Vec<&str> {
 #[tokio::test]
 async fn the_feed_waits_for_transactions_in_flight_and_never_skips_them() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     store.append(vec![write("feed-0", "E0.v1")]).await.unwrap();
     // The horizon is cluster-wide: a transaction of another test on the shared server may hold
     // it for a moment. Start once E0 is past it.
@@ -178,7 +178,7 @@ async fn the_feed_waits_for_transactions_in_flight_and_never_skips_them() {
 #[tokio::test]
 async fn feed_pages_cover_many_concurrent_appends_exactly_once() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let writers: Vec<_> = (0..8)
         .map(|w| {
             let store = store.clone();
@@ -218,7 +218,7 @@ async fn feed_pages_cover_many_concurrent_appends_exactly_once() {
 #[tokio::test]
 async fn a_raw_transaction_that_wrote_first_and_commits_last_is_not_skipped() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
 
     // T1: any writer of `events` (here plain SQL on its own connection), inserting first and
     // staying open.

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use strata::events::{
-    Actor, ActorRole, AppendError, DomainEvent, EventStore, ExpectedVersion, InlineProjection,
-    Metadata, NewEvent, RecordedEvent, RetryPolicy, StreamId, StreamWrite,
+    Actor, ActorRole, AppendError, DomainEvent, ExpectedVersion, InlineProjection, Metadata,
+    NewEvent, RecordedEvent, RetryPolicy, StreamId, StreamWrite,
 };
 use tokio::sync::Barrier;
 use uuid::Uuid;
@@ -44,7 +44,7 @@ async fn event_count(pool: &sqlx::PgPool, stream: Option<&StreamId>) -> i64 {
 #[tokio::test]
 async fn racing_appends_at_one_version_have_exactly_one_winner() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let s = stream("race-1");
     const RACERS: usize = 32;
     const ROUNDS: u64 = 6;
@@ -111,7 +111,7 @@ async fn racing_appends_at_one_version_have_exactly_one_winner() {
 #[tokio::test]
 async fn a_conflict_on_one_stream_writes_nothing_anywhere() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let (a, b, c) = (stream("multi-a"), stream("multi-b"), stream("multi-c"));
     store
         .append(vec![StreamWrite::new(
@@ -198,7 +198,7 @@ async fn a_conflict_on_one_stream_writes_nothing_anywhere() {
 #[tokio::test]
 async fn a_guard_fails_the_append_when_its_stream_moved() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let (template, build) = (stream("order-g"), stream("job-g"));
     store
         .append(vec![StreamWrite::new(
@@ -269,7 +269,7 @@ async fn a_guard_fails_the_append_when_its_stream_moved() {
 #[tokio::test]
 async fn a_retried_append_after_a_lost_reply_is_a_replay_not_a_duplicate() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let s = stream("job-idem");
     let write = StreamWrite::new(
         s.clone(),
@@ -371,7 +371,7 @@ async fn serialization_failures_are_retried() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let barrier = Arc::new(Barrier::new(2));
     let run = |name: &'static str| {
         let store = store.clone();
@@ -451,7 +451,7 @@ impl InlineProjection for TouchProbe {
 async fn serialization_failures_at_commit_are_retried_within_a_budget() {
     let db = common::test_db().await;
     fail_commits(&db.pool, 2).await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let probe = TouchProbe(AtomicU32::new(0));
     let s = stream("commit-1");
     let outcome = store
@@ -535,7 +535,7 @@ enum OldLampEvent {
 #[tokio::test]
 async fn typed_events_round_trip_through_the_store() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let s = stream("lamp-1");
     let events = [
         LampEvent::Installed {
@@ -573,7 +573,7 @@ async fn typed_events_round_trip_through_the_store() {
 #[tokio::test]
 async fn invalid_appends_are_refused_before_touching_the_database() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let s = stream("bad-1");
     let e = event("X.v1", serde_json::json!({}));
     for writes in [

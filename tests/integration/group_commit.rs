@@ -66,7 +66,7 @@ async fn stored(pool: &sqlx::PgPool, stream: &StreamId) -> Vec<(i64, String)> {
 #[tokio::test]
 async fn a_conflicting_append_in_a_group_neither_fails_nor_loses_the_others() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone()).with_group_commit(gathering());
+    let store = strata::app::event_store(db.pool.clone()).with_group_commit(gathering());
     let contested = stream("gc-contested");
     store
         .append(vec![StreamWrite::new(
@@ -188,7 +188,7 @@ async fn a_crash_in_the_middle_of_a_group_is_atomic_per_append() {
 #[tokio::test]
 async fn a_retried_append_in_a_group_is_recognised_as_a_replay() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone()).with_group_commit(gathering());
+    let store = strata::app::event_store(db.pool.clone()).with_group_commit(gathering());
     let retried = StreamWrite::new(
         stream("gc-retried"),
         ExpectedVersion::Any,
@@ -224,7 +224,7 @@ async fn a_retried_append_in_a_group_is_recognised_as_a_replay() {
 #[tokio::test]
 async fn appends_to_one_stream_never_share_a_transaction() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone()).with_group_commit(gathering());
+    let store = strata::app::event_store(db.pool.clone()).with_group_commit(gathering());
     let shared = stream("gc-shared");
     let mut writes: Vec<StreamWrite> = (0..4)
         .map(|_| StreamWrite::new(shared.clone(), ExpectedVersion::Any, vec![event("Ok.v1")]))

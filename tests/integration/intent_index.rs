@@ -34,7 +34,7 @@ async fn pending(pool: &sqlx::PgPool, build: BuildId) -> Vec<Uuid> {
 #[tokio::test]
 async fn pending_intents_follow_the_build_stream() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let api = Api {
         store: store.clone(),
         team: TeamId::parse("team-intent-index").unwrap(),
@@ -83,7 +83,7 @@ async fn pending_intents_follow_the_build_stream() {
 #[tokio::test]
 async fn the_intent_expiry_pass_reads_only_builds_with_an_intent_due() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let api = Api {
         store: store.clone(),
         team: TeamId::parse("team-intent-due").unwrap(),

@@ -49,7 +49,7 @@ async fn event_types(store: &EventStore, build: BuildId) -> Vec<String> {
 #[tokio::test]
 async fn a_lost_acquire_reply_keeps_the_claim() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let build = queued_build(&store).await;
 
     store.lose_next_reply("build");
@@ -80,7 +80,7 @@ async fn a_lost_acquire_reply_keeps_the_claim() {
 #[tokio::test]
 async fn a_lost_step_completion_reply_is_a_replay() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let build = queued_build(&store).await;
     let claimed = attempt::acquire(&store, build, "node-a", LEASE)
         .await

@@ -8,6 +8,7 @@
 mod common;
 
 mod admin_api;
+mod blob_conformance;
 mod cli_history;
 mod commands;
 mod deleted_template;
@@ -17,6 +18,7 @@ mod event_store;
 mod group_commit;
 mod intent_index;
 mod lost_reply;
+mod multi_node;
 mod ops_metrics;
 mod ops_progress;
 mod ops_readme;

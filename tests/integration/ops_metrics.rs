@@ -220,7 +220,7 @@ async fn scrape_until(
 async fn the_worker_serves_its_own_metrics_listener() {
     let db = common::test_db().await;
     let api = common::build_api::Api {
-        store: strata::events::EventStore::new(db.pool.clone()),
+        store: strata::app::event_store(db.pool.clone()),
         team: strata::domain::ids::TeamId::parse("team-metrics-worker").unwrap(),
     };
     let port = free_port();

@@ -323,7 +323,7 @@ async fn long_lists_are_paged_newest_first_by_an_older_link() {
     let data = common::data_dir();
     let api = common::api::serve(db.pool.clone(), data.path(), Some(TOKEN), &[]).await;
     let builds = common::build_api::Api {
-        store: strata::events::EventStore::new(db.pool.clone()),
+        store: strata::app::event_store(db.pool.clone()),
         team: strata::domain::ids::TeamId::parse("team-paged").unwrap(),
     };
     let mut registered = vec![];

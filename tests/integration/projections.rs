@@ -10,8 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::PgConnection;
 use strata::events::{
-    Actor, ActorRole, EventStore, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StreamId,
-    StreamWrite,
+    Actor, ActorRole, ExpectedVersion, Metadata, NewEvent, RecordedEvent, StreamId, StreamWrite,
 };
 use strata::projections::{
     stream_catalog, Projection, ProjectionError, ProjectionRunner, RoundOutcome,
@@ -63,7 +62,7 @@ async fn catalog_truth(pool: &sqlx::PgPool) -> Vec<CatalogRow> {
 #[tokio::test]
 async fn a_rebuilt_catalog_equals_the_incremental_one() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let runner = ProjectionRunner::new(store.clone(), Arc::new(stream_catalog::StreamCatalog))
         .with_batch_size(7);
     for round in 0..5 {
@@ -152,7 +151,7 @@ async fn two_runners_of_one_projection_never_apply_an_event_twice() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let ledger = Arc::new(Ledger {
         hold: AtomicBool::new(true),
         entered: Notify::new(),

@@ -17,11 +17,9 @@ use serde_json::json;
 use strata::domain::build::{self, AttemptGrant, BuildResult, FailureKind, Phase};
 use strata::domain::build_spec::Tag;
 use strata::domain::ids::{self, BuildId, Epoch, FilesHash, NodeId, SnapshotId, TeamId};
-use strata::domain::promotion::{self, PromotionPlan};
+use strata::domain::promotion::PromotionPlan;
 use strata::events::command::load;
-use strata::events::{
-    Actor, ActorRole, CommandContext, EventStore, Metadata, RecordedEvent, StreamWrite,
-};
+use strata::events::{Actor, ActorRole, CommandContext, EventStore, Metadata, RecordedEvent};
 use strata::streams::{Build, Template};
 use uuid::Uuid;
 
@@ -247,7 +245,6 @@ enum Crash {
     MidRun,
 }
 
-#[derive(Debug)]
 struct CrashResult {
     crash: Crash,
     events: Vec<RecordedEvent>,
@@ -255,16 +252,15 @@ struct CrashResult {
     state: build::State,
     tag_holder: Option<BuildId>,
     build: BuildId,
-    db_url: String,
-    /// Kept until the result is read: dropping it drops the database `history` reads.
-    _db: KeptDb,
+    /// The scenario's database, kept until the result is checked (`strata history` reads it).
+    db: common::TestDb,
     /// Seconds from the lease's expiry to the terminal event, by the database clock.
     lag_secs: f64,
 }
 
 async fn crash_scenario(crash: Crash) -> CrashResult {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let api = new_api(&store);
     let (template, build) = api.register("crash").await;
     let second = match crash {
@@ -424,17 +420,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
         state,
         tag_holder,
         build,
-        db_url: db.url.clone(),
-        _db: KeptDb(db),
-    }
-}
-
-/// A test database held by a result that derives `Debug`.
-struct KeptDb(#[allow(dead_code)] common::TestDb);
-
-impl std::fmt::Debug for KeptDb {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KeptDb")
+        db,
     }
 }
 
@@ -478,7 +464,7 @@ async fn a_worker_killed_at_any_point_leaves_no_build_unfinished() {
         );
         let published = count(&r.events, "PublishingStarted.v1") == 1;
         // The operator's timeline: every event of the build and its outbox, who, which epoch.
-        let timeline = history(&r.db_url, r.build);
+        let timeline = history(&r.db.url, r.build);
         let lines: Vec<&str> = timeline.lines().collect();
         assert_eq!(
             lines.len(),
@@ -578,7 +564,7 @@ async fn a_worker_killed_at_any_point_leaves_no_build_unfinished() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let api = new_api(&store);
     let (_, build) = api.register("sweep").await;
     api.start(build, recipe(vec![step("RUN", &["sleep 60"])]))
@@ -641,7 +627,7 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_worker_resumed_after_its_attempt_closed_changes_nothing() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let api = new_api(&store);
     let (template, build) = api.register("fenced").await;
     api.start(
@@ -727,17 +713,16 @@ fn test_context(role: ActorRole) -> CommandContext {
 
 /// A started build held by a node that will never renew: its lease passes at `lease_until`.
 async fn acquire_for_ghost(store: &EventStore, build: BuildId, lease_until: DateTime<Utc>) {
-    strata::events::execute::<Build>(
+    strata::app::attempt::acquire_attempt(
         store,
-        &stream(ids::stream::build(&build)),
-        &build::Command::AcquireAttempt {
-            grant: AttemptGrant {
-                node: NodeId::parse("ghost").unwrap(),
-                lease_expires_at: lease_until,
-            },
-            now: Utc::now(),
-        },
         &test_context(ActorRole::Worker),
+        build,
+        None,
+        AttemptGrant {
+            node: NodeId::parse("ghost").unwrap(),
+            lease_expires_at: lease_until,
+        },
+        Utc::now(),
     )
     .await
     .unwrap();
@@ -746,23 +731,7 @@ async fn acquire_for_ghost(store: &EventStore, build: BuildId, lease_until: Date
 /// What a node appends on entering Publishing (the build and the staged outbox, one append),
 /// with a plan of no layers.
 async fn enter_publishing(store: &EventStore, build: BuildId, template: &ids::TemplateId) {
-    let bstream = stream(ids::stream::build(&build));
-    let pstream = stream(ids::stream::promotion(&build, Epoch(1)));
     let candidate = SnapshotId::from_uuid(Uuid::now_v7());
-    let now = Utc::now();
-    let b = load::<Build>(store, &bstream).await.unwrap();
-    let b_events = build::decide(
-        &b.state,
-        &build::Command::BeginPublishing {
-            epoch: Epoch(1),
-            result: BuildResult {
-                candidate,
-                build_base_checkpoint: None,
-            },
-            now,
-        },
-    )
-    .unwrap();
     let plan = PromotionPlan {
         build,
         epoch: Epoch(1),
@@ -773,25 +742,11 @@ async fn enter_publishing(store: &EventStore, build: BuildId, template: &ids::Te
         layers: vec![],
         tags: vec![Tag::default_tag()],
     };
-    let p_events = promotion::decide(
-        &Default::default(),
-        &promotion::Command::Stage { plan, now },
-    )
-    .unwrap();
-    let ctx = test_context(ActorRole::Worker);
-    store
-        .append(vec![
-            StreamWrite::new(
-                bstream.clone(),
-                b.expected(),
-                ctx.encode(&bstream, &b_events).unwrap(),
-            ),
-            StreamWrite::new(
-                pstream.clone(),
-                strata::events::ExpectedVersion::NoStream,
-                ctx.encode(&pstream, &p_events).unwrap(),
-            ),
-        ])
+    let result = BuildResult {
+        candidate,
+        build_base_checkpoint: None,
+    };
+    strata::app::publish::begin_publishing(store, &test_context(ActorRole::Worker), &result, &plan)
         .await
         .unwrap();
 }
@@ -800,7 +755,7 @@ async fn enter_publishing(store: &EventStore, build: BuildId, template: &ids::Te
 async fn two_reconcilers_of_each_kind_apply_every_transition_once() {
     const EACH: usize = 8;
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let api = new_api(&store);
     let soon = Utc::now() + chrono::Duration::milliseconds(1500);
     let spec = recipe(vec![step("RUN", &["true"])]);
@@ -975,7 +930,7 @@ async fn a_build_survives_a_postgres_restart_and_loses_nothing() {
     let url = pg.0.url(strata::embedded_postgres::DATABASE_NAME);
     let pool = strata::db::connect(&url, 8).await.unwrap();
     strata::db::migrate(&pool).await.unwrap();
-    let store = EventStore::new(pool.clone());
+    let store = strata::app::event_store(pool.clone());
     let api = new_api(&store);
     let (_, build) = api.register("restart").await;
     api.start(

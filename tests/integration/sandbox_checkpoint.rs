@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::sandbox::*;
-use strata::vmm::{BlobStore, CopyRequest, Sandbox};
+use strata::vmm::{CopyRequest, Sandbox};
 
 /// A gzip COPY context like the SDK's: `ctx/` with a nested tree, a symlink and an executable.
 fn context_archive(dir: &std::path::Path) -> std::path::PathBuf {
@@ -187,7 +187,11 @@ async fn a_checkpoint_of_the_same_content_repairs_a_torn_blob() {
     let mut digest = None;
     for tear in ["first checkpoint", "truncated", "bit-flipped"] {
         if let Some(d) = &digest {
-            let path = backend.blobs().path_of(d);
+            let path = backend
+                .blobs()
+                .as_local()
+                .expect("the local store")
+                .path_of(d);
             let mut bytes = std::fs::read(&path).unwrap();
             match tear {
                 "truncated" => bytes.truncate(bytes.len() / 2),

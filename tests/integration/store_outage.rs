@@ -62,7 +62,7 @@ async fn wait_terminal(store: &EventStore, build: BuildId, limit: Duration) -> P
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_brief_store_outage_while_publishing_does_not_abandon_the_build() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let api = api(&store);
     let (_, build) = api.register("outage").await;
     api.start(build, recipe()).await;
@@ -102,7 +102,7 @@ async fn a_brief_store_outage_while_publishing_does_not_abandon_the_build() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_outage_in_a_promotion_pass_is_a_failed_pass_not_a_skip() {
     let db = common::test_db().await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let api = api(&store);
     let (_, build) = api.register("outage-reconciler").await;
     api.start(build, recipe()).await;

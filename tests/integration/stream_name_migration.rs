@@ -45,7 +45,7 @@ fn registered(team: &str, name: &str) -> TemplateEvent {
 #[tokio::test]
 async fn old_stream_names_are_moved_to_the_unambiguous_encoding() {
     let db = common::test_db_at_migration(4).await;
-    let store = EventStore::new(db.pool.clone());
+    let store = strata::app::event_store(db.pool.clone());
     let t1 = TemplateId::parse("tplcorp").unwrap();
     let t2 = TemplateId::parse("tplacme").unwrap();
     append_old(&store, "template-tplcorp", &[registered("acme-corp", "x")]).await;

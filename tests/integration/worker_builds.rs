@@ -12,7 +12,6 @@ use serde_json::json;
 use strata::domain::build::{self, FailedStep, FailureKind, Phase};
 use strata::domain::ids::{self};
 use strata::events::{Actor, ActorRole, CommandContext, Metadata};
-use strata::streams::Build;
 use strata::vmm::{BootSpec, ExecRequest, Network, SandboxBackend};
 use strata::worker::template_lookup;
 use uuid::Uuid;
@@ -409,16 +408,14 @@ async fn a_closed_attempt_stops_its_worker_without_another_write() {
 
     // The attempt-expiry reconciler's decision, as if the lease had passed.
     let bstream = stream(ids::stream::build(&build));
-    let expired = strata::events::execute::<Build>(
+    let expired = strata::app::build::expire_attempt(
         &fx.store,
-        &bstream,
-        &build::Command::ExpireAttempt {
-            now: Utc::now() + chrono::Duration::hours(1),
-        },
         &CommandContext::new(Metadata::new(Actor::new(
             ActorRole::Reconciler,
             "test-reconciler",
         ))),
+        &build,
+        Utc::now() + chrono::Duration::hours(1),
     )
     .await
     .unwrap();

@@ -10,6 +10,7 @@ use chrono::Utc;
 use common::sandbox::{backend, manifest, node_dir, sh};
 use serde_json::json;
 use strata::domain::build::{self, Phase, StepOutcome};
+use strata::domain::build_spec::Resources;
 use strata::domain::cache_entry::{self, EntryKind};
 use strata::domain::cache_key::CacheKey;
 use strata::domain::ids::{self, BuildId, FilesHash, SnapshotId};
@@ -18,7 +19,7 @@ use strata::events::{Actor, ActorRole, Metadata, StreamWrite};
 use strata::streams::{Build, CacheEntry};
 use uuid::Uuid;
 // ---------------------------------------------------------------------------------------------
-// What the API would append
+// What the API appends (through common::build_api, as the handlers do)
 // ---------------------------------------------------------------------------------------------
 
 use common::build_api::{api_context, stream};
@@ -100,7 +101,7 @@ fn entry_steps(
 }
 
 /// What an outside observer sees of a result: the filesystem manifest and the final context.
-async fn observe(fx: &Fixture, name: &str) -> (String, strata::domain::build_spec::CommandContext) {
+async fn observe(fx: &Fixture, name: &str) -> (String, strata::domain::build_spec::StepContext) {
     let result = fx.result(name).await;
     let mut sb = boot_on(&result.record.layers).await;
     let m = manifest(&mut sb).await;
@@ -817,5 +818,53 @@ async fn derived_templates_reuse_their_cache_across_unchanged_parent_rebuilds() 
         format!("{nonce}-v2\n")
     );
     sb.destroy().await.unwrap();
+    fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_build_naming_the_default_resources_shares_the_cache_of_one_naming_none() {
+    let mut fx = Fixture::new(settings()).await;
+    let nonce = Uuid::new_v4();
+    let spec = json!({
+        "fromImage": "busybox",
+        "force": false,
+        "steps": [run(&format!("echo {nonce} > /tmp/n"))],
+    });
+    let deadline = chrono::Utc::now() + chrono::Duration::hours(1);
+    let run_with = |resources: Resources| {
+        let (api, spec) = (&fx.api, spec.clone());
+        async move {
+            let (_, build) = api.register_with("resources", deadline, resources).await;
+            api.start(build, spec).await;
+            build
+        }
+    };
+    let none = run_with(Resources::default()).await;
+    assert_ready(&fx.wait_terminal(none).await);
+
+    // The SDK's defaults spelled out: the sandbox runs alike, so the final entry hits.
+    let defaults = Resources {
+        cpu_count: Some(Resources::DEFAULT_CPU_COUNT),
+        memory_mb: Some(Resources::DEFAULT_MEMORY_MB),
+        min_free_disk_mb: None,
+    };
+    let named = run_with(defaults).await;
+    let state = fx.wait_terminal(named).await;
+    assert_ready(&state);
+    assert_eq!(executed_steps(&state), Vec::<u32>::new());
+    assert!(has_line(
+        &fx.messages(named).await,
+        "[cache] final result: cache hit"
+    ));
+
+    // Another CPU count is another launch configuration: a miss, the step runs.
+    let four = run_with(Resources {
+        cpu_count: Some(4),
+        ..defaults
+    })
+    .await;
+    let state = fx.wait_terminal(four).await;
+    assert_ready(&state);
+    assert_eq!(executed_steps(&state), [1]);
     fx.stop().await;
 }

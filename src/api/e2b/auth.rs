@@ -32,12 +32,8 @@ impl FromRequestParts<AppState> for Team {
             )
         };
         let key = ApiKey::parse(presented).ok_or_else(invalid)?;
-        let team: Option<String> = sqlx::query_scalar(
-            "SELECT team_id FROM api_keys WHERE key_sha256 = $1 AND revoked_at IS NULL",
-        )
-        .bind(key.sha256_hex())
-        .fetch_optional(&state.pool)
-        .await?;
+        let team =
+            crate::projections::api_keys::team_of_key(&state.pool, &key.sha256_hex()).await?;
         let team = team.ok_or_else(invalid)?;
         let team =
             TeamId::parse(&team).map_err(|e| ApiError::internal("reading the key's team", &e))?;

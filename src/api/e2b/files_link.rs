@@ -14,15 +14,10 @@ use super::auth::Team;
 use super::{api_metadata, check_team_template, command_error, parse_template_id};
 use crate::api::error::ApiError;
 use crate::api::AppState;
-use crate::domain::build::upload::{
-    reserve_upload, Decision, LinkResponse, ReserveUpload, UploadError,
-};
+use crate::app::CommandContext;
+use crate::domain::build::upload::{LinkResponse, ReserveUpload, UploadError};
 use crate::domain::ids::{BuildId, FilesHash, IntentId};
 use crate::domain::upload_url::UploadGrant;
-use crate::domain::{build, files};
-use crate::events::command::{execute_writes, load, CommandContext};
-use crate::events::{CommandError, StreamWrite};
-use crate::streams::{build_stream, files_stream, Build, Files};
 
 /// The 201 body. `present` is required and must be a JSON boolean; `url` is always sent.
 #[derive(Debug, Serialize)]
@@ -77,76 +72,21 @@ async fn waiting_build(
     state: &AppState,
     template_id: &crate::domain::ids::TemplateId,
 ) -> Result<BuildId, ApiError> {
-    let build: Option<Uuid> = sqlx::query_scalar(
-        "SELECT build_id FROM builds WHERE template_id = $1 AND phase = 'waiting'
-         ORDER BY registered_at DESC LIMIT 1",
-    )
-    .bind(template_id.as_str())
-    .fetch_optional(&state.pool)
-    .await?;
-    build.map(BuildId::from_uuid).ok_or_else(|| {
-        ApiError::bad_request(format!(
-            "no build of template {template_id} is waiting for uploads; register one with POST /v3/templates first"
-        ))
-    })
+    crate::projections::builds::waiting_build(&state.pool, template_id)
+        .await?
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "no build of template {template_id} is waiting for uploads; register one with POST /v3/templates first"
+            ))
+        })
 }
 
 /// One compare-and-set over the build and the files stream of the hash.
 async fn reserve(state: &AppState, command: &ReserveUpload) -> Result<LinkResponse, ApiError> {
-    decide_build_and_files(state, &command.build, &command.hash, |build, files| {
-        reserve_upload(build, files, command)
-    })
-    .await
-}
-
-/// Loads a build and the `files-{scope}:{hash}` stream of its scope, runs `decide` over both,
-/// and appends the decision's events to both streams at the versions read, in one transaction
-/// (deciding again on a version conflict). The upload link and the upload completion are both
-/// this shape.
-pub(crate) async fn decide_build_and_files<T>(
-    state: &AppState,
-    build_id: &BuildId,
-    hash: &FilesHash,
-    decide: impl Fn(&build::State, &files::State) -> Result<(Decision, T), UploadError>,
-) -> Result<T, ApiError> {
     let ctx = CommandContext::new(api_metadata(state));
-    let answer = std::sync::Mutex::new(None);
-    let (st, ctx_ref, answer_ref, decide) = (state, &ctx, &answer, &decide);
-    execute_writes(&state.events, 16, move || async move {
-        let b_stream = build_stream(build_id);
-        let build = load::<Build>(&st.events, &b_stream)
-            .await
-            .map_err(CommandError::into_other)?;
-        let scope = build
-            .state
-            .scope()
-            .ok_or(CommandError::Rejected(UploadError::NotRegistered))?;
-        let f_stream = files_stream(&scope, hash);
-        let files = load::<Files>(&st.events, &f_stream)
-            .await
-            .map_err(CommandError::into_other)?;
-        let (decision, value) =
-            decide(&build.state, &files.state).map_err(CommandError::Rejected)?;
-        *answer_ref.lock().expect("not poisoned") = Some(value);
-        Ok(vec![
-            StreamWrite::new(
-                b_stream.clone(),
-                build.expected(),
-                ctx_ref.encode(&b_stream, &decision.build)?,
-            ),
-            StreamWrite::new(
-                f_stream.clone(),
-                files.expected(),
-                ctx_ref.encode(&f_stream, &decision.files)?,
-            ),
-        ])
-    })
-    .await
-    .map_err(|e| command_error(e, upload_error))?;
-    Ok(answer
-        .into_inner()
-        .expect("not poisoned")
-        .expect("a successful decision set the answer"))
+    crate::app::upload::link_upload(&state.events, &ctx, command)
+        .await
+        .map_err(|e| command_error(e, upload_error))
 }
 
 fn signed_url(

@@ -10,7 +10,6 @@
 //! compare-and-set; the helpers below map the outcome to the SDK's error shape.
 
 pub mod auth;
-pub mod deleted_template_builds;
 pub mod files_link;
 pub mod register;
 pub mod start;
@@ -100,16 +99,13 @@ pub(crate) async fn check_team_template(
     team: &TeamId,
     template_id: &TemplateId,
 ) -> Result<(), ApiError> {
-    let owned: Option<bool> = sqlx::query_scalar(
-        "SELECT true FROM templates WHERE template_id = $1 AND team_id = $2 AND NOT deleted",
-    )
-    .bind(template_id.as_str())
-    .bind(team.as_str())
-    .fetch_optional(&state.pool)
-    .await?;
-    owned.map(drop).ok_or_else(|| {
-        ApiError::not_found(format!("template {template_id} not found for this team"))
-    })
+    if crate::projections::templates::is_live_template_of(&state.pool, team, template_id).await? {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!(
+            "template {template_id} not found for this team"
+        )))
+    }
 }
 
 /// Loads a template of `team`, for calls that need its state (names, tags). Another team's template is reported exactly like a missing one.

@@ -11,10 +11,12 @@ use super::auth::Team;
 use super::{api_metadata, command_error};
 use crate::api::error::ApiError;
 use crate::api::AppState;
+use crate::app::registration::{
+    register_build as register_build_events, RegisterBuild, RegisterError,
+};
 use crate::domain::build_spec::TemplateBuildRequestV3;
 use crate::domain::template;
 use crate::events::command::CommandContext;
-use crate::registration::{register_build as register_build_events, RegisterBuild, RegisterError};
 
 /// The 202 body; the SDK requires all six keys.
 #[derive(Debug, Serialize)]

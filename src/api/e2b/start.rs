@@ -10,11 +10,12 @@ use super::auth::Team;
 use super::{api_metadata, check_team_template, command_error, parse_template_id};
 use crate::api::error::ApiError;
 use crate::api::AppState;
-use crate::domain::build::{self, Command};
+use crate::app::CommandContext;
+use crate::domain::build;
 use crate::domain::build_spec::{BaseSource, TemplateBuildStartV2};
 use crate::domain::ids::{BuildId, TeamId, TemplateId};
 use crate::domain::image_ref::ImageRef;
-use crate::events::command::{execute, load, CommandContext};
+use crate::events::command::load;
 use crate::registry::sealed;
 use crate::streams::{build_stream, Build};
 use tracing::Instrument;
@@ -52,17 +53,13 @@ pub async fn start_build(
         _ => None,
     };
     let now = crate::streams::database_now(&state.pool).await?;
-    let command = Command::StartBuild {
-        spec,
-        now,
-        queue_deadline: now + state.protocol.queue_timeout,
-        attempt: None,
-    };
+    let queue_deadline = now + state.protocol.queue_timeout;
     let span = crate::trace::build_span(&state.events, build_id, "build.start").await;
     let ctx = span.in_scope(|| CommandContext::new(api_metadata(&state)));
-    let started = execute::<Build>(&state.events, &build_stream(&build_id), &command, &ctx)
-        .instrument(span)
-        .await;
+    let started =
+        crate::app::build::start_build(&state.events, &ctx, &build_id, spec, now, queue_deadline)
+            .instrument(span)
+            .await;
     if let (Err(_), Some(sealed)) = (&started, &sealed) {
         // This start stored them and was refused: they belong to no build.
         let _ = sealed::discard(&state.pool, &build_id, sealed).await;

@@ -38,16 +38,11 @@ pub async fn build_status(
     let offset = query.logs_offset.unwrap_or(0).max(0);
     let limit = query.limit.unwrap_or(100).clamp(0, 100);
     let min_level = query.level.unwrap_or(LogLevel::Debug);
-    let levels: Vec<&str> = [
-        (LogLevel::Debug, "debug"),
-        (LogLevel::Info, "info"),
-        (LogLevel::Warn, "warn"),
-        (LogLevel::Error, "error"),
-    ]
-    .iter()
-    .filter(|(l, _)| rank(*l) >= rank(min_level))
-    .map(|(_, s)| *s)
-    .collect();
+    let levels: Vec<&str> = LogLevel::ALL
+        .into_iter()
+        .filter(|l| *l >= min_level)
+        .map(LogLevel::as_str)
+        .collect();
     let rows: Vec<(DateTime<Utc>, String, String, Option<String>)> = sqlx::query_as(
         "SELECT logged_at, level, message, step FROM build_logs
          WHERE build_id = $1 AND level = ANY($2)
@@ -63,7 +58,7 @@ pub async fn build_status(
         .into_iter()
         .map(|(timestamp, level, message, step)| LogEntry {
             timestamp,
-            level: parse_level(&level),
+            level: LogLevel::from_stored(&level),
             message,
             step,
         })
@@ -71,22 +66,4 @@ pub async fn build_status(
     StatusResponse::of(&build, &build_id, page)
         .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("build {build_id} not found")))
-}
-
-fn rank(level: LogLevel) -> u8 {
-    match level {
-        LogLevel::Debug => 0,
-        LogLevel::Info => 1,
-        LogLevel::Warn => 2,
-        LogLevel::Error => 3,
-    }
-}
-
-fn parse_level(level: &str) -> LogLevel {
-    match level {
-        "debug" => LogLevel::Debug,
-        "warn" => LogLevel::Warn,
-        "error" => LogLevel::Error,
-        _ => LogLevel::Info,
-    }
 }

@@ -19,11 +19,12 @@ use super::{
 };
 use crate::api::error::ApiError;
 use crate::api::AppState;
+use crate::app::template::assign_tags as assign;
+use crate::app::CommandContext;
 use crate::domain::build_spec::{parse_name_and_tag, Tag};
 use crate::domain::ids::TemplateId;
-use crate::domain::template::{self, Command, Event};
-use crate::events::command::{execute, CommandContext};
-use crate::streams::{template_stream, Template};
+use crate::domain::template::{self, Event};
+use crate::streams::template_stream;
 
 #[derive(Deserialize)]
 struct AssignRequest {
@@ -83,18 +84,10 @@ pub async fn assign_tags(
         ))
     })?;
     let ctx = CommandContext::new(api_metadata(&state));
-    execute::<Template>(
-        &state.events,
-        &template_stream(&template_id),
-        &Command::AssignTags {
-            build,
-            tags: tags.clone(),
-            now: crate::streams::database_now(&state.pool).await?,
-        },
-        &ctx,
-    )
-    .await
-    .map_err(|e| command_error(e, tag_error))?;
+    let now = crate::streams::database_now(&state.pool).await?;
+    assign(&state.events, &ctx, &template_id, build, tags.clone(), now)
+        .await
+        .map_err(|e| command_error(e, tag_error))?;
     Ok((
         StatusCode::CREATED,
         Json(json!({
@@ -134,17 +127,10 @@ async fn remove(
     tags: Vec<Tag>,
 ) -> Result<StatusCode, ApiError> {
     let ctx = CommandContext::new(api_metadata(state));
-    execute::<Template>(
-        &state.events,
-        &template_stream(template_id),
-        &Command::RemoveTags {
-            tags,
-            now: crate::streams::database_now(&state.pool).await?,
-        },
-        &ctx,
-    )
-    .await
-    .map_err(|e| command_error(e, tag_error))?;
+    let now = crate::streams::database_now(&state.pool).await?;
+    crate::app::template::remove_tags(&state.events, &ctx, template_id, tags, now)
+        .await
+        .map_err(|e| command_error(e, tag_error))?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -12,11 +12,11 @@ use super::auth::Team;
 use super::{api_metadata, check_team_template, command_error};
 use crate::api::error::ApiError;
 use crate::api::AppState;
+use crate::app::{CommandContext, CommandError};
 use crate::domain::build_spec::{parse_name_and_tag, Resources, Tag};
 use crate::domain::ids::{TeamId, TemplateId};
-use crate::domain::template::{self, NameEvent};
-use crate::events::command::{execute_writes, load, CommandContext};
-use crate::events::{CommandError, StreamWrite};
+use crate::domain::template;
+use crate::events::command::load;
 use crate::streams::{database_now, template_name_stream, template_stream, Template, TemplateName};
 
 /// Whether `template_id` is `team`'s template and deleted (read from the exact `templates` read
@@ -26,13 +26,10 @@ async fn team_template_deleted(
     team: &TeamId,
     template_id: &TemplateId,
 ) -> Result<bool, ApiError> {
-    let deleted: Option<bool> =
-        sqlx::query_scalar("SELECT deleted FROM templates WHERE template_id = $1 AND team_id = $2")
-            .bind(template_id.as_str())
-            .bind(team.as_str())
-            .fetch_optional(&state.pool)
-            .await?;
-    Ok(deleted == Some(true))
+    Ok(
+        crate::projections::templates::is_deleted_template_of(&state.pool, team, template_id)
+            .await?,
+    )
 }
 
 /// Resolves `name` (optionally `name:tag`, optionally namespaced to the caller's team) to the
@@ -299,40 +296,9 @@ pub async fn delete_template(
     let template_id = team_template_by_ref(&state, &team.0, &template_ref).await?;
     let ctx = CommandContext::new(api_metadata(&state));
     let now = database_now(&state.pool).await?;
-    let (st, ctx, tid, team_id) = (&state, &ctx, &template_id, &team.0);
-    let deleted = execute_writes(&state.events, 16, move || async move {
-        let t_stream = template_stream(tid);
-        let tpl = load::<Template>(&st.events, &t_stream)
-            .await
-            .map_err(CommandError::into_other)?;
-        let events = template::decide(&tpl.state, &template::Command::DeleteTemplate { now })
-            .map_err(CommandError::Rejected)?;
-        let mut writes = vec![StreamWrite::new(
-            t_stream.clone(),
-            tpl.expected(),
-            ctx.encode(&t_stream, &events)?,
-        )];
-        let deleted = events.iter().fold(tpl.state.clone(), template::evolve);
-        writes.extend(
-            super::deleted_template_builds::end_builds(&st.events, ctx, tid, &deleted, now).await?,
-        );
-        for name in &tpl.state.names {
-            let n_stream = template_name_stream(team_id, name);
-            let claim = load::<TemplateName>(&st.events, &n_stream)
-                .await
-                .map_err(CommandError::into_other)?;
-            let released = vec![NameEvent::NameReleased {
-                template: tid.clone(),
-            }];
-            writes.push(StreamWrite::new(
-                n_stream.clone(),
-                claim.expected(),
-                ctx.encode(&n_stream, &released)?,
-            ));
-        }
-        Ok(writes)
-    })
-    .await;
+    let deleted =
+        crate::app::template::delete_template(&state.events, &ctx, &team.0, &template_id, now)
+            .await;
     match deleted {
         // Deleted by a concurrent request (or an earlier try of this one): the outcome asked for
         // holds.

@@ -4,19 +4,20 @@
 //! Order matters, and nothing is visible until the end: verify the signed URL; refuse a build
 //! that already froze; stream the body to a temporary object while hashing it, enforcing the
 //! exact `Content-Length` and the grant's ceiling; publish the bytes content-addressed
-//! (create-if-absent); then one compare-and-set completes the intent and binds the generation
+//! (create-if-absent) once their digest is known; then one compare-and-set completes the intent and binds the generation
 //! (intent Pending ∧ build Waiting ∧ binding as the link saw it). Only then 200.
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
 
-use super::command_error;
-use super::files_link::decide_build_and_files;
+use super::files_link::upload_error;
+use super::{api_metadata, command_error};
 use crate::api::error::ApiError;
-use crate::api::upload_ingest::{stage_upload, IngestError};
+use crate::api::upload_ingest::{ingest_upload, IngestError};
 use crate::api::AppState;
-use crate::domain::build::upload::{complete_upload, CompleteUpload};
+use crate::app::CommandContext;
+use crate::domain::build::upload::CompleteUpload;
 use crate::domain::build::Phase;
 use crate::domain::ids::Digest;
 use crate::domain::upload_url::{verify, UploadGrant, UrlError, METHOD_PUT};
@@ -79,24 +80,18 @@ async fn store_upload(
     body: Body,
     span: &tracing::Span,
 ) -> Result<(), ApiError> {
-    let staged = stage_upload(
+    let ingested = ingest_upload(
         body.into_data_stream(),
         declared,
         grant.max_size,
-        &state.blobs.staging_dir(),
+        state.blobs.clone(),
     )
     .await
     .map_err(ingest_error)?;
-    let digest = Digest::parse(&format!("sha256:{}", staged.digest))
+    let digest = Digest::parse(&format!("sha256:{}", ingested.digest))
         .expect("the ingest produces lowercase hex sha256");
-    span.record("size", staged.size);
+    span.record("size", ingested.size);
     span.record("digest", digest.to_string());
-    let blob_digest = crate::vmm::Digest::parse(&staged.digest).expect("valid hex sha256");
-    let blobs = state.blobs.clone();
-    tokio::task::spawn_blocking(move || blobs.adopt(&staged.file, &blob_digest))
-        .await
-        .map_err(|e| ApiError::internal("publishing the upload", &e))?
-        .map_err(|e| ApiError::internal("publishing the upload", &e))?;
 
     let command = CompleteUpload {
         build: grant.build,
@@ -131,10 +126,10 @@ async fn refuse_if_frozen(state: &AppState, grant: &UploadGrant) -> Result<(), A
 }
 
 async fn complete(state: &AppState, cmd: &CompleteUpload) -> Result<(), ApiError> {
-    decide_build_and_files(state, &cmd.build, &cmd.hash, |build, files| {
-        complete_upload(build, files, cmd).map(|decision| (decision, ()))
-    })
-    .await
+    let ctx = CommandContext::new(api_metadata(state));
+    crate::app::upload::complete_upload(&state.events, &ctx, cmd)
+        .await
+        .map_err(|e| command_error(e, upload_error))
 }
 
 /// Expired or altered URLs are 403: the URL is the credential.
@@ -156,6 +151,6 @@ fn ingest_error(err: IngestError) -> ApiError {
         IngestError::LengthMismatch { .. } | IngestError::Body(_) => {
             ApiError::bad_request(err.to_string())
         }
-        IngestError::Io { .. } => ApiError::internal("storing the upload", &err),
+        IngestError::Store { .. } => ApiError::internal("storing the upload", &err),
     }
 }

@@ -27,7 +27,7 @@
 //!
 //! Logs are not events of this stream: they are high-volume, decide nothing, and appending them
 //! here would make every log line race lease renewals for the stream version. They live in their
-//! own append-only store; [`status::page_logs`] implements the SDK's offset paging over them.
+//! own append-only store (`build_logs`), paged by the status handler.
 
 pub mod cache_consultation;
 pub mod decide;

@@ -1,7 +1,8 @@
 //! The E2B view of a build: `GET /templates/{id}/builds/{bid}/status`.
 //!
-//! Layout: [`BuildStatus`] and [`status_of`]; [`ErrorReason`] and [`reason_of`]; [`LogEntry`],
-//! [`LogLevel`] and [`page_logs`]; [`StatusResponse`], the whole response body.
+//! Layout: [`BuildStatus`] and [`status_of`]; [`ErrorReason`] and [`reason_of`]; [`LogEntry`]
+//! and [`LogLevel`]; [`StatusResponse`], the whole response body. The SDK's offset paging over
+//! the logs is the `build_logs` query in the status handler.
 //!
 //! The SDK accepts exactly `waiting|building|ready|error`. As on E2B, only a registered build
 //! that was never started is `waiting`; a started build is `building` from the moment it is
@@ -55,13 +56,41 @@ pub fn reason_of(state: &State) -> Option<ErrorReason> {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Ordered by severity: a minimum level keeps itself and everything after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     Debug,
     Info,
     Warn,
     Error,
+}
+
+impl LogLevel {
+    pub const ALL: [LogLevel; 4] = [
+        LogLevel::Debug,
+        LogLevel::Info,
+        LogLevel::Warn,
+        LogLevel::Error,
+    ];
+
+    /// The stored and wire spelling (`build_logs.level`, `logEntries[].level`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+
+    /// A stored level; anything unknown reads as `info`.
+    pub fn from_stored(level: &str) -> LogLevel {
+        LogLevel::ALL
+            .into_iter()
+            .find(|l| l.as_str() == level)
+            .unwrap_or(LogLevel::Info)
+    }
 }
 
 /// One `logEntries[]` item as the SDK parses it.
@@ -72,15 +101,6 @@ pub struct LogEntry {
     pub message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
-}
-
-/// The SDK pages with `logsOffset` (an index into the append-only list) and `limit` (Python sends
-/// 100, JS none). Past the end the page must be empty, or the SDK's drain loop never ends.
-pub fn page_logs<T>(entries: &[T], offset: usize, limit: Option<usize>) -> &[T] {
-    let limit = limit.unwrap_or(100).min(100);
-    let start = offset.min(entries.len());
-    let end = start.saturating_add(limit).min(entries.len());
-    &entries[start..end]
 }
 
 /// The `200` body of the status endpoint. `logs` is legacy and always empty, but the SDK
@@ -118,7 +138,6 @@ impl StatusResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
 
     #[test]
     fn reason_serializes_as_e2b_expects() {
@@ -180,23 +199,5 @@ mod tests {
             r#"{"timestamp":"2026-11-29T15:19:43Z","level":"warning","message":"m"}"#
         )
         .is_err());
-    }
-
-    proptest! {
-        #[test]
-        fn pages_tile_the_log_and_end_empty(len in 0usize..350, limit in proptest::option::of(1usize..150)) {
-            let entries: Vec<usize> = (0..len).collect();
-            let mut offset = 0;
-            let mut seen = Vec::new();
-            loop {
-                let page = page_logs(&entries, offset, limit);
-                if page.is_empty() { break; }
-                prop_assert!(page.len() <= 100);
-                offset += page.len();
-                seen.extend_from_slice(page);
-            }
-            prop_assert_eq!(seen, entries);
-            prop_assert!(page_logs(&(0..len).collect::<Vec<_>>(), len + 5, limit).is_empty());
-        }
     }
 }

@@ -39,11 +39,12 @@ use self::cgroup::{CgroupDriver, SandboxCgroup};
 use self::init::InitSpec;
 use self::owner::SandboxOwner;
 use super::backend::*;
-use super::blob_store::{Digest, LocalBlobStore};
+use super::blob_store::{BlobStore, Digest, LocalBlobStore};
 use super::copy::CopySpec;
 use super::depth::DepthBudget;
 use super::error::{Result, VmmError};
 use super::layer::{self, LayerCache, LayerRef};
+use super::layer_budget::LayerPins;
 
 #[derive(Debug, Clone)]
 pub struct NamespaceConfig {
@@ -56,7 +57,7 @@ pub struct NamespaceConfig {
 
 struct Shared {
     config: NamespaceConfig,
-    blobs: Arc<LocalBlobStore>,
+    blobs: Arc<dyn BlobStore>,
     layers: LayerCache,
     cgroups: CgroupDriver,
     owner: SandboxOwner,
@@ -68,12 +69,22 @@ pub struct NamespaceBackend {
 }
 
 impl NamespaceBackend {
+    /// A backend whose blobs are in the node-local store, `<data-dir>/blobs`.
     pub fn new(config: NamespaceConfig) -> Result<NamespaceBackend> {
+        let blobs = Arc::new(LocalBlobStore::open(config.data_dir.join("blobs"))?);
+        Self::with_blobs(config, blobs)
+    }
+
+    /// A backend reading and writing blobs in `blobs` (a shared object store, on a node that
+    /// shares nothing else); extracted layers stay node-local under the data directory.
+    pub fn with_blobs(
+        config: NamespaceConfig,
+        blobs: Arc<dyn BlobStore>,
+    ) -> Result<NamespaceBackend> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err(VmmError::NotRoot);
         }
-        let blobs = Arc::new(LocalBlobStore::open(config.data_dir.join("blobs"))?);
         let layers = LayerCache::open(config.data_dir.join("layers"))?;
         let sandboxes = config.data_dir.join("sandboxes");
         std::fs::create_dir_all(&sandboxes)
@@ -102,7 +113,7 @@ impl NamespaceBackend {
         self.shared.config.data_dir.join("sandboxes").join(id)
     }
 
-    pub fn blobs(&self) -> Arc<LocalBlobStore> {
+    pub fn blobs(&self) -> Arc<dyn BlobStore> {
         self.shared.blobs.clone()
     }
 
@@ -114,16 +125,19 @@ impl NamespaceBackend {
         &self.shared.cgroups
     }
 
-    async fn lowers(&self, stack: &[Digest]) -> Result<Vec<PathBuf>> {
+    /// The lower directories of `stack` (top first), extracted if needed, and pinned in the
+    /// layer cache for as long as the sandbox that mounts them holds the pins.
+    async fn lowers(&self, stack: &[Digest]) -> Result<(Vec<PathBuf>, LayerPins)> {
         let shared = self.shared.clone();
         let stack = stack.to_vec();
+        let pins = self.shared.layers.pin(&stack);
         tokio::task::spawn_blocking(move || {
             let mut dirs = stack
                 .iter()
                 .map(|d| shared.layers.ensure(shared.blobs.as_ref(), d))
                 .collect::<Result<Vec<_>>>()?;
             dirs.reverse();
-            Ok(topmost_occurrences(dirs))
+            Ok((topmost_occurrences(dirs), pins))
         })
         .await
         .expect("layer extraction task")
@@ -151,7 +165,7 @@ impl SandboxBackend for NamespaceBackend {
 
     async fn boot(&self, spec: BootSpec) -> Result<Box<dyn Sandbox>> {
         self.shared.config.depth.check(spec.layers.len())?;
-        let lowers = self.lowers(&spec.layers).await?;
+        let (lowers, pins) = self.lowers(&spec.layers).await?;
         let id = self.shared.owner.new_sandbox_id();
         let dir = self.sandbox_dir(&id);
         std::fs::create_dir_all(dir.join("root"))
@@ -174,6 +188,7 @@ impl SandboxBackend for NamespaceBackend {
             generation: 0,
             cgroup: Some(cgroup),
             running: None,
+            pins: Some(pins),
         };
         if let Err(e) = sandbox.start(lowers).await {
             sandbox.teardown().await;
@@ -197,13 +212,15 @@ pub struct NamespaceSandbox {
     id: String,
     dir: PathBuf,
     layers: Vec<Digest>,
-    context: CommandContext,
+    context: ExecDefaults,
     limits: Limits,
     tmpfs_tmp: bool,
     /// Bumped at each checkpoint: names the current upper and work directories.
     generation: u32,
     cgroup: Option<SandboxCgroup>,
     running: Option<Running>,
+    /// Keeps the mounted layers in the node's cache while the sandbox lives.
+    pins: Option<LayerPins>,
 }
 
 fn open_fds(paths: &[PathBuf], write: bool) -> Result<Vec<OwnedFd>> {
@@ -583,7 +600,7 @@ impl Sandbox for NamespaceSandbox {
         &self.layers
     }
 
-    fn context_mut(&mut self) -> &mut CommandContext {
+    fn context_mut(&mut self) -> &mut ExecDefaults {
         &mut self.context
     }
 
@@ -729,7 +746,8 @@ impl Sandbox for NamespaceSandbox {
         }
         self.generation += 1;
         let sealing = started.elapsed() - stopped;
-        let lowers = self.backend.lowers(&self.layers).await?;
+        let (lowers, pins) = self.backend.lowers(&self.layers).await?;
+        self.pins = Some(pins);
         self.start(lowers).await?;
         tracing::debug!(
             stop_ms = stopped.as_secs_f64() * 1e3,

@@ -1,16 +1,14 @@
-//! What the API would append, done through the domain's own decisions: registration, the link
-//! request and upload of a COPY archive, and build start. For tests that drive builds without
-//! running `strata api`.
+//! What the API appends, through the same application-layer calls the handlers make:
+//! registration, the link request and upload of a COPY archive, and build start. For tests that
+//! drive builds without running `strata api`.
 
 use chrono::Utc;
-use strata::domain::build;
+use strata::app::upload::{complete_upload, link_upload};
+use strata::app::CommandContext;
+use strata::domain::build::upload::{CompleteUpload, ReserveUpload};
 use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
 use strata::domain::ids::{self, BuildId, FilesHash, IntentId, TeamId, TemplateId};
-use strata::events::command::load;
-use strata::events::{
-    Actor, ActorRole, CommandContext, EventStore, Metadata, StreamId, StreamWrite,
-};
-use strata::streams::{Build, Files};
+use strata::events::{Actor, ActorRole, EventStore, Metadata, StreamId};
 use strata::vmm::BlobStore;
 use uuid::Uuid;
 
@@ -40,15 +38,26 @@ impl Api {
         name: &str,
         waiting_deadline: chrono::DateTime<Utc>,
     ) -> (TemplateId, BuildId) {
+        self.register_with(name, waiting_deadline, Resources::default())
+            .await
+    }
+
+    /// [`Self::register`] with the waiting deadline and the requested resources given.
+    pub async fn register_with(
+        &self,
+        name: &str,
+        waiting_deadline: chrono::DateTime<Utc>,
+        resources: Resources,
+    ) -> (TemplateId, BuildId) {
         let now = Utc::now();
-        strata::registration::register_build(
+        strata::app::registration::register_build(
             &self.store,
             &api_context(),
-            &strata::registration::RegisterBuild {
+            &strata::app::registration::RegisterBuild {
                 team: self.team.clone(),
                 name: TemplateName::parse(name).unwrap(),
                 tags: vec![Tag::default_tag()],
-                resources: Resources::default(),
+                resources,
                 now,
                 waiting_deadline,
             },
@@ -66,18 +75,12 @@ impl Api {
         bytes: &[u8],
     ) {
         let (digest, size) = blobs.put_bytes(bytes).unwrap();
-        let blob_digest = ids::Digest::parse(&digest.to_string()).unwrap();
-        let scope = ids::Scope::team(&self.team);
-        let fstream = stream(ids::stream::files(&scope, hash));
-        let bstream = stream(ids::stream::build(&build));
         let now = Utc::now();
         let intent = IntentId::from_uuid(Uuid::new_v4());
-        let b = load::<Build>(&self.store, &bstream).await.unwrap();
-        let f = load::<Files>(&self.store, &fstream).await.unwrap();
-        let (decision, link) = build::upload::reserve_upload(
-            &b.state,
-            &f.state,
-            &build::upload::ReserveUpload {
+        let link = link_upload(
+            &self.store,
+            &api_context(),
+            &ReserveUpload {
                 build,
                 intent,
                 hash: hash.clone(),
@@ -85,27 +88,23 @@ impl Api {
                 expires_at: now + chrono::Duration::hours(1),
             },
         )
+        .await
         .unwrap();
-        self.append_decision(&bstream, b.expected(), &fstream, f.expected(), &decision)
-            .await;
-        let b = load::<Build>(&self.store, &bstream).await.unwrap();
-        let f = load::<Files>(&self.store, &fstream).await.unwrap();
-        let decision = build::upload::complete_upload(
-            &b.state,
-            &f.state,
-            &build::upload::CompleteUpload {
+        complete_upload(
+            &self.store,
+            &api_context(),
+            &CompleteUpload {
                 build,
                 intent,
                 hash: hash.clone(),
                 generation: link.generation,
-                blob_digest,
+                blob_digest: ids::Digest::from(&digest),
                 size,
                 now,
             },
         )
+        .await
         .unwrap();
-        self.append_decision(&bstream, b.expected(), &fstream, f.expected(), &decision)
-            .await;
     }
 
     /// The link request alone (the upload never comes): a pending intent expiring at
@@ -116,16 +115,11 @@ impl Api {
         hash: &FilesHash,
         expires_at: chrono::DateTime<Utc>,
     ) -> IntentId {
-        let scope = ids::Scope::team(&self.team);
-        let fstream = stream(ids::stream::files(&scope, hash));
-        let bstream = stream(ids::stream::build(&build));
         let intent = IntentId::from_uuid(Uuid::new_v4());
-        let b = load::<Build>(&self.store, &bstream).await.unwrap();
-        let f = load::<Files>(&self.store, &fstream).await.unwrap();
-        let (decision, _) = build::upload::reserve_upload(
-            &b.state,
-            &f.state,
-            &build::upload::ReserveUpload {
+        link_upload(
+            &self.store,
+            &api_context(),
+            &ReserveUpload {
                 build,
                 intent,
                 hash: hash.clone(),
@@ -133,36 +127,9 @@ impl Api {
                 expires_at,
             },
         )
+        .await
         .unwrap();
-        self.append_decision(&bstream, b.expected(), &fstream, f.expected(), &decision)
-            .await;
         intent
-    }
-
-    pub async fn append_decision(
-        &self,
-        bstream: &StreamId,
-        bexp: strata::events::ExpectedVersion,
-        fstream: &StreamId,
-        fexp: strata::events::ExpectedVersion,
-        decision: &build::upload::Decision,
-    ) {
-        let ctx = api_context();
-        self.store
-            .append(vec![
-                StreamWrite::new(
-                    bstream.clone(),
-                    bexp,
-                    ctx.encode(bstream, &decision.build).unwrap(),
-                ),
-                StreamWrite::new(
-                    fstream.clone(),
-                    fexp,
-                    ctx.encode(fstream, &decision.files).unwrap(),
-                ),
-            ])
-            .await
-            .unwrap();
     }
 
     /// `POST /v2/templates/{id}/builds/{bid}`: freezes the build; it is queued for a node.
@@ -179,17 +146,13 @@ impl Api {
         queue_deadline: chrono::DateTime<Utc>,
     ) {
         let spec: TemplateBuildStartV2 = serde_json::from_value(spec).unwrap();
-        let now = Utc::now();
-        strata::events::execute::<Build>(
+        strata::app::build::start_build(
             &self.store,
-            &stream(ids::stream::build(&build)),
-            &build::Command::StartBuild {
-                spec,
-                now,
-                queue_deadline,
-                attempt: None,
-            },
             &api_context(),
+            &build,
+            spec,
+            Utc::now(),
+            queue_deadline,
         )
         .await
         .unwrap();

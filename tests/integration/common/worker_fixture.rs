@@ -28,7 +28,7 @@ pub struct Fixture {
     pub db: TestDb,
     pub store: EventStore,
     pub api: Api,
-    pub blobs: Arc<strata::vmm::LocalBlobStore>,
+    pub blobs: Arc<dyn strata::vmm::BlobStore>,
     pub shutdown: CancellationToken,
     pub worker: Option<tokio::task::JoinHandle<()>>,
 }
@@ -58,7 +58,7 @@ impl Fixture {
             .with_env_filter("strata=info")
             .try_init();
         let db = super::test_db().await;
-        let store = EventStore::new(db.pool.clone());
+        let store = strata::app::event_store(db.pool.clone());
         let team = TeamId::parse(&format!(
             "team{}",
             &Uuid::new_v4().simple().to_string()[..8]

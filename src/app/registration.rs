@@ -2,6 +2,10 @@
 //! team-scoped name claim, the template, and the new build. The API, the benchmarks and the
 //! tests all register through [`register_build`], so the claim race (two first registrations
 //! of one name) is decided in one place.
+//!
+//! Rule: [`template::register_build`] and the build's `RegisterBuild`; events: `NameClaimed`,
+//! `TemplateRegistered`/`BuildAppended`, `BuildRegistered`; read models: `templates` and `builds`
+//! (inline).
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -10,8 +14,8 @@ use crate::domain::build;
 use crate::domain::build_spec::{Resources, Tag, TemplateName};
 use crate::domain::ids::{BuildId, TeamId, TemplateId};
 use crate::domain::template;
-use crate::events::command::{execute_writes, load, CommandContext};
-use crate::events::{CommandError, EventStore, ExpectedVersion, StreamWrite};
+use crate::events::command::{execute_writes_with, load, CommandContext};
+use crate::events::{CommandError, EventStore, ExpectedVersion};
 use crate::streams::{
     build_stream, template_name_stream, template_stream, Template, TemplateName as NameClaim,
 };
@@ -46,9 +50,8 @@ pub async fn register_build(
     let build_id = BuildId::from_uuid(Uuid::new_v4());
     let candidate = new_template_id();
     let name_stream = template_name_stream(&cmd.team, &cmd.name.name);
-    let chosen = std::sync::Mutex::new(candidate.clone());
-    let (candidate_ref, name_ref, chosen_ref) = (&candidate, &name_stream, &chosen);
-    execute_writes(store, 16, move || async move {
+    let (candidate_ref, name_ref) = (&candidate, &name_stream);
+    let (_, chosen) = execute_writes_with(store, 16, move || async move {
         let names = load::<NameClaim>(store, name_ref)
             .await
             .map_err(CommandError::into_other)?;
@@ -84,28 +87,16 @@ pub async fn register_build(
             },
         )
         .map_err(|e| CommandError::Rejected(RegisterError::Build(e)))?;
-        *chosen_ref.lock().expect("not poisoned") = registration.template.clone();
         let b_stream = build_stream(&build_id);
-        Ok(vec![
-            StreamWrite::new(
-                name_ref.clone(),
-                names.expected(),
-                ctx.encode(name_ref, &registration.name_events)?,
-            ),
-            StreamWrite::new(
-                tpl_stream.clone(),
-                tpl.expected(),
-                ctx.encode(&tpl_stream, &registration.template_events)?,
-            ),
-            StreamWrite::new(
-                b_stream.clone(),
-                ExpectedVersion::NoStream,
-                ctx.encode(&b_stream, &build_events)?,
-            ),
-        ])
+        let writes = vec![
+            ctx.write(name_ref, names.expected(), &registration.name_events)?,
+            ctx.write(&tpl_stream, tpl.expected(), &registration.template_events)?,
+            ctx.write(&b_stream, ExpectedVersion::NoStream, &build_events)?,
+        ];
+        Ok((writes, registration.template))
     })
     .await?;
-    Ok((chosen.into_inner().expect("not poisoned"), build_id))
+    Ok((chosen, build_id))
 }
 
 /// A short random template id, like E2B's: 20 lowercase letters and digits.

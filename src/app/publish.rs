@@ -1,6 +1,11 @@
-//! Driving a staged promotion to the end, from wherever it stands: the one implementation the
-//! worker (right after entering Publishing) and the promotion reconciler (after the worker's
-//! lease lapsed mid-promotion) both run.
+//! Publishing a build: entering Publishing with the staged promotion ([`begin_publishing`]),
+//! then driving that promotion to the end, from wherever it stands ([`PromotionDriver`]): the
+//! one implementation the worker (right after entering Publishing) and the promotion reconciler
+//! (after the worker's lease lapsed mid-promotion) both run.
+//!
+//! Rules and events: `domain/promotion.rs` (the outbox: `Stage`, `CommitLayers`, `MakeVisible`,
+//! `Finish`, `Abandon`), the build's `BeginPublishing`/`MarkReady` and the template's
+//! `PromoteBuild` (`TagsAssigned`); read models: `builds` and `templates` (inline).
 //!
 //! Steps, each a compare-and-set that emits nothing when already taken, so running this twice,
 //! concurrently, or after a crash anywhere in it is harmless:
@@ -17,20 +22,20 @@
 //! refuses the tags; then the outbox is abandoned and the build ends in `error` saying so, in one
 //! append ([`build::end_for_deleted_template`]).
 //!
-//! Errors are typed ([`Refusal`]): the build refusing this epoch is fencing; a failed clock read
+//! Errors are typed ([`PromoteError`]): the build refusing this epoch is fencing; a failed clock read
 //! or load is the store's, which the reconciler counts as a failed pass and the worker retries.
 
 use std::sync::Arc;
 
-use super::base;
-use super::error::{Refusal, WorkerError};
-use crate::domain::build;
+use super::Refusal;
+use crate::domain::build::{self, BuildResult};
 use crate::domain::ids::{BuildId, Epoch, TemplateId};
-use crate::domain::promotion::{self, Stage};
+use crate::domain::promotion::{self, PromotionPlan, Stage};
 use crate::domain::template;
 use crate::events::command::load;
 use crate::events::{
-    execute, execute_writes, CommandContext, CommandError, EventStore, Metadata, StreamWrite,
+    execute, execute_writes, CommandContext, CommandError, EventStore, Metadata, ReadError,
+    StreamWrite,
 };
 use crate::fault::crash_point;
 use crate::streams::{
@@ -40,6 +45,95 @@ use crate::vmm::BlobStore;
 
 const MAX_ROUNDS: u32 = 32;
 
+/// What can stop a promotion. Policy (see [`crate::app`]): the build refusing this epoch is
+/// [`PromoteError::Fenced`], another stream refusing is a broken invariant
+/// ([`PromoteError::Corrupt`]), and the store's failures are [`PromoteError::is_unavailable`]
+/// (retry) or [`PromoteError::Store`] (log, retry at the next pass).
+#[derive(Debug, thiserror::Error)]
+pub enum PromoteError {
+    #[error(
+        "attempt {epoch} of build {build} is closed ({reason}); stopping without further writes"
+    )]
+    Fenced {
+        build: BuildId,
+        epoch: Epoch,
+        reason: build::Error,
+    },
+    #[error("build {build}: {message}")]
+    Corrupt { build: BuildId, message: String },
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Read(ReadError),
+    /// The event store could not be reached or was overloaded: retryable.
+    #[error("event store unavailable: {0}")]
+    Unavailable(String),
+    #[error("event store: {0}")]
+    Store(String),
+}
+
+impl PromoteError {
+    /// A store failure that is not the domain refusing the command.
+    fn store<E: std::fmt::Display>(err: CommandError<E>) -> PromoteError {
+        match err {
+            CommandError::Read(e @ ReadError::Database(_)) => PromoteError::Read(e),
+            e if e.is_unavailable() => PromoteError::Unavailable(e.to_string()),
+            e => PromoteError::Store(e.to_string()),
+        }
+    }
+
+    /// The build refusing the epoch is fencing; another stream refusing is a broken invariant
+    /// of this build; everything else is the store's.
+    fn from_command(build: BuildId, epoch: Epoch, err: CommandError<Refusal>) -> PromoteError {
+        match err {
+            CommandError::Rejected(Refusal::Build(reason)) => PromoteError::Fenced {
+                build,
+                epoch,
+                reason,
+            },
+            CommandError::Rejected(other) => PromoteError::Corrupt {
+                build,
+                message: format!("attempt {epoch}: {other}"),
+            },
+            e => PromoteError::store(e),
+        }
+    }
+
+    /// The database or event store could not be reached (or was overloaded).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            PromoteError::Database(e) => !matches!(e, sqlx::Error::RowNotFound),
+            PromoteError::Read(ReadError::Database(_)) | PromoteError::Unavailable(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The irreversible commit: Publishing on the build (with its `result`) and the staged `plan`
+/// on the `(build, epoch)` outbox, in one append. Returns the events appended.
+pub async fn begin_publishing(
+    store: &EventStore,
+    ctx: &CommandContext,
+    result: &BuildResult,
+    plan: &PromotionPlan,
+) -> Result<usize, CommandError<Refusal>> {
+    let epoch = plan.epoch;
+    decide_build_and_promotion(store, ctx, plan.build, epoch, |now| {
+        (
+            build::Command::BeginPublishing {
+                epoch,
+                result: result.clone(),
+                now,
+            },
+            promotion::Command::Stage {
+                plan: plan.clone(),
+                now,
+            },
+        )
+    })
+    .await
+}
+
 fn refused<E: Into<Refusal>>(e: E) -> CommandError<Refusal> {
     CommandError::Rejected(e.into())
 }
@@ -47,10 +141,10 @@ fn refused<E: Into<Refusal>>(e: E) -> CommandError<Refusal> {
 /// Decides `commands(now)` (a build command and a promotion command, at the database's clock)
 /// on fresh state of the build and its `(build, epoch)` outbox, and appends both in one
 /// transaction, deciding again on a version conflict. A refusal from either decision comes back
-/// as `Rejected` with the domain's error ([`WorkerError::from_command`] makes the build's
+/// as `Rejected` with the domain's error ([`PromoteError::from_command`] makes the build's
 /// refusal fencing); a store failure stays a store error. Entering
 /// Publishing (with the staged plan) and finishing (Ready with the outbox done) are both this.
-pub(crate) async fn decide_build_and_promotion(
+async fn decide_build_and_promotion(
     store: &EventStore,
     ctx: &CommandContext,
     build: BuildId,
@@ -71,16 +165,8 @@ pub(crate) async fn decide_build_and_promotion(
             .map_err(CommandError::into_other)?;
         let p_events = promotion::decide(&p.state, &promotion_command).map_err(refused)?;
         Ok(vec![
-            StreamWrite::new(
-                bstream.clone(),
-                b.expected(),
-                ctx.encode(bstream, &b_events)?,
-            ),
-            StreamWrite::new(
-                pstream.clone(),
-                p.expected(),
-                ctx.encode(pstream, &p_events)?,
-            ),
+            ctx.write(bstream, b.expected(), &b_events)?,
+            ctx.write(pstream, p.expected(), &p_events)?,
         ])
     })
     .await?;
@@ -122,15 +208,15 @@ impl PromotionDriver<'_> {
 
     /// Takes the promotion of `build` in `epoch` from its current stage to `done`, with the build
     /// Ready, or to abandoned with the build in `error` when its template was deleted first. A
-    /// refusal by the build stream (another epoch, a terminal Error) is [`WorkerError::Fenced`];
-    /// a layer missing from the blob store (or torn) is [`WorkerError::Store`] and leaves the
+    /// refusal by the build stream (another epoch, a terminal Error) is [`PromoteError::Fenced`];
+    /// a layer missing from the blob store (or torn) is [`PromoteError::Store`] and leaves the
     /// outbox where it was, to be retried; a store that cannot be reached is
-    /// [`WorkerError::is_unavailable`].
-    pub async fn drive(&self, build: BuildId, epoch: Epoch) -> Result<Driven, WorkerError> {
+    /// [`PromoteError::is_unavailable`].
+    pub async fn drive(&self, build: BuildId, epoch: Epoch) -> Result<Driven, PromoteError> {
         let pstream = promotion_stream(&build, epoch);
         let loaded = load::<Promotion>(self.store, &pstream)
             .await
-            .map_err(WorkerError::store)?;
+            .map_err(PromoteError::store)?;
         let from = loaded.state.stage;
         if loaded.state.abandoned {
             let template = loaded.state.plan.map(|p| p.template);
@@ -140,14 +226,14 @@ impl PromotionDriver<'_> {
                     appended: 0,
                     ending: Ending::TemplateDeleted { template },
                 }),
-                None => Err(WorkerError::Corrupt {
+                None => Err(PromoteError::Corrupt {
                     build,
                     message: format!("{pstream} is abandoned but was never staged"),
                 }),
             };
         }
         let Some(plan) = loaded.state.plan else {
-            return Err(WorkerError::Corrupt {
+            return Err(PromoteError::Corrupt {
                 build,
                 message: format!(
                     "no promotion is staged on {pstream}; Publishing and the staged plan are one append"
@@ -162,12 +248,17 @@ impl PromotionDriver<'_> {
             let committed = tokio::task::spawn_blocking(move || {
                 layers
                     .iter()
-                    .filter(|d| matches!(blobs.intact_size(&base::to_vmm(d)), Ok(Some(_))))
+                    .filter(|d| {
+                        matches!(
+                            blobs.intact_size(&crate::vmm::Digest::from(*d)),
+                            Ok(Some(_))
+                        )
+                    })
                     .copied()
                     .collect::<Vec<_>>()
             })
             .await
-            .map_err(|e| WorkerError::Store(format!("layer check task: {e}")))?;
+            .map_err(|e| PromoteError::Store(format!("layer check task: {e}")))?;
             let now = database_now(self.store.pool()).await?;
             match execute::<Promotion>(
                 self.store,
@@ -179,12 +270,12 @@ impl PromotionDriver<'_> {
             {
                 Ok(done) => appended += done.events.len(),
                 Err(CommandError::Rejected(e)) => {
-                    return Err(WorkerError::Store(format!(
+                    return Err(PromoteError::Store(format!(
                         "promotion of build {build} (epoch {epoch}) cannot commit its layers: {e}; \
                          it stays staged and is retried (is this node's blob store the one the build wrote to?)"
                     )))
                 }
-                Err(e) => return Err(WorkerError::store(e)),
+                Err(e) => return Err(PromoteError::store(e)),
             }
             crash_point("promotion:after-layers-committed");
         }
@@ -222,7 +313,7 @@ impl PromotionDriver<'_> {
         build: BuildId,
         epoch: Epoch,
         template: &TemplateId,
-    ) -> Result<usize, WorkerError> {
+    ) -> Result<usize, PromoteError> {
         let ctx = self.context();
         let (pstream, tstream, bstream) = (
             promotion_stream(&build, epoch),
@@ -248,27 +339,19 @@ impl PromotionDriver<'_> {
                 .map_err(refused)?;
             Ok(vec![
                 StreamWrite::guard(tstream.clone(), t.expected()),
-                StreamWrite::new(
-                    bstream.clone(),
-                    b.expected(),
-                    ctx.encode(bstream, &b_events)?,
-                ),
-                StreamWrite::new(
-                    pstream.clone(),
-                    p.expected(),
-                    ctx.encode(pstream, &p_events)?,
-                ),
+                ctx.write(bstream, b.expected(), &b_events)?,
+                ctx.write(pstream, p.expected(), &p_events)?,
             ])
         })
         .await
-        .map_err(|e| WorkerError::from_command(build, epoch, e))?;
+        .map_err(|e| PromoteError::from_command(build, epoch, e))?;
         tracing::info!(%build, %epoch, %template, "the template was deleted before the build was published; the build ended in error");
         Ok(outcome.events.len())
     }
 
     /// The build's `MarkReady` and the outbox's `done`, in one append: there is no moment where
     /// the build is Ready and its outbox is not done, so nothing needs to find and finish those.
-    async fn finish(&self, build: BuildId, epoch: Epoch) -> Result<usize, WorkerError> {
+    async fn finish(&self, build: BuildId, epoch: Epoch) -> Result<usize, PromoteError> {
         decide_build_and_promotion(self.store, &self.context(), build, epoch, |now| {
             (
                 build::Command::MarkReady { epoch, now },
@@ -276,7 +359,7 @@ impl PromotionDriver<'_> {
             )
         })
         .await
-        .map_err(|e| WorkerError::from_command(build, epoch, e))
+        .map_err(|e| PromoteError::from_command(build, epoch, e))
     }
 
     /// `visible` on the outbox and the tags on the template, in one append guarded by the build
@@ -287,7 +370,7 @@ impl PromotionDriver<'_> {
         build: BuildId,
         epoch: Epoch,
         plan: &promotion::PromotionPlan,
-    ) -> Result<Visibility, WorkerError> {
+    ) -> Result<Visibility, PromoteError> {
         let ctx = self.context();
         let (pstream, tstream, bstream) = (
             promotion_stream(&build, epoch),
@@ -327,16 +410,8 @@ impl PromotionDriver<'_> {
                 .map_err(refused)?;
                 Ok(vec![
                     StreamWrite::guard(bstream.clone(), b.expected()),
-                    StreamWrite::new(
-                        pstream.clone(),
-                        p.expected(),
-                        ctx.encode(&pstream, &p_events)?,
-                    ),
-                    StreamWrite::new(
-                        tstream.clone(),
-                        t.expected(),
-                        ctx.encode(&tstream, &t_events)?,
-                    ),
+                    ctx.write(&pstream, p.expected(), &p_events)?,
+                    ctx.write(&tstream, t.expected(), &t_events)?,
                 ])
             }
         })
@@ -346,7 +421,7 @@ impl PromotionDriver<'_> {
             Err(CommandError::Rejected(Refusal::Template(template::Error::Deleted))) => {
                 Ok(Visibility::TemplateDeleted)
             }
-            Err(e) => Err(WorkerError::from_command(build, epoch, e)),
+            Err(e) => Err(PromoteError::from_command(build, epoch, e)),
         }
     }
 }

@@ -1,0 +1,91 @@
+//! Publishing a step-cache entry: one append to the `cachekey-…` stream, guarded by the build
+//! that made the entry (its attempt still open, or the build Ready in its epoch).
+//!
+//! Rules and events: `domain/cache_entry.rs` (`Publish`, `Replace` by compare-and-set on the
+//! pointer generation); the guard's rule: `check_open_attempt` / `check_ready` in
+//! `domain/build`; read model: none (lookups read the key's stream).
+
+use super::{CommandContext, Error, Refusal};
+use crate::domain::build;
+use crate::domain::cache_entry::{self, Entry};
+use crate::domain::cache_key::CacheKey;
+use crate::domain::ids::{BuildId, Epoch, Scope};
+use crate::events::command::{execute_writes, load};
+use crate::events::{AppendOutcome, CommandError, EventStore, StreamWrite};
+use crate::streams::{build_stream, cache_key_stream, database_now, Build, CacheEntry};
+
+/// Decide-and-append rounds before a contended entry gives up.
+const MAX_ROUNDS: u32 = 32;
+
+/// What the build must still be for its entry to be published.
+#[derive(Clone, Copy, Debug)]
+pub enum Guard {
+    /// The attempt must still hold the build.
+    Open,
+    /// The build must be Ready in this epoch.
+    Ready,
+}
+
+/// One entry to publish under `key` in `scope`, made by attempt `epoch` of `build`.
+#[derive(Clone, Debug)]
+pub struct PublishEntry {
+    pub build: BuildId,
+    pub epoch: Epoch,
+    pub scope: Scope,
+    pub key: CacheKey,
+    pub entry: Entry,
+    /// The step was forced: a live entry under the key is replaced.
+    pub forced: bool,
+    /// This build found the live entry of this generation invalid: it is replaced.
+    pub repair: Option<u64>,
+    pub guard: Guard,
+}
+
+/// Creates the entry (or, when forced or repairing, replaces it by compare-and-set), in one
+/// append guarded by the build. Nothing is written when the key already holds this entry.
+pub async fn publish_entry(
+    store: &EventStore,
+    ctx: &CommandContext,
+    publish: &PublishEntry,
+) -> Result<AppendOutcome, Error<Refusal>> {
+    let (bstream, stream) = (
+        build_stream(&publish.build),
+        cache_key_stream(&publish.scope, &publish.key),
+    );
+    let (bstream, stream) = (&bstream, &stream);
+    execute_writes(store, MAX_ROUNDS, move || async move {
+        let now = database_now(store.pool()).await?;
+        let b = load::<Build>(store, bstream)
+            .await
+            .map_err(CommandError::into_other)?;
+        match publish.guard {
+            Guard::Open => build::check_open_attempt(&b.state, publish.epoch, now),
+            Guard::Ready => build::check_ready(&b.state, publish.epoch),
+        }
+        .map_err(|e| CommandError::Rejected(e.into()))?;
+        let c = load::<CacheEntry>(store, stream)
+            .await
+            .map_err(CommandError::into_other)?;
+        let entry = publish.entry.clone();
+        let command = match c.state.live() {
+            Some((existing, _)) if *existing == entry => {
+                return Ok(vec![]);
+            }
+            Some((_, generation)) if publish.forced || publish.repair == Some(generation) => {
+                cache_entry::Command::Replace {
+                    entry,
+                    expected_generation: generation,
+                    now,
+                }
+            }
+            _ => cache_entry::Command::Publish { entry, now },
+        };
+        let events = cache_entry::decide(&c.state, &command)
+            .map_err(|e| CommandError::Rejected(e.into()))?;
+        Ok(vec![
+            StreamWrite::new(bstream.clone(), b.expected(), Vec::new()),
+            ctx.write(stream, c.expected(), &events)?,
+        ])
+    })
+    .await
+}

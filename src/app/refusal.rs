@@ -1,0 +1,19 @@
+//! What the domain may refuse in a multi-stream write of the worker or the promotion.
+//! Deliberately no string and no store error: a refusal here is an answer from state, never a
+//! failure to read it, so a failed clock read or load stays a store error.
+
+use crate::domain::{build, cache_entry, promotion, snapshot, template};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error(transparent)]
+    Build(#[from] build::Error),
+    #[error(transparent)]
+    Snapshot(#[from] snapshot::Error),
+    #[error(transparent)]
+    Promotion(#[from] promotion::Error),
+    #[error(transparent)]
+    Template(#[from] template::Error),
+    #[error(transparent)]
+    CacheEntry(#[from] cache_entry::Error),
+}

@@ -1,0 +1,22 @@
+//! A frozen build as the node runs it: read from the build stream at claim time, consumed by
+//! the cache plan and the executor (neither of which imports the other).
+
+use std::collections::BTreeMap;
+
+use crate::domain::build::Binding;
+use crate::domain::build_spec::{Resources, TemplateBuildStartV2};
+use crate::domain::ids::{FilesHash, TeamId};
+
+/// What the executor needs to know about a frozen build.
+#[derive(Debug, Clone)]
+pub struct BuildJob {
+    pub team: TeamId,
+    pub spec: TemplateBuildStartV2,
+    pub bindings: BTreeMap<FilesHash, Binding>,
+    pub resources: Resources,
+    /// What an earlier attempt resolved the base image's tag to.
+    pub base_pin: Option<crate::domain::build::BasePin>,
+    /// Credentials for the base image's registry, when the build brought some; `Err` says why
+    /// they could not be read (the build then fails at `base` if it needs them).
+    pub credentials: Result<Option<crate::domain::build_spec::RegistryCredentials>, String>,
+}
