@@ -233,47 +233,44 @@ pub enum Due {
     PastDeadline,
 }
 
+/// A build past its deadline or lease, and by how long when it was listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DueBuild {
+    pub build: BuildId,
+    pub overdue: chrono::Duration,
+}
+
 /// At most `limit` builds `due`, the longest overdue first.
 pub async fn due_builds(
     pool: &sqlx::PgPool,
     due: Due,
     limit: i64,
-) -> Result<Vec<BuildId>, sqlx::Error> {
+) -> Result<Vec<DueBuild>, sqlx::Error> {
     let sql = match due {
         Due::LapsedAttempt => {
-            "SELECT build_id FROM builds
+            "SELECT build_id, extract(epoch FROM now() - lease_expires_at)::float8 FROM builds
              WHERE phase = 'active' AND lease_expires_at < now()
              ORDER BY lease_expires_at LIMIT $1"
         }
         Due::LapsedPromotion => {
-            "SELECT build_id FROM builds
+            "SELECT build_id, extract(epoch FROM now() - lease_expires_at)::float8 FROM builds
              WHERE phase = 'publishing' AND lease_expires_at < now()
              ORDER BY lease_expires_at LIMIT $1"
         }
         Due::PastDeadline => {
-            "SELECT build_id FROM builds
+            "SELECT build_id, extract(epoch FROM now() - deadline)::float8 FROM builds
              WHERE phase IN ('waiting', 'queued') AND deadline < now()
              ORDER BY deadline LIMIT $1"
         }
     };
-    let ids: Vec<Uuid> = sqlx::query_scalar(sql).bind(limit).fetch_all(pool).await?;
-    Ok(ids.into_iter().map(BuildId::from_uuid).collect())
-}
-
-/// A page of Waiting builds, by id after `after` (nil for the first page).
-pub async fn waiting_builds_after(
-    pool: &sqlx::PgPool,
-    after: Uuid,
-    limit: i64,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT build_id FROM builds WHERE phase = 'waiting' AND build_id > $1
-         ORDER BY build_id LIMIT $2",
-    )
-    .bind(after)
-    .bind(limit)
-    .fetch_all(pool)
-    .await
+    let rows: Vec<(Uuid, f64)> = sqlx::query_as(sql).bind(limit).fetch_all(pool).await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, secs)| DueBuild {
+            build: BuildId::from_uuid(id),
+            overdue: chrono::Duration::milliseconds((secs * 1000.0) as i64),
+        })
+        .collect())
 }
 
 /// A page of the builds with an upload intent past its expiry (`upload_intents`), by id after

@@ -7,7 +7,7 @@
 use super::{Pass, ReconcileEnv, ReconcileError};
 use crate::app::build::expire_attempt;
 use crate::app::CommandError;
-use crate::domain::build::{self, Phase};
+use crate::domain::build::Phase;
 use crate::domain::ids::BuildId;
 use crate::events::command::load;
 use crate::projections::builds::Due;
@@ -33,14 +33,6 @@ pub async fn expire(env: &ReconcileEnv, build: BuildId) -> Result<bool, Reconcil
     let now = database_now(env.store.pool()).await?;
     match expire_attempt(&env.store, &env.context(build, Some(epoch.0)), &build, now).await {
         Ok(done) => {
-            if let Some(Ok(build::Event::AttemptExpired {
-                lease_expires_at,
-                expired_at,
-                ..
-            })) = done.events.first().map(|e| e.decode::<build::Event>())
-            {
-                crate::metrics::reconciler_lag("attempt-expiry", expired_at - lease_expires_at);
-            }
             if !done.events.is_empty() {
                 tracing::info!(%build, %epoch, "attempt expired: the node stopped renewing its lease");
             }

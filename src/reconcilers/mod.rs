@@ -147,14 +147,25 @@ impl Pass {
         F: FnMut(BuildId) -> Fut,
         Fut: std::future::Future<Output = Result<bool, ReconcileError>>,
     {
-        let due = crate::projections::builds::due_builds(env.store.pool(), due, BATCH).await?;
+        use crate::projections::builds::{due_builds, Due};
+        let reconciler = match due {
+            Due::LapsedAttempt => "attempt-expiry",
+            Due::LapsedPromotion => "promotion",
+            Due::PastDeadline => "waiting-deadline",
+        };
+        let listed = due_builds(env.store.pool(), due, BATCH).await?;
         let mut pass = Pass {
-            candidates: due.len(),
+            candidates: listed.len(),
             ..Pass::default()
         };
-        for build in due {
-            let span = crate::trace::build_span(&env.store, build, what).await;
-            pass.add(act(build).instrument(span).await, what, build);
+        for due in listed {
+            let span = crate::trace::build_span(&env.store, due.build, what).await;
+            let outcome = act(due.build).instrument(span).await;
+            if matches!(outcome, Ok(true)) {
+                // How long past due the transition was when this pass found it.
+                crate::metrics::reconciler_lag(reconciler, due.overdue);
+            }
+            pass.add(outcome, what, due.build);
         }
         Ok(pass)
     }

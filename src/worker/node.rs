@@ -68,6 +68,9 @@ impl Worker {
             blobs,
         )?;
         backend.layers().set_budget(settings.layer_cache_bytes);
+        // Sandboxes are named `sbx-<owner>-…`: this line ties them (and the owner's lock file)
+        // to the node that started them.
+        tracing::info!(node = %settings.node_id, sandbox_owner = backend.owner_id(), "sandbox backend ready");
         let catalog = ImageCatalog::open(&settings.data_dir)?;
         let puller = crate::registry::Puller::new(
             &settings.data_dir,

@@ -142,6 +142,14 @@ fn free_port() -> u16 {
 #[tokio::test]
 async fn the_reconciler_serves_its_own_metrics_listener() {
     let db = common::test_db().await;
+    // A build already past its waiting deadline: the waiting-deadline reconciler ends it, and
+    // its lag is observed.
+    let api = common::build_api::Api {
+        store: strata::app::event_store(db.pool.clone()),
+        team: strata::domain::ids::TeamId::parse("team-metrics-reconciler").unwrap(),
+    };
+    api.register_until("overdue", chrono::Utc::now() - chrono::Duration::seconds(5))
+        .await;
     let data = common::data_dir();
     let port = free_port();
     let mut child = common::http_build::ChildGuard(Some(
@@ -188,6 +196,11 @@ async fn the_reconciler_serves_its_own_metrics_listener() {
         passes["strata_reconciler_pass_duration_seconds_count{reconciler=\"attempt-expiry\"}"]
             >= 2.0
     );
+    assert!(
+        passes["strata_reconciler_lag_seconds_count{reconciler=\"waiting-deadline\"}"] >= 1.0,
+        "{passes:#?}"
+    );
+    assert!(passes["strata_reconciler_lag_seconds_sum{reconciler=\"waiting-deadline\"}"] >= 5.0);
     // The reconciler reports no build gauges: those come from the API.
     assert!(!passes.keys().any(|k| k.starts_with("strata_builds{")));
     assert!(child.terminate().success());

@@ -72,8 +72,30 @@ impl SandboxOwner for Proc {
         ids
     }
 
-    /// The owner id of this process's sandbox backend, from its lock file.
+    /// The owner id of this process's sandbox backend, from its log or its lock file (which a
+    /// sibling's sweep removes once the process is dead).
     fn sandbox_owner(&self, data_dir: &std::path::Path) -> Option<String> {
+        // Without colour codes (the log may carry them around field names).
+        let mut logged = String::new();
+        let mut in_escape = false;
+        for c in self.stderr().chars() {
+            match c {
+                '\x1b' => in_escape = true,
+                'm' if in_escape => in_escape = false,
+                c if !in_escape => logged.push(c),
+                _ => {}
+            }
+        }
+        if let Some(rest) = logged.split("sandbox_owner=").nth(1) {
+            let rest = rest.trim_start_matches('"');
+            let id: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            if !id.is_empty() {
+                return Some(id);
+            }
+        }
         let pid = self.pid().to_string();
         std::fs::read_dir(data_dir.join("sandboxes"))
             .ok()?
@@ -338,8 +360,10 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
             worker.reap();
         }
     }
-    // The owner's lock file appears when the worker starts, before it claims anything.
-    let owner = owner.expect("the crashed worker's sandbox owner lock was seen");
+    // The worker logs its owner id when it starts, before it claims anything.
+    let owner = owner
+        .or_else(|| worker.sandbox_owner(&node_dir()))
+        .expect("the crashed worker's sandbox owner lock was seen");
     let mut prefixes: Vec<String> = seen.into_iter().collect();
     prefixes.push(format!("sbx-{owner}-"));
     // Its sandboxes die with it, before anyone sweeps: no process is left in their cgroups.
