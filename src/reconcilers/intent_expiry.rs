@@ -39,17 +39,24 @@ pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
                     continue;
                 }
             };
-            for intent in due {
+            for (intent, overdue) in due {
                 pass.candidates += 1;
-                pass.add(expire(env, build, intent).await, "intent expiry", build);
+                let outcome = expire(env, build, intent).await;
+                if matches!(outcome, Ok(true)) {
+                    crate::metrics::reconciler_lag("intent-expiry", overdue);
+                }
+                pass.add(outcome, "intent expiry", build);
             }
         }
     }
     Ok(pass)
 }
 
-/// The build's pending intents whose expiry passed, if it is still Waiting.
-async fn due_intents(env: &ReconcileEnv, build: BuildId) -> Result<Vec<IntentId>, ReconcileError> {
+/// The build's pending intents whose expiry passed, if it is still Waiting, with how long ago.
+async fn due_intents(
+    env: &ReconcileEnv,
+    build: BuildId,
+) -> Result<Vec<(IntentId, chrono::Duration)>, ReconcileError> {
     let loaded = load::<Build>(&env.store, &build_stream(&build))
         .await
         .map_err(ReconcileError::store)?;
@@ -62,7 +69,7 @@ async fn due_intents(env: &ReconcileEnv, build: BuildId) -> Result<Vec<IntentId>
         .intents
         .iter()
         .filter(|(_, i)| i.state == IntentState::Pending && i.expires_at <= now)
-        .map(|(id, _)| *id)
+        .map(|(id, i)| (*id, now - i.expires_at))
         .collect())
 }
 

@@ -150,6 +150,14 @@ async fn the_reconciler_serves_its_own_metrics_listener() {
     };
     api.register_until("overdue", chrono::Utc::now() - chrono::Duration::seconds(5))
         .await;
+    // And an upload link that lapsed unused on a build still waiting: intent expiry.
+    let (_, waiting) = api.register("waiting").await;
+    api.reserve(
+        waiting,
+        &strata::domain::ids::FilesHash::parse(&"ab".repeat(32)).unwrap(),
+        chrono::Utc::now() - chrono::Duration::seconds(3),
+    )
+    .await;
     let data = common::data_dir();
     let port = free_port();
     let mut child = common::http_build::ChildGuard(Some(
@@ -201,6 +209,10 @@ async fn the_reconciler_serves_its_own_metrics_listener() {
         "{passes:#?}"
     );
     assert!(passes["strata_reconciler_lag_seconds_sum{reconciler=\"waiting-deadline\"}"] >= 5.0);
+    assert!(
+        passes["strata_reconciler_lag_seconds_count{reconciler=\"intent-expiry\"}"] >= 1.0,
+        "{passes:#?}"
+    );
     // The reconciler reports no build gauges: those come from the API.
     assert!(!passes.keys().any(|k| k.starts_with("strata_builds{")));
     assert!(child.terminate().success());
