@@ -176,24 +176,18 @@ async fn the_reconciler_serves_its_own_metrics_listener() {
             .unwrap(),
     ));
     let url = format!("http://127.0.0.1:{port}/metrics");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let passes = loop {
-        if let Ok(resp) = reqwest::get(&url).await {
-            let m = common::http_build::parse_metrics(&resp.text().await.unwrap());
-            let n = m
-                .get("strata_reconciler_passes_total{outcome=\"ok\",reconciler=\"attempt-expiry\"}")
+    let passes = scrape_until(
+        &url,
+        "two reconciler passes",
+        Duration::from_secs(30),
+        |m| {
+            m.get("strata_reconciler_passes_total{outcome=\"ok\",reconciler=\"attempt-expiry\"}")
                 .copied()
-                .unwrap_or(0.0);
-            if n >= 2.0 {
-                break m;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no reconciler passes scraped within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+                .unwrap_or(0.0)
+                >= 2.0
+        },
+    )
+    .await;
     for r in ["promotion", "waiting-deadline", "intent-expiry"] {
         assert!(
             passes[&format!("strata_reconciler_passes_total{{outcome=\"ok\",reconciler=\"{r}\"}}")]
