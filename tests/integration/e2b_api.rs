@@ -21,30 +21,6 @@ async fn key_for(db: &common::TestDb, team: &str) -> String {
 
 /// The protocol's calls, each asserting the response shape the SDK relies on.
 impl SdkClient {
-    async fn register(&self, name: &str) -> (String, String) {
-        let (status, body) = self
-            .call(
-                reqwest::Method::POST,
-                "/v3/templates",
-                Some(json!({"name": name})),
-            )
-            .await;
-        assert_eq!(status, 202, "{body}");
-        for key in [
-            "templateID",
-            "buildID",
-            "public",
-            "names",
-            "tags",
-            "aliases",
-        ] {
-            assert!(body.get(key).is_some(), "{key} missing from {body}");
-        }
-        (
-            body["templateID"].as_str().unwrap().to_string(),
-            body["buildID"].as_str().unwrap().to_string(),
-        )
-    }
     async fn link(&self, template: &str, hash: &str) -> (bool, String) {
         let (status, body) = self
             .call(

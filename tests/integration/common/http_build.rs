@@ -81,14 +81,8 @@ impl SdkClient {
         )
     }
 
-    /// Registers `name`, uploads each `(filesHash, archive)`, starts `spec` (its COPY steps name
-    /// those hashes) and polls until ready or error. Returns (template id, build id, status).
-    pub async fn build(
-        &self,
-        name: &str,
-        files: &[(&str, Vec<u8>)],
-        spec: Value,
-    ) -> (String, String, Value) {
+    /// `POST /v3/templates`, asserting every field the SDK reads; (template id, build id).
+    pub async fn register(&self, name: &str) -> (String, String) {
         let (status, body) = self
             .call(
                 reqwest::Method::POST,
@@ -97,8 +91,30 @@ impl SdkClient {
             )
             .await;
         assert_eq!(status, 202, "{body}");
-        let template = body["templateID"].as_str().unwrap().to_string();
-        let build = body["buildID"].as_str().unwrap().to_string();
+        for key in [
+            "templateID",
+            "buildID",
+            "public",
+            "names",
+            "tags",
+            "aliases",
+        ] {
+            assert!(body.get(key).is_some(), "{key} missing from {body}");
+        }
+        (
+            body["templateID"].as_str().unwrap().to_string(),
+            body["buildID"].as_str().unwrap().to_string(),
+        )
+    }
+    /// Registers `name`, uploads each `(filesHash, archive)`, starts `spec` (its COPY steps name
+    /// those hashes) and polls until ready or error. Returns (template id, build id, status).
+    pub async fn build(
+        &self,
+        name: &str,
+        files: &[(&str, Vec<u8>)],
+        spec: Value,
+    ) -> (String, String, Value) {
+        let (template, build) = self.register(name).await;
         for (hash, bytes) in files {
             let (status, link) = self
                 .call(
