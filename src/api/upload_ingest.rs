@@ -15,9 +15,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use sha2::{Digest, Sha256};
+use sha2::{Digest as _, Sha256};
 use thiserror::Error;
 
+use crate::domain::ids::Digest;
 use crate::vmm::{BlobSink, BlobStore, VmmError};
 
 #[derive(Debug, Error)]
@@ -39,8 +40,8 @@ pub enum IngestError {
 /// An upload received, hashed and published in the blob store.
 #[derive(Debug)]
 pub struct IngestedUpload {
-    /// Lowercase hex sha256 of the bytes stored.
-    pub digest: String,
+    /// The sha256 of the bytes stored, computed by the server as they arrived.
+    pub digest: Digest,
     pub size: u64,
 }
 
@@ -136,9 +137,7 @@ where
     if received != declared {
         return Err(IngestError::LengthMismatch { declared, received });
     }
-    let blob_digest =
-        crate::vmm::Digest::parse(&digest).expect("a sha256 hasher produces 64 hex digits");
-    tokio::task::spawn_blocking(move || sink.publish(&blob_digest))
+    tokio::task::spawn_blocking(move || sink.publish(&digest))
         .await
         .map_err(joined)?
         .map_err(store_error)?;
@@ -148,15 +147,15 @@ where
     })
 }
 
-/// The hashing thread: hashes every chunk until the channel closes; returns the hex digest.
-fn hash(mut rx: tokio::sync::mpsc::Receiver<Vec<Bytes>>) -> String {
+/// The hashing thread: hashes every chunk until the channel closes; returns their digest.
+fn hash(mut rx: tokio::sync::mpsc::Receiver<Vec<Bytes>>) -> Digest {
     let mut hasher = Sha256::new();
     while let Some(batch) = rx.blocking_recv() {
         for chunk in &batch {
             hasher.update(chunk);
         }
     }
-    hex::encode(hasher.finalize())
+    Digest::from_hasher(hasher)
 }
 
 /// The writing thread: appends every chunk to the sink until the channel closes. On error the
@@ -214,11 +213,10 @@ mod tests {
             .unwrap();
         assert_eq!(ingested.size, 11);
         assert_eq!(
-            ingested.digest,
+            ingested.digest.hex(),
             "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9"
         );
-        let digest = crate::vmm::Digest::parse(&ingested.digest).unwrap();
-        assert_eq!(blobs.verify(&digest).unwrap(), 11);
+        assert_eq!(blobs.verify(&ingested.digest).unwrap(), 11);
         assert_eq!(files_in(&dir.path().join("tmp")), 0);
     }
 

@@ -248,12 +248,7 @@ impl PromotionDriver<'_> {
             let committed = tokio::task::spawn_blocking(move || {
                 layers
                     .iter()
-                    .filter(|d| {
-                        matches!(
-                            blobs.intact_size(&crate::vmm::Digest::from(*d)),
-                            Ok(Some(_))
-                        )
-                    })
+                    .filter(|d| matches!(blobs.intact_size(d), Ok(Some(_))))
                     .copied()
                     .collect::<Vec<_>>()
             })

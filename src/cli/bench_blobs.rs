@@ -88,7 +88,7 @@ fn run_blocking(args: BenchBlobsArgs) -> anyhow::Result<()> {
         new.push(t.elapsed());
         let bytes = noise(len, 2 * i as u64 + 2);
         let t = Instant::now();
-        let digest = strata::vmm::Digest::of_bytes(&bytes);
+        let digest = strata::domain::ids::Digest::of(&bytes);
         let mut tmp = tempfile::NamedTempFile::new_in(store.staging_dir())?;
         tmp.write_all(&bytes)?;
         let _ = std::fs::hard_link(tmp.path(), scratch.path().join(digest.hex()));

@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use strata::domain::ids::Digest;
 use strata::vmm::image;
 use strata::vmm::{
-    layer, BlobStore, BootSpec, Digest, ExecRequest, NamespaceBackend, NamespaceConfig, Network,
+    layer, BlobStore, BootSpec, ExecRequest, NamespaceBackend, NamespaceConfig, Network,
     SandboxBackend,
 };
 

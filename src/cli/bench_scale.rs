@@ -123,7 +123,7 @@ fn seed_store(from: &Path, image: &str, blobs: &dyn BlobStore) -> anyhow::Result
     for digest in manifest
         .digests()
         .into_iter()
-        .chain(manifest.license_notice.clone())
+        .chain(manifest.license_notice)
     {
         if blobs.size(&digest)?.is_some() {
             continue;

@@ -25,9 +25,10 @@ use sqlx::PgPool;
 use strata::api::AppState;
 use strata::app::CommandContext;
 use strata::config::{ServeArgs, StorageArgs};
+use strata::domain::ids::Digest;
 use strata::domain::ids::TeamId;
 use strata::events::{Actor, ActorRole, Metadata};
-use strata::vmm::{BlobStore, Digest};
+use strata::vmm::BlobStore;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
@@ -222,11 +223,10 @@ async fn measure(
             }
         }
         // Each server named the blob by the digest it computed; it must be openssl's.
-        let digest = Digest::parse(&openssl_digest)?;
+        let digest = Digest::from_hex(&openssl_digest)?;
         for target in targets {
             let blobs = target.blobs.clone();
-            let d = digest.clone();
-            let stored = tokio::task::spawn_blocking(move || blobs.intact_size(&d)).await??;
+            let stored = tokio::task::spawn_blocking(move || blobs.intact_size(&digest)).await??;
             if stored != Some(size) {
                 bail!(
                     "the {} did not store the archive under its sha256 {openssl_digest}",

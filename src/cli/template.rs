@@ -8,8 +8,8 @@ use strata::config::StorageArgs;
 use strata::domain::ids::TeamId;
 use strata::domain::snapshot::SnapshotRecord;
 use strata::vmm::{
-    BootSpec, CommandLine, Digest as VmmDigest, ExecDefaults, ExecOutcome, ExecRequest,
-    NamespaceBackend, NamespaceConfig, OutputLine, OutputStream, SandboxBackend,
+    BootSpec, CommandLine, ExecDefaults, ExecOutcome, ExecRequest, NamespaceBackend,
+    NamespaceConfig, OutputLine, OutputStream, SandboxBackend,
 };
 use strata::worker::{export, template_lookup};
 
@@ -145,12 +145,7 @@ async fn exec_in_template(
         blobs,
     )
     .context("opening the node's sandbox backend")?;
-    let layers = record
-        .layers
-        .iter()
-        .map(|d| VmmDigest::parse(&d.to_string()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut spec = BootSpec::new(layers);
+    let mut spec = BootSpec::new(record.layers.clone());
     let runtime = record.runtime_context();
     spec.context = ExecDefaults {
         env: runtime.env.into_iter().collect(),

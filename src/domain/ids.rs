@@ -223,29 +223,47 @@ impl fmt::Display for FilesHash {
 }
 
 /// A server-computed sha256 content digest, spelled `sha256:<64 lowercase hex>` as in OCI, which
-/// keeps it visibly distinct from a [`FilesHash`] in events and logs.
+/// keeps it visibly distinct from a [`FilesHash`] in events and logs. The one digest type: events
+/// name blobs by it and the blob stores address them by it, so no conversion sits between them.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Digest([u8; 32]);
 
 impl Digest {
+    /// Parses the prefixed spelling `sha256:<64 lowercase hex>`, the only one events, manifests
+    /// and APIs carry.
     pub fn parse(value: &str) -> Result<Self, IdError> {
-        let invalid = || IdError::Invalid {
+        const RULE: &str = "expected 'sha256:' followed by 64 lowercase hex characters";
+        let hex_part = value
+            .strip_prefix("sha256:")
+            .ok_or_else(|| Self::invalid(value, RULE))?;
+        Self::decode(hex_part).ok_or_else(|| Self::invalid(value, RULE))
+    }
+    /// Parses the bare 64 lowercase hex digits, the spelling of blob file names and of the
+    /// hashes computed while ingesting (see [`Digest::hex`]).
+    pub fn from_hex(hex_part: &str) -> Result<Self, IdError> {
+        Self::decode(hex_part)
+            .ok_or_else(|| Self::invalid(hex_part, "expected 64 lowercase hex characters"))
+    }
+    fn decode(hex_part: &str) -> Option<Self> {
+        let mut bytes = [0u8; 32];
+        (is_lower_hex_64(hex_part) && hex::decode_to_slice(hex_part, &mut bytes).is_ok())
+            .then_some(Self(bytes))
+    }
+    fn invalid(value: &str, rule: &'static str) -> IdError {
+        IdError::Invalid {
             kind: "digest",
             value: value.to_owned(),
-            rule: "expected 'sha256:' followed by 64 lowercase hex characters",
-        };
-        let hex_part = value.strip_prefix("sha256:").ok_or_else(invalid)?;
-        if !is_lower_hex_64(hex_part) {
-            return Err(invalid());
+            rule,
         }
-        let mut bytes = [0u8; 32];
-        hex::decode_to_slice(hex_part, &mut bytes).map_err(|_| invalid())?;
-        Ok(Self(bytes))
     }
     /// The digest of `bytes`. Pure: hashing is computation, not I/O.
     pub fn of(bytes: &[u8]) -> Self {
         Self(Sha256::digest(bytes).into())
+    }
+    /// The digest of what was streamed through `hasher`, for content hashed while it is written.
+    pub fn from_hasher(hasher: Sha256) -> Self {
+        Self(hasher.finalize().into())
     }
     pub fn from_bytes(bytes: [u8; 32]) -> Self {
         Self(bytes)
@@ -253,6 +271,7 @@ impl Digest {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
+    /// The 64 hex digits without the prefix: blob file names and object keys.
     pub fn hex(&self) -> String {
         hex::encode(self.0)
     }
@@ -456,6 +475,14 @@ mod tests {
         assert_eq!(Digest::parse(&text).unwrap(), d);
         assert!(Digest::parse(&text["sha256:".len()..]).is_err());
         assert!(Digest::parse(&text.to_uppercase()).is_err());
+        assert_eq!(Digest::from_hex(&d.hex()).unwrap(), d);
+        assert!(Digest::from_hex(&text).is_err());
+        assert!(Digest::from_hex(&d.hex()[1..]).is_err());
+        assert!(Digest::parse("sha256:abc").is_err());
+        let mut hasher = Sha256::new();
+        hasher.update(b"hel");
+        hasher.update(b"lo");
+        assert_eq!(Digest::from_hasher(hasher), d);
         let json = serde_json::to_string(&d).unwrap();
         assert_eq!(serde_json::from_str::<Digest>(&json).unwrap(), d);
     }

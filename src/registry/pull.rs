@@ -19,18 +19,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use sha2::{Digest as _, Sha256};
 
 use super::error::PullError;
 use super::manifest::{self, Compression, Descriptor, Document, ImageConfigFile};
 use super::session::{self, BasicAuth, Session};
 use super::settings::RegistrySettings;
 use super::unpack::{self, UnpackError};
-use crate::domain::ids;
+use crate::domain::ids::Digest;
 use crate::domain::image_ref::ImageRef;
 use crate::vmm::image::ImageConfig;
 use crate::vmm::layer::LayerCache;
-use crate::vmm::{BlobStore, Digest, LayerRef, VmmError};
+use crate::vmm::{BlobStore, LayerRef, VmmError};
 
 /// Layers downloaded at once per pull.
 const PARALLEL_LAYERS: usize = 4;
@@ -44,9 +43,9 @@ pub struct PulledImage {
     pub reference: String,
     /// What the reference resolved to: the digest of the top-level manifest (an index for a
     /// multi-platform image). Pinning uses it; so does the step cache.
-    pub digest: ids::Digest,
+    pub digest: Digest,
     /// The platform manifest that was unpacked.
-    pub manifest_digest: ids::Digest,
+    pub manifest_digest: Digest,
     /// Bottom first, by diff id.
     pub layers: Vec<LayerRef>,
     pub config: ImageConfig,
@@ -283,8 +282,8 @@ impl Puller {
                     ),
                 }
             })?;
-            let digest = parse_vmm_digest(&image, "layer", &desc.digest)?;
-            let diff = parse_vmm_digest(&image, "diff id", diff_id)?;
+            let digest = parse_digest(&image, "layer", &desc.digest)?;
+            let diff = parse_digest(&image, "diff id", diff_id)?;
             plan.push((desc.clone(), compression, digest, diff));
         }
         tracker.emit(true);
@@ -356,7 +355,7 @@ impl Puller {
     }
 
     /// The record of a digest pulled before, if every layer is still on this node.
-    fn warm(&self, digest: &ids::Digest) -> Option<PulledImage> {
+    fn warm(&self, digest: &Digest) -> Option<PulledImage> {
         let path = self.inner.pulled_dir.join(format!("{}.json", digest.hex()));
         let found: PulledImage = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
         let complete = found.layers.iter().all(|l| {
@@ -396,26 +395,26 @@ impl Puller {
         session: &Session,
         reference: &str,
         stats: &Stats,
-    ) -> Result<(Vec<u8>, ids::Digest), PullError> {
+    ) -> Result<(Vec<u8>, Digest), PullError> {
         stats.requests.fetch_add(1, Ordering::Relaxed);
         let response = session
             .get("manifests", reference, Some(manifest::ACCEPT))
             .await?;
         let bytes = read_capped(session, response, 4 << 20, "manifest").await?;
-        let digest = ids::Digest::from_bytes(Sha256::digest(&bytes).into());
+        let digest = Digest::of(&bytes);
         Ok((bytes, digest))
     }
 
     async fn small_blob(
         &self,
         session: &Session,
-        digest: &ids::Digest,
+        digest: &Digest,
         stats: &Stats,
     ) -> Result<Vec<u8>, PullError> {
         stats.requests.fetch_add(1, Ordering::Relaxed);
         let response = session.get("blobs", &digest.to_string(), None).await?;
         let bytes = read_capped(session, response, 16 << 20, "image config").await?;
-        let actual = ids::Digest::from_bytes(Sha256::digest(&bytes).into());
+        let actual = Digest::of(&bytes);
         if &actual != digest {
             return Err(PullError::DigestMismatch {
                 image: session.image().to_owned(),
@@ -458,12 +457,12 @@ impl Puller {
             image: image.clone(),
             source,
         };
-        let lock = self.flight(diff.hex());
+        let lock = self.flight(&diff.hex());
         let _guard = lock.lock().await;
         if let Some(size) = inner.blobs.size(diff).map_err(store_err)? {
             if !inner.layers.contains(diff) {
                 // Stored (built or imported here) but not extracted yet.
-                let (blobs, layers, d) = (inner.blobs.clone(), inner.layers.clone(), diff.clone());
+                let (blobs, layers, d) = (inner.blobs.clone(), inner.layers.clone(), *diff);
                 tokio::task::spawn_blocking(move || layers.ensure(blobs.as_ref(), &d))
                     .await
                     .expect("layer extraction does not panic")
@@ -471,7 +470,7 @@ impl Puller {
             }
             tracker.layer_done(desc.size);
             return Ok(LayerRef {
-                digest: diff.clone(),
+                digest: *diff,
                 size,
             });
         }
@@ -487,7 +486,7 @@ impl Puller {
         let (tx, rx) = tokio::sync::mpsc::channel::<unpack::Chunk>(64);
         let worker = {
             let (blobs, layers) = (inner.blobs.clone(), inner.layers.clone());
-            let (digest, diff) = (digest.clone(), diff.clone());
+            let (digest, diff) = (*digest, *diff);
             tokio::task::spawn_blocking(move || {
                 unpack::unpack(rx, compression, &digest, &diff, blobs.as_ref(), &layers)
             })
@@ -662,14 +661,7 @@ fn parse_json<T: serde::de::DeserializeOwned>(
     })
 }
 
-fn parse_digest(image: &str, what: &'static str, text: &str) -> Result<ids::Digest, PullError> {
-    ids::Digest::parse(text).map_err(|_| PullError::Unsupported {
-        image: image.to_owned(),
-        detail: format!("{what} digest {text:?} is not a sha256 digest"),
-    })
-}
-
-fn parse_vmm_digest(image: &str, what: &'static str, text: &str) -> Result<Digest, PullError> {
+fn parse_digest(image: &str, what: &'static str, text: &str) -> Result<Digest, PullError> {
     Digest::parse(text).map_err(|_| PullError::Unsupported {
         image: image.to_owned(),
         detail: format!("{what} digest {text:?} is not a sha256 digest"),

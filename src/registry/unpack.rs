@@ -12,10 +12,11 @@ use bytes::Bytes;
 use sha2::{Digest as _, Sha256};
 
 use super::manifest::Compression;
+use crate::domain::ids::Digest;
 use crate::vmm::archive_policy::{self, ArchivePolicy};
 use crate::vmm::blob_store::read_error;
 use crate::vmm::layer::LayerCache;
-use crate::vmm::{BlobStore, Digest, LayerRef, VmmError};
+use crate::vmm::{BlobStore, LayerRef, VmmError};
 
 /// Why unpacking stopped.
 #[derive(Debug)]

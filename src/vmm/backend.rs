@@ -10,9 +10,9 @@ use chrono::{DateTime, Utc};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::archive_policy::ArchivePolicy;
-use super::blob_store::Digest;
 use super::error::Result;
 use super::layer::LayerRef;
+use crate::domain::ids::Digest;
 
 /// Defaults every command inherits unless it overrides them.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]

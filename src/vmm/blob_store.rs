@@ -17,7 +17,6 @@
 //! digest, once per file identity per process, and move a mismatched file to `quarantine/`.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::MetadataExt;
@@ -28,77 +27,7 @@ use bytes::Bytes;
 use sha2::{Digest as _, Sha256};
 
 use super::error::{Result, VmmError};
-
-/// A sha256 content address, printed as `sha256:<hex>`.
-#[derive(
-    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-#[serde(try_from = "String", into = "String")]
-pub struct Digest(String);
-
-impl Digest {
-    /// Parses `sha256:<64 lowercase hex>` (or bare hex).
-    pub fn parse(text: &str) -> Result<Digest> {
-        let hex = text.strip_prefix("sha256:").unwrap_or(text);
-        if hex.len() == 64
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
-            Ok(Digest(hex.to_string()))
-        } else {
-            Err(VmmError::InvalidDigest(text.to_string()))
-        }
-    }
-
-    pub fn from_hasher(hasher: Sha256) -> Digest {
-        Digest(hex::encode(hasher.finalize()))
-    }
-
-    pub fn of_bytes(bytes: &[u8]) -> Digest {
-        Digest(hex::encode(Sha256::digest(bytes)))
-    }
-
-    /// The 64 hex digits, for file names.
-    pub fn hex(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for Digest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", self.0)
-    }
-}
-
-impl TryFrom<String> for Digest {
-    type Error = VmmError;
-    fn try_from(value: String) -> Result<Self> {
-        Digest::parse(&value)
-    }
-}
-
-impl From<Digest> for String {
-    fn from(d: Digest) -> String {
-        d.to_string()
-    }
-}
-
-/// The domain's digest is the same sha256: converting is exact and cannot fail.
-impl From<&crate::domain::ids::Digest> for Digest {
-    fn from(d: &crate::domain::ids::Digest) -> Digest {
-        Digest(d.hex())
-    }
-}
-
-/// A content address as the domain's digest: exact, since both hold a sha256.
-impl From<&Digest> for crate::domain::ids::Digest {
-    fn from(d: &Digest) -> crate::domain::ids::Digest {
-        let mut bytes = [0u8; 32];
-        hex::decode_to_slice(&d.0, &mut bytes).expect("a parsed digest is 64 hex digits");
-        crate::domain::ids::Digest::from_bytes(bytes)
-    }
-}
+use crate::domain::ids::Digest;
 
 /// A blob's bytes as read from a store, before verification.
 pub type BlobRead = Box<dyn Read + Send>;
@@ -285,7 +214,7 @@ fn remember(verified: &Verified, digest: &Digest, identity: FileIdentity) {
     verified
         .lock()
         .expect("the verified-blob map is never poisoned")
-        .insert(digest.hex().to_owned(), identity);
+        .insert(digest.hex(), identity);
 }
 
 /// fsyncs a directory, so the names created, renamed or removed in it survive a crash.
@@ -329,7 +258,7 @@ impl BlobStore for LocalBlobStore {
                 VmmError::io(format!("opening {}", path.display()))(e)
             }
         })?;
-        Ok(VerifyingReader::new(Box::new(file), digest.clone()))
+        Ok(VerifyingReader::new(Box::new(file), *digest))
     }
 
     fn size(&self, digest: &Digest) -> Result<Option<u64>> {
@@ -354,7 +283,7 @@ impl BlobStore for LocalBlobStore {
             .verified
             .lock()
             .expect("the verified-blob map is never poisoned")
-            .get(digest.hex())
+            .get(&digest.hex())
             == Some(&identity);
         if known {
             return Ok(Some(identity.size));
@@ -370,7 +299,7 @@ impl BlobStore for LocalBlobStore {
                 .metadata()
                 .map_err(VmmError::io(format!("stat of {}", path.display())))?,
         );
-        let mut reader = VerifyingReader::new(file, digest.clone());
+        let mut reader = VerifyingReader::new(file, *digest);
         let checked = io::copy(&mut reader, &mut io::sink())
             .map_err(|e| read_error(e, &format!("reading blob {digest}")));
         match checked {
@@ -644,7 +573,7 @@ mod tests {
         let err = store.verify(&digest).unwrap_err();
         assert!(matches!(err, VmmError::DigestMismatch { .. }), "{err}");
         assert!(matches!(
-            store.verify(&Digest::of_bytes(b"absent")).unwrap_err(),
+            store.verify(&Digest::of(b"absent")).unwrap_err(),
             VmmError::BlobMissing { .. }
         ));
     }
@@ -706,12 +635,5 @@ mod tests {
             store.put_bytes(b"some layer bytes").unwrap();
             assert_eq!(store.intact_size(&digest).unwrap(), Some(size));
         }
-    }
-
-    #[test]
-    fn digests_parse_strictly() {
-        assert!(Digest::parse("sha256:abc").is_err());
-        let d = Digest::of_bytes(b"");
-        assert_eq!(Digest::parse(&d.to_string()).unwrap(), d);
     }
 }

@@ -15,9 +15,10 @@ use std::path::Path;
 use rustix::fs::{AtFlags, FileType, Mode, Timestamps};
 
 use super::archive_policy::OVERLAY_OPAQUE_XATTR;
-use super::blob_store::{BlobStore, Digest};
+use super::blob_store::BlobStore;
 use super::error::{Result, VmmError};
 use super::layer::{self, LayerCache, LayerRef};
+use crate::domain::ids::Digest;
 
 /// Flattens `stack[range]` into one layer; returns the new stack and the new layer.
 pub fn compact(
@@ -44,7 +45,7 @@ pub fn compact(
     }
     let layer = layer::seal_dir(staging.path(), blobs)?;
     let mut new_stack = stack[..range.start].to_vec();
-    new_stack.push(layer.digest.clone());
+    new_stack.push(layer.digest);
     new_stack.extend_from_slice(&stack[range.end..]);
     Ok((new_stack, layer))
 }

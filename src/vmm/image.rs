@@ -19,9 +19,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::backend::{BootSpec, ExecRequest, Limits, Sandbox, SandboxBackend};
-use super::blob_store::{BlobStore, Digest};
+use super::blob_store::BlobStore;
 use super::error::{Result, VmmError};
 use super::layer::{self, LayerRef};
+use crate::domain::ids::Digest;
 use crate::domain::image_ref::ImageRef;
 
 pub const BUSYBOX: &str = "busybox";
@@ -60,14 +61,14 @@ pub struct ImageManifest {
 
 impl ImageManifest {
     pub fn digests(&self) -> Vec<Digest> {
-        self.layers.iter().map(|l| l.digest.clone()).collect()
+        self.layers.iter().map(|l| l.digest).collect()
     }
     pub fn size(&self) -> u64 {
         self.layers.iter().map(|l| l.size).sum()
     }
     /// The manifest's own digest: sha256 of its canonical JSON.
     pub fn digest(&self) -> Digest {
-        Digest::of_bytes(&serde_json::to_vec(self).expect("manifest serializes"))
+        Digest::of(&serde_json::to_vec(self).expect("manifest serializes"))
     }
 }
 
@@ -483,7 +484,7 @@ pub async fn ensure_e2b_base(
         name: E2B_BASE.into(),
         layers,
         config: debian.config.clone(),
-        license_notice: debian.license_notice.clone(),
+        license_notice: debian.license_notice,
         source: e2b_base_source(),
     };
     catalog.put(&manifest)?;
@@ -520,7 +521,7 @@ pub fn copy_images(from: &Path, to: &Path, blobs: &dyn BlobStore) -> Result<Vec<
         let digests = manifest
             .digests()
             .into_iter()
-            .chain(manifest.license_notice.clone());
+            .chain(manifest.license_notice);
         for digest in digests {
             if blobs.size(&digest)?.is_some() {
                 continue;
@@ -644,7 +645,7 @@ pub fn import(
         let mut w = blobs.writer()?;
         std::io::copy(&mut reader, &mut w).map_err(VmmError::io("storing a layer"))?;
         let (digest, size) = w.commit()?;
-        let expected = Digest::parse(diff_id)?;
+        let expected = image_digest(diff_id)?;
         if digest != expected {
             return Err(VmmError::DigestMismatch {
                 expected: expected.to_string(),
@@ -686,14 +687,21 @@ pub fn import(
     Ok(manifest)
 }
 
+/// A digest as an imported image spells it: `sha256:<hex>` as OCI says, or the bare hex some
+/// exporters write.
+fn image_digest(text: &str) -> Result<Digest> {
+    Digest::from_hex(text.strip_prefix("sha256:").unwrap_or(text))
+        .map_err(|_| VmmError::InvalidDigest(text.to_owned()))
+}
+
 fn check_file_digest(path: &Path, digest: &str) -> Result<()> {
-    let expected = Digest::parse(digest)?;
+    let expected = image_digest(digest)?;
     let mut f =
         fs::File::open(path).map_err(VmmError::io(format!("opening {}", path.display())))?;
     let mut buf = Vec::new();
     f.read_to_end(&mut buf)
         .map_err(VmmError::io("reading a blob"))?;
-    let actual = Digest::of_bytes(&buf);
+    let actual = Digest::of(&buf);
     if actual != expected {
         return Err(VmmError::DigestMismatch {
             expected: expected.to_string(),

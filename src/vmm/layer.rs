@@ -28,8 +28,9 @@ use std::path::{Path, PathBuf};
 use super::archive_policy::{
     self, ArchivePolicy, OPAQUE_MARKER, OVERLAY_OPAQUE_XATTR, WHITEOUT_PREFIX,
 };
-use super::blob_store::{sync_dir, BlobStore, Digest};
+use super::blob_store::{sync_dir, BlobStore};
 use super::error::{Result, VmmError};
+use crate::domain::ids::Digest;
 
 /// A sealed layer: its digest and the size of its tar.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

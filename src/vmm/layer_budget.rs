@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use super::blob_store::Digest;
 use super::layer::LayerCache;
+use crate::domain::ids::Digest;
 
 /// The budget in bytes (0: unbounded) and the pins, shared by every clone of one cache.
 #[derive(Debug, Clone, Default)]
@@ -72,7 +72,7 @@ impl LayerCache {
             .pins
             .lock()
             .expect("the layer pins are never poisoned");
-        let hexes: Vec<String> = stack.iter().map(|d| d.hex().to_owned()).collect();
+        let hexes: Vec<String> = stack.iter().map(|d| d.hex()).collect();
         for hex in &hexes {
             *pins.entry(hex.clone()).or_default() += 1;
         }
@@ -98,7 +98,7 @@ impl LayerCache {
             .flatten()
             .filter_map(|entry| {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let digest = Digest::parse(name.strip_suffix(".complete")?).ok()?;
+                let digest = Digest::from_hex(name.strip_suffix(".complete")?).ok()?;
                 let meta = entry.metadata().ok()?;
                 let bytes = fs::read_to_string(entry.path())
                     .ok()
@@ -139,7 +139,7 @@ impl LayerCache {
         if rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).is_err() {
             return;
         }
-        let newest = resident.last().map(|r| r.digest.clone());
+        let newest = resident.last().map(|r| r.digest);
         for layer in &resident {
             if total <= budget {
                 break;
@@ -149,7 +149,7 @@ impl LayerCache {
                 .pins
                 .lock()
                 .expect("the layer pins are never poisoned")
-                .contains_key(layer.digest.hex());
+                .contains_key(&layer.digest.hex());
             if pinned || Some(&layer.digest) == newest.as_ref() {
                 continue;
             }
@@ -234,7 +234,7 @@ mod tests {
         cache.ensure(&blobs, &a).unwrap(); // a is now more recent than b
         std::thread::sleep(std::time::Duration::from_millis(20));
         cache.ensure(&blobs, &c).unwrap();
-        assert_eq!(resident(&cache), vec![a.clone(), c.clone()]);
+        assert_eq!(resident(&cache), vec![a, c]);
         assert!(!cache.path(&b).exists(), "the evicted tree is gone");
         let total: u64 = cache.resident().iter().map(|r| r.bytes).sum();
         assert!(total <= 700_000, "{total}");
@@ -253,7 +253,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         // a is pinned, c is the newest: over budget, and b (unpinned, older) went.
-        assert_eq!(resident(&cache), vec![a.clone(), c.clone()]);
+        assert_eq!(resident(&cache), vec![a, c]);
         drop(pins);
         cache.set_budget(Some(400_000));
         assert_eq!(resident(&cache), vec![c]);

@@ -29,8 +29,9 @@ use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload, WriteMultipart};
 
-use super::blob_store::{BlobRead, BlobSink, BlobStore, Digest, VerifyingReader};
+use super::blob_store::{BlobRead, BlobSink, BlobStore, VerifyingReader};
 use super::error::{Result, VmmError};
+use crate::domain::ids::Digest;
 
 /// Size of each multipart part, and the most a blob may have before its sink starts a
 /// multipart upload (smaller blobs are one conditional put).
@@ -90,7 +91,7 @@ impl ObjectBlobStore {
 
     /// The object a blob lives in (tests corrupt it through the raw store).
     pub fn key_of(&self, digest: &Digest) -> ObjectPath {
-        self.key("sha256", digest.hex())
+        self.key("sha256", &digest.hex())
     }
 
     /// The object store underneath, for tests that inspect or damage objects directly.
@@ -196,7 +197,7 @@ impl BlobStore for ObjectBlobStore {
             rx,
             current: Bytes::new(),
         };
-        Ok(VerifyingReader::new(Box::new(reader), digest.clone()))
+        Ok(VerifyingReader::new(Box::new(reader), *digest))
     }
 
     fn size(&self, digest: &Digest) -> Result<Option<u64>> {
@@ -225,7 +226,7 @@ impl BlobStore for ObjectBlobStore {
                 .verified
                 .lock()
                 .expect("the verified-blob map is never poisoned")
-                .get(digest.hex())
+                .get(&digest.hex())
                 == Some(&meta.e_tag);
         if known {
             return Ok(Some(meta.size));
@@ -241,7 +242,7 @@ impl BlobStore for ObjectBlobStore {
                     .verified
                     .lock()
                     .expect("the verified-blob map is never poisoned")
-                    .insert(digest.hex().to_owned(), meta.e_tag);
+                    .insert(digest.hex(), meta.e_tag);
                 Ok(Some(n))
             }
             Err(VmmError::BlobMissing { .. }) => Ok(None),
@@ -336,8 +337,7 @@ impl BlobSink for ObjectSink {
         let io_err = |e| VmmError::io(format!("uploading blob {digest}"))(e);
         self.send_pending().map_err(io_err)?;
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.send(Upload::Publish(digest.clone(), reply))
-            .map_err(io_err)?;
+        self.send(Upload::Publish(*digest, reply)).map_err(io_err)?;
         self.tx = None;
         match futures::executor::block_on(answer) {
             Ok(outcome) => outcome,

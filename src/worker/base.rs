@@ -18,12 +18,12 @@ use crate::events::EventStore;
 use crate::registry::pull::ProgressFn;
 use crate::registry::{credentials, PullError, Puller};
 use crate::vmm::image::ImageCatalog;
-use crate::vmm::{Digest, VmmError};
+use crate::vmm::VmmError;
 
 #[derive(Debug, Clone)]
 pub struct ResolvedBase {
     /// Bottom first.
-    pub layers: Vec<Digest>,
+    pub layers: Vec<ids::Digest>,
     /// The context before any user step. For an image: its config (root and `/` unless it says
     /// otherwise); the implicit default-user step comes after. For a template: its final context
     /// (finalization does not change it).
@@ -46,14 +46,6 @@ pub enum BaseError {
     Unavailable(String),
     #[error(transparent)]
     Worker(#[from] WorkerError),
-}
-
-pub fn to_vmm(d: &ids::Digest) -> Digest {
-    Digest::from(d)
-}
-
-pub fn to_domain(d: &Digest) -> ids::Digest {
-    ids::Digest::from(d)
 }
 
 /// How a registry base is reached: the node's puller, the build's credentials, its pin.
@@ -97,7 +89,7 @@ pub async fn resolve(
                         .unwrap_or_else(|| "/".into()),
                     env,
                 },
-                image_digest: Some(to_domain(&manifest.digest())),
+                image_digest: Some(manifest.digest()),
                 from_template: false,
                 pin: None,
                 inherited_start: None,
@@ -111,7 +103,7 @@ pub async fn resolve(
                     LookupError::Worker(w) => BaseError::Worker(w),
                 })?;
             Ok(ResolvedBase {
-                layers: found.record.layers.iter().map(to_vmm).collect(),
+                layers: found.record.layers.clone(),
                 context: found.record.context.clone(),
                 image_digest: found.record.base_image_digest,
                 from_template: true,
@@ -207,7 +199,7 @@ async fn pull(
         .filter(|(k, v)| !k.is_empty() && !v.is_empty())
         .collect();
     Ok(ResolvedBase {
-        layers: pulled.layers.iter().map(|l| l.digest.clone()).collect(),
+        layers: pulled.layers.iter().map(|l| l.digest).collect(),
         context: StepContext {
             user: "root".into(),
             workdir: "/".into(),

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::attempt::Attempt;
-use super::base::{self, ResolvedBase};
+use super::base::ResolvedBase;
 use super::build_log::BuildLog;
 use super::job::BuildJob;
 use super::store_retry::retrying_when;
@@ -67,8 +67,7 @@ impl Plan {
     ) -> Result<Plan, crate::domain::cache_key::KeyError> {
         // Images by manifest digest; a `fromTemplate` base by content (layers and context), so
         // an unchanged rebuild of the parent keeps the keys of templates derived from it.
-        let layers: Vec<ids::Digest> = resolved.layers.iter().map(base::to_domain).collect();
-        let stack = stack_identity(&layers, &resolved.context);
+        let stack = stack_identity(&resolved.layers, &resolved.context);
         let (base, image_digest) = match (resolved.from_template, resolved.image_digest, &stack) {
             (false, Some(digest), _) => (BaseIdentity::Image { digest }, digest),
             (_, digest, BaseIdentity::Stack { digest: content }) => {
@@ -394,7 +393,7 @@ async fn missing_layer(
             // Verified, not only present: a layer torn by a crash must be a miss here, not a
             // hit that then fails every build at `base`. A stat per layer once this process
             // has verified it; a full hash the first time.
-            match blobs.intact_size(&base::to_vmm(&layer)) {
+            match blobs.intact_size(&layer) {
                 Ok(Some(_)) => {}
                 Ok(None) => return Ok(Some(layer)),
                 Err(e) => return Err(Transient(format!("reading the blob store: {e}"))),

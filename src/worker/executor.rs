@@ -182,11 +182,7 @@ impl Executor<'_> {
                 ..
             } => {
                 self.record_cached(job, step, snapshot).await?;
-                (
-                    record.layers.iter().map(base::to_vmm).collect(),
-                    record.context,
-                    step,
-                )
+                (record.layers, record.context, step)
             }
             Found::Nothing => (resolved.layers.clone(), resolved.context.clone(), 0),
         };
@@ -343,7 +339,7 @@ impl Executor<'_> {
     async fn boot(
         &self,
         job: &BuildJob,
-        layers: Vec<crate::vmm::Digest>,
+        layers: Vec<ids::Digest>,
         context: &StepContext,
     ) -> Result<Box<dyn Sandbox>, VmmError> {
         let mut spec = BootSpec::new(layers);
@@ -738,7 +734,7 @@ impl Executor<'_> {
     /// Streams a frozen context archive out of the blob store into a temporary file, verifying
     /// its digest on the way.
     async fn fetch_archive(&self, binding: &Binding) -> Result<tempfile::NamedTempFile, String> {
-        let digest = base::to_vmm(&binding.blob_digest);
+        let digest = binding.blob_digest;
         let blobs = self.blobs.clone();
         let tmp_dir = self.settings.data_dir.join("tmp");
         tokio::task::spawn_blocking(move || {
@@ -871,7 +867,7 @@ enum EnvError {
 }
 
 fn layers_of(sandbox: &dyn Sandbox) -> Vec<ids::Digest> {
-    sandbox.layers().iter().map(base::to_domain).collect()
+    sandbox.layers().to_vec()
 }
 
 fn vmm_context(ctx: &StepContext) -> crate::vmm::ExecDefaults {

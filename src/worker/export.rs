@@ -13,10 +13,10 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::base;
 use super::error::WorkerError;
+use crate::domain::ids::Digest;
 use crate::domain::snapshot::SnapshotRecord;
-use crate::vmm::{BlobStore, Digest};
+use crate::vmm::BlobStore;
 
 const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 const CONFIG_TYPE: &str = "application/vnd.oci.image.config.v1+json";
@@ -47,7 +47,7 @@ pub fn write_oci_layout_reporting(
         .map_err(WorkerError::io(format!("creating {}", blob_dir.display())))?;
     let mut layers = Vec::new();
     for layer in &record.layers {
-        let digest = base::to_vmm(layer);
+        let digest = *layer;
         let path = blob_dir.join(digest.hex());
         let mut reader = blobs.open_verified(&digest)?;
         let mut out = fs::File::create(&path)
@@ -131,7 +131,7 @@ fn single_quoted(s: &str) -> String {
 
 fn write_blob(blob_dir: &Path, value: &serde_json::Value) -> Result<(Digest, u64), WorkerError> {
     let bytes = serde_json::to_vec(value).expect("json serializes");
-    let digest = Digest::of_bytes(&bytes);
+    let digest = Digest::of(&bytes);
     write_file(&blob_dir.join(digest.hex()), &bytes)?;
     Ok((digest, bytes.len() as u64))
 }

@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use object_store::path::Path as ObjectPath;
+use strata::domain::ids::Digest;
 use strata::vmm::local_s3::LocalS3;
 use strata::vmm::object_blob_store::PART_SIZE;
-use strata::vmm::{BlobStore, Digest, ObjectBlobStore, VmmError};
+use strata::vmm::{BlobStore, ObjectBlobStore, VmmError};
 
 /// One backend under test, and a way to look at what it holds without going through it.
 enum Backend {
@@ -171,9 +172,7 @@ fn sixteen_concurrent_puts_of_one_digest_store_one_object() {
                 backend.names_in("sha256").len(),
                 if len == 4096 { 1 } else { 2 }
             );
-            assert!(backend
-                .names_in("sha256")
-                .contains(&digest.hex().to_owned()));
+            assert!(backend.names_in("sha256").contains(&digest.hex()));
             assert_eq!(backend.store().verify(digest).unwrap(), len as u64);
         }
         eventually(
@@ -223,7 +222,7 @@ fn a_corrupted_object_reads_as_an_error_and_a_put_repairs_it() {
             "{}",
             backend.name()
         );
-        assert_eq!(store.put_bytes(&content).unwrap(), (digest.clone(), size));
+        assert_eq!(store.put_bytes(&content).unwrap(), (digest, size));
         assert_eq!(
             store.intact_size(&digest).unwrap(),
             Some(size),
@@ -252,7 +251,7 @@ fn an_interrupted_upload_leaves_nothing_visible() {
             || backend.names_in("tmp").is_empty() && backend.open_multipart_uploads() == 0,
         );
         assert!(backend.names_in("sha256").is_empty(), "{}", backend.name());
-        let digest = Digest::of_bytes(&content);
+        let digest = Digest::of(&content);
         assert_eq!(store.size(&digest).unwrap(), None);
         assert!(matches!(
             store.open_verified(&digest).err().unwrap(),
@@ -272,10 +271,7 @@ fn blobs_round_trip_and_a_wrong_expected_digest_stores_nothing() {
                 writer.write_all(piece).unwrap();
             }
             let (digest, size) = writer.commit().unwrap();
-            assert_eq!(
-                (digest.clone(), size),
-                (Digest::of_bytes(&content), len as u64)
-            );
+            assert_eq!((digest, size), (Digest::of(&content), len as u64));
             assert_eq!(store.size(&digest).unwrap(), Some(len as u64));
             let mut back = Vec::new();
             let mut reader = store.open_verified(&digest).unwrap();
@@ -285,13 +281,13 @@ fn blobs_round_trip_and_a_wrong_expected_digest_stores_nothing() {
         }
         let mut writer = store.writer().unwrap();
         writer.write_all(b"not what was promised").unwrap();
-        let promised = Digest::of_bytes(b"something else");
+        let promised = Digest::of(b"something else");
         assert!(matches!(
             writer.commit_expecting(&promised).unwrap_err(),
             VmmError::DigestMismatch { .. }
         ));
         assert_eq!(store.size(&promised).unwrap(), None);
-        assert!(store.verify(&Digest::of_bytes(b"absent")).is_err());
+        assert!(store.verify(&Digest::of(b"absent")).is_err());
     }
 }
 
@@ -314,10 +310,10 @@ async fn an_upload_streams_into_either_store_and_a_broken_one_leaves_nothing() {
         )
         .await
         .unwrap();
-        let digest = Digest::parse(&ingested.digest).unwrap();
-        assert_eq!(digest, Digest::of_bytes(&content));
+        let digest = ingested.digest;
+        assert_eq!(digest, Digest::of(&content));
         let verified = tokio::task::spawn_blocking({
-            let (store, digest) = (store.clone(), digest.clone());
+            let (store, digest) = (store.clone(), digest);
             move || store.verify(&digest).unwrap()
         })
         .await
@@ -346,7 +342,7 @@ async fn an_upload_streams_into_either_store_and_a_broken_one_leaves_nothing() {
         })
         .await
         .unwrap();
-        assert_eq!(names, vec![digest.hex().to_owned()]);
+        assert_eq!(names, vec![digest.hex()]);
     }
 }
 

@@ -53,7 +53,7 @@ fn busybox_source(dir: &Path) {
     for digest in manifest
         .digests()
         .into_iter()
-        .chain(manifest.license_notice.clone())
+        .chain(manifest.license_notice)
     {
         let from = node.join("blobs/sha256").join(digest.hex());
         std::fs::copy(from, dir.join("blobs/sha256").join(digest.hex())).unwrap();

@@ -9,11 +9,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use common::registry::{self, proxy, LocalRegistry};
+use strata::domain::ids::Digest;
 use strata::domain::image_ref::ImageRef;
 use strata::registry::layout::Layout;
 use strata::registry::manifest::Compression;
 use strata::registry::{BasicAuth, PullError, Puller, RegistrySettings};
-use strata::vmm::{BlobStore, Digest, LocalBlobStore};
+use strata::vmm::{BlobStore, LocalBlobStore};
 
 struct Node {
     dir: tempfile::TempDir,

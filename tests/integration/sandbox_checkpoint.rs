@@ -209,7 +209,7 @@ async fn a_checkpoint_of_the_same_content_repairs_a_torn_blob() {
             "{tear}"
         );
         sb.destroy().await.unwrap();
-        assert_eq!(*digest.get_or_insert(layer.digest.clone()), layer.digest);
+        assert_eq!(*digest.get_or_insert(layer.digest), layer.digest);
         assert_eq!(
             backend.blobs().verify(&layer.digest).unwrap(),
             layer.size,

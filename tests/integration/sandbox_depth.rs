@@ -4,11 +4,10 @@
 use crate::common;
 
 use common::sandbox::*;
+use strata::domain::ids::Digest;
 use strata::vmm::compact::compact;
 use strata::vmm::depth::DepthBudget;
-use strata::vmm::{
-    layer, BlobStore, Digest, NamespaceBackend, NamespaceConfig, SandboxBackend, VmmError,
-};
+use strata::vmm::{layer, BlobStore, NamespaceBackend, NamespaceConfig, SandboxBackend, VmmError};
 
 /// A layer from a closure that fills an overlay-format directory.
 fn make_layer(backend: &NamespaceBackend, fill: impl FnOnce(&std::path::Path)) -> Digest {
@@ -57,7 +56,7 @@ async fn a_hundred_layers_boot_and_an_over_budget_stack_is_refused() {
     assert_no_trace(&id);
 
     // 501 lowers: refused with a clear error, before any mount.
-    let too_deep: Vec<Digest> = std::iter::repeat_n(stack[0].clone(), 501).collect();
+    let too_deep: Vec<Digest> = std::iter::repeat_n(stack[0], 501).collect();
     let err = backend.boot(spec(too_deep)).await.err().expect("refused");
     assert!(
         matches!(

@@ -6,15 +6,13 @@ use crate::common;
 use std::io::Write;
 
 use common::sandbox::*;
+use strata::domain::ids::Digest;
 use strata::vmm::image::{self, ImageCatalog};
-use strata::vmm::{BlobStore, Digest, ExecRequest, SandboxBackend, VmmError};
+use strata::vmm::{BlobStore, ExecRequest, SandboxBackend, VmmError};
 
 /// A `docker save`-style archive holding the busybox layer plus a small second layer.
 fn docker_save(dir: &std::path::Path, layers: &[Vec<u8>], tamper: bool) -> std::path::PathBuf {
-    let diff_ids: Vec<String> = layers
-        .iter()
-        .map(|l| Digest::of_bytes(l).to_string())
-        .collect();
+    let diff_ids: Vec<String> = layers.iter().map(|l| Digest::of(l).to_string()).collect();
     let config = serde_json::json!({
         "config": {"Env": ["PATH=/bin:/usr/bin", "GREETING=hello"], "WorkingDir": "/srv", "User": ""},
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
@@ -82,8 +80,7 @@ async fn a_docker_save_archive_imports_verified_and_boots() {
         let cfg: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
         let mut cfg = cfg;
-        cfg["rootfs"]["diff_ids"][1] =
-            serde_json::Value::String(Digest::of_bytes(&extra).to_string());
+        cfg["rootfs"]["diff_ids"][1] = serde_json::Value::String(Digest::of(&extra).to_string());
         std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
         dir
     };

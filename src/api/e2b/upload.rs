@@ -19,7 +19,6 @@ use crate::api::AppState;
 use crate::app::CommandContext;
 use crate::domain::build::upload::CompleteUpload;
 use crate::domain::build::Phase;
-use crate::domain::ids::Digest;
 use crate::domain::upload_url::{verify, UploadGrant, UrlError, METHOD_PUT};
 use crate::events::command::load;
 use crate::streams::{build_stream, Build};
@@ -88,8 +87,7 @@ async fn store_upload(
     )
     .await
     .map_err(ingest_error)?;
-    let digest = Digest::parse(&format!("sha256:{}", ingested.digest))
-        .expect("the ingest produces lowercase hex sha256");
+    let digest = ingested.digest;
     span.record("size", ingested.size);
     span.record("digest", digest.to_string());
 

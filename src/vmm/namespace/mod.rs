@@ -39,12 +39,13 @@ use self::cgroup::{CgroupDriver, SandboxCgroup};
 use self::init::InitSpec;
 use self::owner::SandboxOwner;
 use super::backend::*;
-use super::blob_store::{BlobStore, Digest, LocalBlobStore};
+use super::blob_store::{BlobStore, LocalBlobStore};
 use super::copy::CopySpec;
 use super::depth::DepthBudget;
 use super::error::{Result, VmmError};
 use super::layer::{self, LayerCache, LayerRef};
 use super::layer_budget::LayerPins;
+use crate::domain::ids::Digest;
 
 #[derive(Debug, Clone)]
 pub struct NamespaceConfig {
@@ -742,7 +743,7 @@ impl Sandbox for NamespaceSandbox {
         .await
         .expect("seal task")?;
         if let Some(layer) = &sealed {
-            self.layers.push(layer.digest.clone());
+            self.layers.push(layer.digest);
         }
         self.generation += 1;
         let sealing = started.elapsed() - stopped;

@@ -7,7 +7,7 @@ use strata::app::upload::{complete_upload, link_upload};
 use strata::app::CommandContext;
 use strata::domain::build::upload::{CompleteUpload, ReserveUpload};
 use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
-use strata::domain::ids::{self, BuildId, FilesHash, IntentId, TeamId, TemplateId};
+use strata::domain::ids::{BuildId, FilesHash, IntentId, TeamId, TemplateId};
 use strata::events::{Actor, ActorRole, EventStore, Metadata, StreamId};
 use strata::vmm::BlobStore;
 use uuid::Uuid;
@@ -98,7 +98,7 @@ impl Api {
                 intent,
                 hash: hash.clone(),
                 generation: link.generation,
-                blob_digest: ids::Digest::from(&digest),
+                blob_digest: digest,
                 size,
                 now,
             },

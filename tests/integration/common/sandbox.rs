@@ -6,10 +6,11 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use strata::domain::ids::Digest;
 use strata::vmm::image;
 use strata::vmm::{
-    BootSpec, Digest, ExecOutcome, ExecRequest, NamespaceBackend, NamespaceConfig, Network,
-    OutputLine, OutputStream, Sandbox, SandboxBackend,
+    BootSpec, ExecOutcome, ExecRequest, NamespaceBackend, NamespaceConfig, Network, OutputLine,
+    OutputStream, Sandbox, SandboxBackend,
 };
 
 /// The node's own data directory. Tests never write there (`scripts/test.sh` runs them with it

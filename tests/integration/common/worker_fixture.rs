@@ -251,12 +251,7 @@ pub fn copy(src: &str, dest: &str, owner: &str, mode: &str, hash: &FilesHash) ->
 
 pub async fn boot_on(layers: &[ids::Digest]) -> Box<dyn strata::vmm::Sandbox> {
     let be = backend();
-    let mut spec = BootSpec::new(
-        layers
-            .iter()
-            .map(|d| strata::vmm::Digest::parse(&d.to_string()).unwrap())
-            .collect(),
-    );
+    let mut spec = BootSpec::new(layers.to_vec());
     spec.limits.network = Network::None;
     boot(&be, spec).await
 }
