@@ -128,6 +128,18 @@ impl EventStore {
         rows.iter().map(event_from_row).collect()
     }
 
+    /// The `limit` most recently inserted events of every stream, newest first: a glance at
+    /// what just happened, for operators. Not a cursor (see [`EventStore::read_feed`]).
+    pub async fn latest_events(&self, limit: u32) -> Result<Vec<RecordedEvent>, ReadError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events ORDER BY position DESC LIMIT $1"
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+
     /// The stream's current version: its last event's version, 0 when it has none.
     pub async fn stream_version(&self, stream: &StreamId) -> Result<u64, ReadError> {
         Ok(stream_version(&self.pool, stream).await?)

@@ -3,11 +3,12 @@
 //! store and `build_logs`; nothing here writes.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 
 use crate::domain::build::{self, Event};
 use crate::domain::ids::BuildId;
 use crate::events::{EventStore, Metadata, ReadError};
+use crate::projections::build_logs::{self, LogRow};
+use crate::projections::builds;
 use crate::streams::build_stream;
 
 /// One decoded event of a build stream.
@@ -17,17 +18,6 @@ pub struct BuildEvent {
     pub recorded_at: DateTime<Utc>,
     pub metadata: Metadata,
     pub event: Event,
-}
-
-/// One row of `build_logs`.
-#[derive(Clone, Debug, Serialize, sqlx::FromRow)]
-pub struct LogRow {
-    pub seq: i64,
-    pub epoch: Option<i64>,
-    pub logged_at: DateTime<Utc>,
-    pub level: String,
-    pub message: String,
-    pub step: Option<String>,
 }
 
 /// Everything the inspectors derive their answers from, for one build.
@@ -117,13 +107,7 @@ pub async fn load(store: &EventStore, build: BuildId) -> Result<BuildFacts, Fact
             event,
         });
     }
-    let logs = sqlx::query_as::<_, LogRow>(
-        "SELECT seq, epoch, logged_at, level, message, step FROM build_logs
-         WHERE build_id = $1 ORDER BY seq",
-    )
-    .bind(build.as_uuid())
-    .fetch_all(store.pool())
-    .await?;
+    let logs = build_logs::lines_of(store.pool(), build).await?;
     Ok(BuildFacts::new(build, events, logs))
 }
 
@@ -137,20 +121,17 @@ pub async fn earlier_builds(
     let Some(reg) = &facts.state.registration else {
         return Ok(Vec::new());
     };
-    let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
-        "SELECT build_id FROM builds
-         WHERE template_id = $1 AND build_id <> $2 AND registered_at <= $3
-         ORDER BY registered_at DESC, build_id DESC LIMIT $4",
+    let ids = builds::builds_of_template_before(
+        store.pool(),
+        &reg.template,
+        facts.build,
+        reg.registered_at,
+        limit,
     )
-    .bind(reg.template.as_str())
-    .bind(facts.build.as_uuid())
-    .bind(reg.registered_at)
-    .bind(limit)
-    .fetch_all(store.pool())
     .await?;
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
-        out.push(load(store, BuildId::from_uuid(id)).await?);
+        out.push(load(store, id).await?);
     }
     Ok(out)
 }

@@ -5,6 +5,7 @@
 //! intents of waiting builds by expiry, for the intent-expiry reconciler.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -316,4 +317,205 @@ pub async fn unpublished_builds_of(
     .fetch_all(pool)
     .await?;
     Ok(ids.into_iter().map(BuildId::from_uuid).collect())
+}
+
+/// A build as the template listings show it: its phase, times and requested resources.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuildSummary {
+    pub build: BuildId,
+    /// The read model's phase name: `waiting`, `queued`, `active`, `publishing`, `ready` or
+    /// `error`.
+    pub phase: String,
+    pub registered_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// As requested; `None` = the default the build ran with.
+    pub cpu_count: Option<i32>,
+    pub memory_mb: Option<i32>,
+}
+
+#[derive(sqlx::FromRow)]
+struct SummaryColumns {
+    build_id: Uuid,
+    phase: String,
+    registered_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+    cpu_count: Option<i32>,
+    memory_mb: Option<i32>,
+}
+
+impl From<SummaryColumns> for BuildSummary {
+    fn from(row: SummaryColumns) -> Self {
+        BuildSummary {
+            build: BuildId::from_uuid(row.build_id),
+            phase: row.phase,
+            registered_at: row.registered_at,
+            updated_at: row.updated_at,
+            finished_at: row.finished_at,
+            cpu_count: row.cpu_count,
+            memory_mb: row.memory_mb,
+        }
+    }
+}
+
+const SUMMARY_COLUMNS: &str =
+    "build_id, phase, registered_at, updated_at, finished_at, cpu_count, memory_mb";
+
+/// The summaries of those of `builds` that exist, in no particular order.
+pub async fn summaries_of(
+    pool: &sqlx::PgPool,
+    builds: &[BuildId],
+) -> Result<Vec<BuildSummary>, sqlx::Error> {
+    let ids: Vec<Uuid> = builds.iter().map(BuildId::as_uuid).collect();
+    let rows: Vec<SummaryColumns> = sqlx::query_as(&format!(
+        "SELECT {SUMMARY_COLUMNS} FROM builds WHERE build_id = ANY($1)"
+    ))
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(BuildSummary::from).collect())
+}
+
+/// Every build of `template`, the most recently registered first.
+pub async fn summaries_of_template(
+    pool: &sqlx::PgPool,
+    template: &TemplateId,
+) -> Result<Vec<BuildSummary>, sqlx::Error> {
+    let rows: Vec<SummaryColumns> = sqlx::query_as(&format!(
+        "SELECT {SUMMARY_COLUMNS} FROM builds WHERE template_id = $1 ORDER BY registered_at DESC"
+    ))
+    .bind(template.as_str())
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(BuildSummary::from).collect())
+}
+
+/// The most recently registered of `template`'s Ready builds.
+pub async fn newest_ready_build(
+    pool: &sqlx::PgPool,
+    template: &TemplateId,
+) -> Result<Option<BuildId>, sqlx::Error> {
+    let build: Option<Uuid> = sqlx::query_scalar(
+        "SELECT build_id FROM builds WHERE template_id = $1 AND phase = 'ready'
+         ORDER BY registered_at DESC LIMIT 1",
+    )
+    .bind(template.as_str())
+    .fetch_optional(pool)
+    .await?;
+    Ok(build.map(BuildId::from_uuid))
+}
+
+/// How many builds of one template are in one phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PhaseCount {
+    pub template: TemplateId,
+    /// The read model's phase name (see [`BuildSummary::phase`]).
+    pub phase: String,
+    pub builds: i64,
+}
+
+/// The number of builds per phase of each of `templates` (phases without builds left out).
+pub async fn phase_counts(
+    pool: &sqlx::PgPool,
+    templates: &[TemplateId],
+) -> Result<Vec<PhaseCount>, sqlx::Error> {
+    let ids: Vec<&str> = templates.iter().map(TemplateId::as_str).collect();
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT template_id, phase, count(*) FROM builds
+         WHERE template_id = ANY($1) GROUP BY template_id, phase",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(template, phase, builds)| {
+            Ok(PhaseCount {
+                template: TemplateId::parse(&template)
+                    .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+                phase,
+                builds,
+            })
+        })
+        .collect()
+}
+
+/// Up to `limit` builds of `template` other than `build` registered no later than
+/// `registered_at`, the most recent first (ties by id, descending): what `why` compares a
+/// build's cache keys against.
+pub async fn builds_of_template_before(
+    pool: &sqlx::PgPool,
+    template: &TemplateId,
+    build: BuildId,
+    registered_at: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<BuildId>, sqlx::Error> {
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT build_id FROM builds
+         WHERE template_id = $1 AND build_id <> $2 AND registered_at <= $3
+         ORDER BY registered_at DESC, build_id DESC LIMIT $4",
+    )
+    .bind(template.as_str())
+    .bind(build.as_uuid())
+    .bind(registered_at)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(ids.into_iter().map(BuildId::from_uuid).collect())
+}
+
+/// Which builds the operator's build list shows; every field unset lists all builds.
+#[derive(Clone, Debug, Default)]
+pub struct BuildFilter<'a> {
+    /// A read-model phase name.
+    pub phase: Option<&'a str>,
+    pub team: Option<&'a str>,
+    /// A template id or one of the template's names.
+    pub template: Option<&'a str>,
+    /// Only builds before this keyset (`registered_at`, then build id, both descending).
+    pub before: Option<(DateTime<Utc>, Uuid)>,
+}
+
+/// A build as the operator's build list shows it, with its template's names.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct BuildListing {
+    pub build_id: Uuid,
+    pub team_id: String,
+    pub template_id: String,
+    /// `None` when the template's row is missing.
+    pub names: Option<Vec<String>>,
+    /// The read model's phase name (see [`BuildSummary::phase`]).
+    pub phase: String,
+    pub epoch: Option<i64>,
+    pub node: Option<String>,
+    pub registered_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// The database clock when listed: how long a running build has taken so far.
+    pub now: DateTime<Utc>,
+}
+
+/// Up to `limit` builds matching `filter`, the most recently registered first.
+pub async fn list_builds(
+    pool: &sqlx::PgPool,
+    filter: &BuildFilter<'_>,
+    limit: i64,
+) -> Result<Vec<BuildListing>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT b.build_id, b.team_id, b.template_id, t.names, b.phase, b.epoch, b.node,
+                b.registered_at, b.updated_at, now() AS now
+         FROM builds b LEFT JOIN templates t ON t.template_id = b.template_id
+         WHERE ($1::text IS NULL OR b.phase = $1)
+           AND ($2::text IS NULL OR b.team_id = $2)
+           AND ($3::text IS NULL OR b.template_id = $3 OR $3 = ANY(t.names))
+           AND ($5::timestamptz IS NULL OR (b.registered_at, b.build_id) < ($5, $6))
+         ORDER BY b.registered_at DESC, b.build_id DESC LIMIT $4",
+    )
+    .bind(filter.phase)
+    .bind(filter.team)
+    .bind(filter.template)
+    .bind(limit)
+    .bind(filter.before.map(|(at, _)| at))
+    .bind(filter.before.map(|(_, id)| id))
+    .fetch_all(pool)
+    .await
 }

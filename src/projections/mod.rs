@@ -6,9 +6,12 @@
 //! * [`ProjectionRunner`]: feed → batch → checkpoint, one transaction per batch, one runner at a
 //!   time per projection (`FOR UPDATE SKIP LOCKED` on its checkpoint row); `rebuild` replays.
 //! * [`stream_catalog`]: the operators' catalog of streams.
+//! * [`builds`], [`templates`], [`api_keys`]: the inline read models, each with its typed reads;
+//!   [`build_logs`]: the reads of the worker's log lines.
 //! * [`registry`] / [`run_all`]: the projections this version ships, and running them.
 
 pub mod api_keys;
+pub mod build_logs;
 pub mod builds;
 mod projection;
 mod runner;

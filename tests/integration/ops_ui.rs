@@ -136,6 +136,17 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     assert_eq!(page.status().as_u16(), 200);
     let page = page.text().await.unwrap();
     assert!(page.contains(&ok.to_string()) && page.contains(&failed.to_string()));
+    // Below the list, the store's latest events: a full feed of 20 rows (two builds appended
+    // more), build streams linked to their page, each event with the role that appended it.
+    let feed = &page[page.find("<table id=\"feed\">").expect("the latest events")..];
+    assert_eq!(feed.matches("<tr><td>").count(), 20, "{feed}");
+    assert!(
+        feed.contains(&format!(
+            "<a href=\"/ui/builds/{failed}\">build-{failed}</a>"
+        )),
+        "{feed}"
+    );
+    assert!(feed.contains("<td>worker/"), "{feed}");
 
     // A token in the address: redirected without it, with a session cookie that is not the token.
     let resp = http
@@ -237,6 +248,12 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     assert!(templates.contains("ui-app") && templates.contains("ui-broken"));
     assert!(
         templates.contains(&format!("default → <a href=\"/ui/builds/{ok}\">")),
+        "{templates}"
+    );
+    // Each template's builds counted by phase.
+    assert!(
+        templates.contains("<span class=\"ready\">ready</span> 1")
+            && templates.contains("<span class=\"error\">error</span> 1"),
         "{templates}"
     );
     let storage = http

@@ -4,7 +4,6 @@
 
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::auth::Team;
@@ -12,7 +11,8 @@ use super::parse_template_id;
 use super::start::{check_build_of, parse_build_id};
 use crate::api::error::ApiError;
 use crate::api::AppState;
-use crate::domain::build::status::{LogEntry, LogLevel, StatusResponse};
+use crate::domain::build::status::{LogLevel, StatusResponse};
+use crate::projections::build_logs;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -38,31 +38,7 @@ pub async fn build_status(
     let offset = query.logs_offset.unwrap_or(0).max(0);
     let limit = query.limit.unwrap_or(100).clamp(0, 100);
     let min_level = query.level.unwrap_or(LogLevel::Debug);
-    let levels: Vec<&str> = LogLevel::ALL
-        .into_iter()
-        .filter(|l| *l >= min_level)
-        .map(LogLevel::as_str)
-        .collect();
-    let rows: Vec<(DateTime<Utc>, String, String, Option<String>)> = sqlx::query_as(
-        "SELECT logged_at, level, message, step FROM build_logs
-         WHERE build_id = $1 AND level = ANY($2)
-         ORDER BY seq OFFSET $3 LIMIT $4",
-    )
-    .bind(build_id.as_uuid())
-    .bind(&levels)
-    .bind(offset)
-    .bind(limit)
-    .fetch_all(&state.pool)
-    .await?;
-    let page = rows
-        .into_iter()
-        .map(|(timestamp, level, message, step)| LogEntry {
-            timestamp,
-            level: LogLevel::from_stored(&level),
-            message,
-            step,
-        })
-        .collect();
+    let page = build_logs::page_of(&state.pool, build_id, min_level, offset, limit).await?;
     StatusResponse::of(&build, &build_id, page)
         .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("build {build_id} not found")))

@@ -4,9 +4,7 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 use super::auth::Team;
 use super::{api_metadata, check_team_template, command_error};
@@ -14,9 +12,11 @@ use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::app::{CommandContext, CommandError};
 use crate::domain::build_spec::{parse_name_and_tag, Resources, Tag};
-use crate::domain::ids::{TeamId, TemplateId};
+use crate::domain::ids::{BuildId, TeamId, TemplateId};
 use crate::domain::template;
 use crate::events::command::load;
+use crate::projections::builds::{self, BuildSummary};
+use crate::projections::templates::{self, TemplateRow};
 use crate::streams::{database_now, template_name_stream, template_stream, Template, TemplateName};
 
 /// Whether `template_id` is `team`'s template and deleted (read from the exact `templates` read
@@ -26,10 +26,7 @@ async fn team_template_deleted(
     team: &TeamId,
     template_id: &TemplateId,
 ) -> Result<bool, ApiError> {
-    Ok(
-        crate::projections::templates::is_deleted_template_of(&state.pool, team, template_id)
-            .await?,
-    )
+    Ok(templates::is_deleted_template_of(&state.pool, team, template_id).await?)
 }
 
 /// Resolves `name` (optionally `name:tag`, optionally namespaced to the caller's team) to the
@@ -98,67 +95,31 @@ pub async fn alias_exists(
 /// `buildID` of a template with no successful build, as E2B answers it.
 const NO_BUILD: &str = "00000000-0000-0000-0000-000000000000";
 
-/// One row of the `builds` read model, as the template listings show it.
-#[derive(sqlx::FromRow)]
-struct BuildRow {
-    build_id: Uuid,
-    phase: String,
-    registered_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-    finished_at: Option<DateTime<Utc>>,
-    /// As requested; `None` = the default the build ran with.
-    cpu_count: Option<i32>,
-    memory_mb: Option<i32>,
-}
-
-impl BuildRow {
-    fn resources(&self) -> Resources {
-        Resources {
-            cpu_count: self.cpu_count.map(|c| c as u32),
-            memory_mb: self.memory_mb.map(|m| m as u32),
-            min_free_disk_mb: None,
-        }
-    }
-
-    /// A `TemplateBuild` of the upstream schema. strata keeps no disk size or envd version per
-    /// build, so the two optional fields are left out.
-    fn to_json(&self) -> Value {
-        let resources = self.resources();
-        let mut build = json!({
-            "buildID": self.build_id.to_string(),
-            "status": e2b_status(&self.phase),
-            "createdAt": self.registered_at,
-            "updatedAt": self.updated_at,
-            "cpuCount": resources.effective_cpu_count(),
-            "memoryMB": resources.effective_memory_mb(),
-        });
-        if let Some(at) = self.finished_at {
-            build["finishedAt"] = json!(at);
-        }
-        build
+/// The requested resources of `build`.
+fn resources(build: &BuildSummary) -> Resources {
+    Resources {
+        cpu_count: build.cpu_count.map(|c| c as u32),
+        memory_mb: build.memory_mb.map(|m| m as u32),
+        min_free_disk_mb: None,
     }
 }
 
-const BUILD_COLUMNS: &str =
-    "build_id, phase, registered_at, updated_at, finished_at, cpu_count, memory_mb";
-
-#[derive(sqlx::FromRow)]
-struct TemplateRow {
-    template_id: String,
-    names: Vec<String>,
-    build_count: i64,
-    latest_build: Option<Uuid>,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-}
-
-async fn build_rows(state: &AppState, ids: &[Uuid]) -> Result<Vec<BuildRow>, ApiError> {
-    Ok(sqlx::query_as(&format!(
-        "SELECT {BUILD_COLUMNS} FROM builds WHERE build_id = ANY($1)"
-    ))
-    .bind(ids)
-    .fetch_all(&state.pool)
-    .await?)
+/// A `TemplateBuild` of the upstream schema. strata keeps no disk size or envd version per
+/// build, so the two optional fields are left out.
+fn build_json(build: &BuildSummary) -> Value {
+    let resources = resources(build);
+    let mut out = json!({
+        "buildID": build.build.to_string(),
+        "status": e2b_status(&build.phase),
+        "createdAt": build.registered_at,
+        "updatedAt": build.updated_at,
+        "cpuCount": resources.effective_cpu_count(),
+        "memoryMB": resources.effective_memory_mb(),
+    });
+    if let Some(at) = build.finished_at {
+        out["finishedAt"] = json!(at);
+    }
+    out
 }
 
 /// The build a template's `buildID` names: the one its `default` tag points at (what using the
@@ -166,20 +127,14 @@ async fn build_rows(state: &AppState, ids: &[Uuid]) -> Result<Vec<BuildRow>, Api
 async fn current_build(
     state: &AppState,
     template_id: &TemplateId,
-) -> Result<Option<Uuid>, ApiError> {
+) -> Result<Option<BuildId>, ApiError> {
     let loaded = load::<Template>(&state.events, &template_stream(template_id))
         .await
         .map_err(|e| command_error(e, |e: template::Error| ApiError::internal("template", &e)))?;
     if let Some(build) = loaded.state.tags.get(&Tag::default_tag()) {
-        return Ok(Some(build.as_uuid()));
+        return Ok(Some(*build));
     }
-    Ok(sqlx::query_scalar(
-        "SELECT build_id FROM builds WHERE template_id = $1 AND phase = 'ready'
-         ORDER BY registered_at DESC LIMIT 1",
-    )
-    .bind(template_id.as_str())
-    .fetch_optional(&state.pool)
-    .await?)
+    Ok(builds::newest_ready_build(&state.pool, template_id).await?)
 }
 
 /// A `Template` of the upstream schema. `buildID` and the resources are those of the
@@ -189,23 +144,18 @@ async fn current_build(
 /// `lastSpawnedAt` are null, `spawnCount` and `diskSizeMB` 0, `envdVersion` empty, as E2B
 /// answers when it has none.
 async fn template_json(state: &AppState, row: &TemplateRow) -> Result<Value, ApiError> {
-    let template_id = TemplateId::parse(&row.template_id)
-        .map_err(|e| ApiError::internal("templates read model", &e))?;
-    let current = current_build(state, &template_id).await?;
-    let ids: Vec<Uuid> = current
+    let current = current_build(state, &row.template).await?;
+    let ids: Vec<BuildId> = current
         .iter()
         .chain(row.latest_build.iter())
         .copied()
         .collect();
-    let builds = build_rows(state, &ids).await?;
-    let find = |id: Option<Uuid>| id.and_then(|id| builds.iter().find(|b| b.build_id == id));
+    let summaries = builds::summaries_of(&state.pool, &ids).await?;
+    let find = |id: Option<BuildId>| id.and_then(|id| summaries.iter().find(|b| b.build == id));
     let latest = find(row.latest_build);
-    let resources = find(current)
-        .or(latest)
-        .map(BuildRow::resources)
-        .unwrap_or_default();
+    let resources = find(current).or(latest).map(resources).unwrap_or_default();
     Ok(json!({
-        "templateID": row.template_id,
+        "templateID": row.template.as_str(),
         "buildID": current.map(|b| b.to_string()).unwrap_or_else(|| NO_BUILD.to_owned()),
         "buildStatus": latest.map_or("waiting", |b| e2b_status(&b.phase)),
         "cpuCount": resources.effective_cpu_count(),
@@ -229,13 +179,7 @@ pub async fn list_templates(
     State(state): State<AppState>,
     team: Team,
 ) -> Result<Json<Vec<Value>>, ApiError> {
-    let rows: Vec<TemplateRow> = sqlx::query_as(
-        "SELECT template_id, names, build_count, latest_build, created_at, updated_at
-         FROM templates WHERE team_id = $1 AND NOT deleted ORDER BY created_at",
-    )
-    .bind(team.0.as_str())
-    .fetch_all(&state.pool)
-    .await?;
+    let rows = templates::live_templates_of(&state.pool, &team.0).await?;
     let mut templates = Vec::with_capacity(rows.len());
     for row in &rows {
         templates.push(template_json(&state, row).await?);
@@ -252,21 +196,14 @@ pub async fn get_template(
     Path(template_id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let template_id = team_template_by_ref(&state, &team.0, &template_id).await?;
-    let row: TemplateRow = sqlx::query_as(
-        "SELECT template_id, names, build_count, latest_build, created_at, updated_at
-         FROM templates WHERE template_id = $1",
-    )
-    .bind(template_id.as_str())
-    .fetch_one(&state.pool)
-    .await?;
-    let builds: Vec<BuildRow> = sqlx::query_as(&format!(
-        "SELECT {BUILD_COLUMNS} FROM builds WHERE template_id = $1 ORDER BY registered_at DESC"
-    ))
-    .bind(template_id.as_str())
-    .fetch_all(&state.pool)
-    .await?;
+    // The team's template, just checked: its row is written in the same transaction as its
+    // registration, so a missing one is a broken read model.
+    let row = templates::template_row_of(&state.pool, &template_id)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)?;
+    let builds = builds::summaries_of_template(&state.pool, &template_id).await?;
     let mut template = template_json(&state, &row).await?;
-    template["builds"] = builds.iter().map(BuildRow::to_json).collect();
+    template["builds"] = builds.iter().map(build_json).collect();
     Ok(Json(template))
 }
 

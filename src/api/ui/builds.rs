@@ -7,17 +7,18 @@ use std::fmt::Write as _;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Json, Response};
-use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::layout::{escape, page, seconds, status, url_encode};
 use super::paging::{self, Cursor};
 use crate::api::AppState;
 use crate::domain::ids::BuildId;
+use crate::events::ReadError;
 use crate::inspect::facts::FactsError;
 use crate::inspect::{facts, timeline, why};
+use crate::projections::builds;
 
-const FEED_LIMIT: i64 = 20;
+const FEED_LIMIT: u32 = 20;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct BuildFilter {
@@ -35,20 +36,6 @@ fn non_empty(s: &Option<String>) -> Option<&str> {
     s.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
 
-#[derive(sqlx::FromRow)]
-struct BuildListRow {
-    build_id: uuid::Uuid,
-    team_id: String,
-    template_id: String,
-    names: Option<Vec<String>>,
-    phase: String,
-    epoch: Option<i64>,
-    node: Option<String>,
-    registered_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-    now: DateTime<Utc>,
-}
-
 pub async fn list_builds(
     State(state): State<AppState>,
     Query(filter): Query<BuildFilter>,
@@ -60,24 +47,14 @@ pub async fn list_builds(
         .map(|c| uuid::Uuid::parse_str(&c.id))
         .transpose()
         .map_err(|_| UiError::BadRequest("before= names no build".into()))?;
-    let mut rows: Vec<BuildListRow> = sqlx::query_as(
-        "SELECT b.build_id, b.team_id, b.template_id, t.names, b.phase, b.epoch, b.node,
-                b.registered_at, b.updated_at, now() AS now
-         FROM builds b LEFT JOIN templates t ON t.template_id = b.template_id
-         WHERE ($1::text IS NULL OR b.phase = $1)
-           AND ($2::text IS NULL OR b.team_id = $2)
-           AND ($3::text IS NULL OR b.template_id = $3 OR $3 = ANY(t.names))
-           AND ($5::timestamptz IS NULL OR (b.registered_at, b.build_id) < ($5, $6))
-         ORDER BY b.registered_at DESC, b.build_id DESC LIMIT $4 + 1",
-    )
-    .bind(non_empty(&filter.phase))
-    .bind(non_empty(&filter.team))
-    .bind(non_empty(&filter.template))
-    .bind(limit)
-    .bind(before.as_ref().map(|c| c.at))
-    .bind(before_id)
-    .fetch_all(&state.pool)
-    .await?;
+    let listed = builds::BuildFilter {
+        phase: non_empty(&filter.phase),
+        team: non_empty(&filter.team),
+        template: non_empty(&filter.template),
+        before: before.as_ref().zip(before_id).map(|(c, id)| (c.at, id)),
+    };
+    // One row more than the page: whether there is an older page.
+    let mut rows = builds::list_builds(&state.pool, &listed, limit + 1).await?;
     let more = rows.len() as i64 > limit;
     rows.truncate(limit as usize);
     let last = rows.last().filter(|_| more).map(|r| Cursor {
@@ -165,39 +142,31 @@ pub async fn list_builds(
 }
 
 /// The newest events of the whole store, newest first: what just happened anywhere.
-async fn recent_events(state: &AppState) -> Result<String, sqlx::Error> {
-    let rows: Vec<(i64, String, String, serde_json::Value, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT position, stream_id, type, metadata, recorded_at FROM events
-         ORDER BY position DESC LIMIT $1",
-    )
-    .bind(FEED_LIMIT)
-    .fetch_all(&state.pool)
-    .await?;
+async fn recent_events(state: &AppState) -> Result<String, ReadError> {
+    let events = state.events.latest_events(FEED_LIMIT).await?;
     let mut out = String::from(
         "<h2>Latest events</h2><table id=\"feed\"><tr><th>time</th><th>stream</th><th>event</th>\
          <th>actor</th></tr>",
     );
-    for (_, stream, kind, meta, at) in rows {
-        let actor = format!(
-            "{}/{}",
-            meta["actor"]["role"].as_str().unwrap_or("?"),
-            meta["actor"]["node"].as_str().unwrap_or("?")
-        );
+    for event in events {
+        let actor = &event.metadata.actor;
+        let actor = format!("{}/{}", actor.role.as_str(), actor.node);
+        let stream = event.stream_id.as_str();
         let link = stream
             .strip_prefix("build-")
             .map(|id| {
                 format!(
                     "<a href=\"/ui/builds/{0}\">{1}</a>",
                     escape(id),
-                    escape(&stream)
+                    escape(stream)
                 )
             })
-            .unwrap_or_else(|| escape(&stream));
+            .unwrap_or_else(|| escape(stream));
         let _ = write!(
             out,
             "<tr><td>{}</td><td><code>{link}</code></td><td>{}</td><td>{}</td></tr>",
-            at.format("%H:%M:%S%.3f"),
-            escape(&kind),
+            event.recorded_at.format("%H:%M:%S%.3f"),
+            escape(&event.event_type),
             escape(&actor)
         );
     }
@@ -408,6 +377,8 @@ pub enum UiError {
     Facts(#[from] FactsError),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    #[error("reading the event store: {0}")]
+    Events(#[from] ReadError),
 }
 
 impl IntoResponse for UiError {

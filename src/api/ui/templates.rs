@@ -6,7 +6,6 @@ use std::fmt::Write as _;
 
 use axum::extract::{Query, State};
 use axum::response::Html;
-use chrono::{DateTime, Utc};
 
 use super::builds::UiError;
 use super::layout::{escape, page, url_encode};
@@ -14,6 +13,7 @@ use super::paging::{self, Cursor};
 use crate::api::AppState;
 use crate::domain::ids::TemplateId;
 use crate::events::command::load;
+use crate::projections::{builds, templates};
 use crate::streams::{template_stream, Template};
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -22,16 +22,6 @@ pub struct TemplatePage {
     before: Option<String>,
     /// Rows per page.
     limit: Option<i64>,
-}
-
-#[derive(sqlx::FromRow)]
-struct TemplateRow {
-    template_id: String,
-    team_id: String,
-    names: Vec<String>,
-    build_count: i64,
-    latest_build: Option<uuid::Uuid>,
-    updated_at: DateTime<Utc>,
 }
 
 pub async fn list_templates(
@@ -45,37 +35,27 @@ pub async fn list_templates(
         .filter(|s| !s.is_empty())
         .map(Cursor::parse)
         .transpose()?;
-    let mut rows: Vec<TemplateRow> = sqlx::query_as(
-        "SELECT template_id, team_id, names, build_count, latest_build, updated_at
-         FROM templates
-         WHERE NOT deleted AND ($2::timestamptz IS NULL OR (updated_at, template_id) < ($2, $3))
-         ORDER BY updated_at DESC, template_id DESC LIMIT $1 + 1",
+    // One row more than the page: whether there is an older page.
+    let mut rows = templates::live_templates_page(
+        &state.pool,
+        before.as_ref().map(|c| (c.at, c.id.as_str())),
+        limit + 1,
     )
-    .bind(limit)
-    .bind(before.as_ref().map(|c| c.at))
-    .bind(before.as_ref().map(|c| c.id.clone()))
-    .fetch_all(&state.pool)
     .await?;
     let more = rows.len() as i64 > limit;
     rows.truncate(limit as usize);
     let last = rows.last().filter(|_| more).map(|r| Cursor {
         at: r.updated_at,
-        id: r.template_id.clone(),
+        id: r.template.to_string(),
     });
-    let outcomes: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT template_id, phase, count(*) FROM builds
-         WHERE template_id = ANY($1) GROUP BY template_id, phase",
-    )
-    .bind(
-        rows.iter()
-            .map(|r| r.template_id.clone())
-            .collect::<Vec<_>>(),
-    )
-    .fetch_all(&state.pool)
-    .await?;
-    let mut by_template: BTreeMap<&str, Vec<(&str, i64)>> = BTreeMap::new();
-    for (t, phase, n) in &outcomes {
-        by_template.entry(t).or_default().push((phase, *n));
+    let ids: Vec<TemplateId> = rows.iter().map(|r| r.template.clone()).collect();
+    let counts = builds::phase_counts(&state.pool, &ids).await?;
+    let mut by_template: BTreeMap<&TemplateId, Vec<(&str, i64)>> = BTreeMap::new();
+    for count in &counts {
+        by_template
+            .entry(&count.template)
+            .or_default()
+            .push((&count.phase, count.builds));
     }
     let mut body = String::from(
         "<table id=\"templates\"><tr><th>template</th><th>names</th><th>team</th><th>tags</th>\
@@ -83,28 +63,25 @@ pub async fn list_templates(
     );
     for r in &rows {
         // Tags live in the template stream (the read model keeps names only).
-        let tags = match TemplateId::parse(&r.template_id) {
-            Ok(id) => load::<Template>(&state.events, &template_stream(&id))
-                .await
-                .map(|t| {
-                    t.state
-                        .tags
-                        .iter()
-                        .map(|(tag, build)| {
-                            format!(
-                                "{} → <a href=\"/ui/builds/{build}\"><code>{}</code></a>",
-                                escape(tag.as_str()),
-                                &build.to_string()[..8]
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                        .join("<br>")
-                })
-                .unwrap_or_else(|e| escape(&format!("(unreadable: {e})"))),
-            Err(_) => String::new(),
-        };
+        let tags = load::<Template>(&state.events, &template_stream(&r.template))
+            .await
+            .map(|t| {
+                t.state
+                    .tags
+                    .iter()
+                    .map(|(tag, build)| {
+                        format!(
+                            "{} → <a href=\"/ui/builds/{build}\"><code>{}</code></a>",
+                            escape(tag.as_str()),
+                            &build.to_string()[..8]
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("<br>")
+            })
+            .unwrap_or_else(|e| escape(&format!("(unreadable: {e})")));
         let results = by_template
-            .get(r.template_id.as_str())
+            .get(&r.template)
             .map(|v| {
                 v.iter()
                     .map(|(p, n)| format!("<span class=\"{p}\">{p}</span> {n}"))
@@ -116,10 +93,10 @@ pub async fn list_templates(
             body,
             "<tr><td><a href=\"/ui?template={}\"><code>{}</code></a></td><td>{}</td><td>{}</td><td>{tags}</td>\
              <td>{}</td><td>{results}</td><td>{}</td><td>{}</td></tr>",
-            url_encode(&r.template_id),
-            escape(&r.template_id),
+            url_encode(r.template.as_str()),
+            escape(r.template.as_str()),
             escape(&r.names.join(", ")),
-            escape(&r.team_id),
+            escape(r.team.as_str()),
             r.build_count,
             r.latest_build
                 .map(|b| format!("<a href=\"/ui/builds/{b}\"><code>{b}</code></a>"))

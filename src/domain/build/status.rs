@@ -2,7 +2,7 @@
 //!
 //! Layout: [`BuildStatus`] and [`status_of`]; [`ErrorReason`] and [`reason_of`]; [`LogEntry`]
 //! and [`LogLevel`]; [`StatusResponse`], the whole response body. The SDK's offset paging over
-//! the logs is the `build_logs` query in the status handler.
+//! the logs is `projections::build_logs::page_of`, called by the status handler.
 //!
 //! The SDK accepts exactly `waiting|building|ready|error`. As on E2B, only a registered build
 //! that was never started is `waiting`; a started build is `building` from the moment it is
