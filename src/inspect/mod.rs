@@ -4,10 +4,8 @@
 //! * [`facts`]: one build's decoded events and logs, and its earlier siblings.
 //! * [`why`]: why a build failed and why each step was or was not a cache hit.
 //! * [`timeline`]: one build's phases, attempts, steps and reconciler actions, for `/ui`.
-//! * [`storage`]: bytes on this node's disk.
 
 pub mod facts;
-pub mod storage;
 pub mod timeline;
 pub mod why;
 

@@ -5,7 +5,7 @@
 //! the recording functions, grouped by the part of strata that calls them; [`render`].
 //! Gauges that describe shared state (builds by phase, queue depth, bytes on disk) are not kept
 //! by any one process: [`scrape`] reads them from the read models and the data dir when the
-//! endpoint is scraped.
+//! endpoint is scraped; [`storage`] measures the data dir for them and for the operator page.
 //!
 //! Names follow the Prometheus conventions: `strata_` prefix, base units (`_seconds`,
 //! `_bytes`), `_total` for counters. Labels have small, fixed value sets (phase, kind, outcome,
@@ -13,6 +13,7 @@
 
 pub mod scrape;
 pub mod server;
+pub mod storage;
 
 use std::sync::LazyLock;
 use std::time::Duration;

@@ -61,7 +61,7 @@ impl ScrapeSources {
             }
         }
         if let Some(dir) = self.data_dir.clone() {
-            let usage = tokio::task::spawn_blocking(move || crate::inspect::storage::usage(&dir))
+            let usage = tokio::task::spawn_blocking(move || super::storage::usage(&dir))
                 .await
                 .unwrap_or_default();
             for u in usage {

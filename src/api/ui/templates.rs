@@ -111,7 +111,7 @@ pub async fn list_templates(
 
 pub async fn show_storage(State(state): State<AppState>) -> Html<String> {
     let dir = state.data_dir.clone();
-    let usage = tokio::task::spawn_blocking(move || crate::inspect::storage::usage(&dir))
+    let usage = tokio::task::spawn_blocking(move || crate::metrics::storage::usage(&dir))
         .await
         .unwrap_or_default();
     let mut body = String::from(
