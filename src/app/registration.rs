@@ -32,6 +32,26 @@ pub struct RegisterBuild {
     pub waiting_deadline: DateTime<Utc>,
 }
 
+impl RegisterBuild {
+    /// A build of `name` under the `default` tag with the default resources, as a request that
+    /// names neither registers it, waiting `wait` from `now` for its uploads and start.
+    pub fn new(
+        team: TeamId,
+        name: TemplateName,
+        now: DateTime<Utc>,
+        wait: chrono::Duration,
+    ) -> Self {
+        RegisterBuild {
+            team,
+            name,
+            tags: vec![Tag::default_tag()],
+            resources: Resources::default(),
+            now,
+            waiting_deadline: now + wait,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
     #[error(transparent)]

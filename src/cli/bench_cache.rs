@@ -11,7 +11,7 @@ use clap::Args;
 use strata::app::registration::{register_build, RegisterBuild};
 use strata::config::StorageArgs;
 use strata::domain::build::StepOutcome;
-use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
+use strata::domain::build_spec::{TemplateBuildStartV2, TemplateName};
 use strata::domain::ids::{BuildId, TeamId};
 use strata::events::command::{load, CommandContext};
 use strata::events::{Actor, ActorRole, EventStore, Metadata};
@@ -180,18 +180,7 @@ async fn register(store: &EventStore, team: &TeamId, label: &str) -> anyhow::Res
         label.replace(' ', "-"),
         &Uuid::new_v4().simple().to_string()[..6]
     ))?;
-    let (_, build) = register_build(
-        store,
-        &context(),
-        &RegisterBuild {
-            team: team.clone(),
-            name,
-            tags: vec![Tag::default_tag()],
-            resources: Resources::default(),
-            now,
-            waiting_deadline: now + chrono::Duration::minutes(10),
-        },
-    )
-    .await?;
+    let cmd = RegisterBuild::new(team.clone(), name, now, chrono::Duration::minutes(10));
+    let (_, build) = register_build(store, &context(), &cmd).await?;
     Ok(build)
 }

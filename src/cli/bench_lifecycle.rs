@@ -20,7 +20,7 @@ use clap::Args;
 use sqlx::PgPool;
 use strata::app::registration::{register_build, RegisterBuild};
 use strata::config::StorageArgs;
-use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
+use strata::domain::build_spec::{TemplateBuildStartV2, TemplateName};
 use strata::domain::ids::{BuildId, TeamId};
 use strata::events::{Actor, ActorRole, CommandContext, EventStore, Metadata};
 use uuid::Uuid;
@@ -262,19 +262,9 @@ fn bench_context() -> CommandContext {
 /// What `POST /v3/templates` appends for a new name: the claim, the template, the build.
 async fn register(store: &EventStore, team: &TeamId, name: &str) -> anyhow::Result<BuildId> {
     let now = strata::clock::local_now();
-    let (_, build) = register_build(
-        store,
-        &bench_context(),
-        &RegisterBuild {
-            team: team.clone(),
-            name: TemplateName::parse(name)?,
-            tags: vec![Tag::default_tag()],
-            resources: Resources::default(),
-            now,
-            waiting_deadline: now + chrono::Duration::hours(1),
-        },
-    )
-    .await?;
+    let name = TemplateName::parse(name)?;
+    let cmd = RegisterBuild::new(team.clone(), name, now, chrono::Duration::hours(1));
+    let (_, build) = register_build(store, &bench_context(), &cmd).await?;
     Ok(build)
 }
 

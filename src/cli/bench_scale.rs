@@ -17,7 +17,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use strata::app::registration::{register_build, RegisterBuild};
 use strata::config::StorageArgs;
-use strata::domain::build_spec::{Resources, Tag, TemplateBuildStartV2, TemplateName};
+use strata::domain::build_spec::{TemplateBuildStartV2, TemplateName};
 use strata::domain::ids::{BuildId, TeamId};
 use strata::events::command::CommandContext;
 use strata::events::{Actor, ActorRole, EventStore, Metadata};
@@ -230,19 +230,8 @@ fn context() -> CommandContext {
 async fn register(store: &EventStore, team: &TeamId, i: usize) -> anyhow::Result<BuildId> {
     let now = strata::clock::local_now();
     let name = TemplateName::parse(&format!("scale-{i}"))?;
-    let (_, build) = register_build(
-        store,
-        &context(),
-        &RegisterBuild {
-            team: team.clone(),
-            name,
-            tags: vec![Tag::default_tag()],
-            resources: Resources::default(),
-            now,
-            waiting_deadline: now + chrono::Duration::minutes(10),
-        },
-    )
-    .await?;
+    let cmd = RegisterBuild::new(team.clone(), name, now, chrono::Duration::minutes(10));
+    let (_, build) = register_build(store, &context(), &cmd).await?;
     Ok(build)
 }
 
