@@ -10,7 +10,6 @@
 //! Every encoding starts with a domain label (for example `strata.request.v1`) so that a request
 //! digest can never equal a cache key, and so that changing the layout means changing the label.
 
-use sha2::{Digest as _, Sha256};
 
 use super::ids::Digest;
 
@@ -84,7 +83,7 @@ impl Encoder {
     }
     /// The sha256 of the bytes encoded so far.
     pub fn digest(&self) -> Digest {
-        Digest::from_bytes(Sha256::digest(&self.bytes).into())
+        Digest::of(&self.bytes)
     }
 }
 

@@ -45,8 +45,7 @@ impl Fixture {
                 .unwrap();
         let mut out = BTreeMap::new();
         for s in streams {
-            let key =
-                CacheKey(ids::Digest::parse(&format!("sha256:{}", &s[prefix.len()..])).unwrap());
+            let key = CacheKey(ids::Digest::from_hex(&s[prefix.len()..]).unwrap());
             let state = load::<CacheEntry>(&self.store, &stream(s))
                 .await
                 .unwrap()
