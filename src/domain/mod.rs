@@ -20,6 +20,7 @@
 //! * [`cache_entry`]: the `cachekey-…` index entries (create-if-absent, CAS replace, retire)
 //!   and lineage validation.
 //! * [`object`]: the `object-{digest}` lifecycle (reader leases, the Deleting barrier).
+//! * [`reachability`]: roots and tiers of stored objects, from the folded streams.
 //! * [`retention`]: which unreferenced objects a GC pass deletes, in which order, and why.
 //!
 //! Every aggregate follows one shape: `State` (Default), `Command`, `Event` (versioned, serde
@@ -37,6 +38,7 @@ pub mod ids;
 pub mod image_ref;
 pub mod object;
 pub mod promotion;
+pub mod reachability;
 pub mod retention;
 pub mod snapshot;
 pub mod start;

@@ -7,6 +7,7 @@
 //! * [`base`], [`template_lookup`]: what a build starts from (`fromImage`, `fromTemplate`).
 //! * [`shell`]: the shell text run inside sandboxes (ENV evaluation, WORKDIR, start/ready).
 //! * [`cache`]: the step cache: key chain, lookup, entry publication, single-flight.
+//! * [`layer_hold`]: reader leases on the layers an attempt boots on; storing deleted ones again.
 //! * [`publish`]: result snapshot, Publishing, promotion outbox, Ready.
 //! * [`build_log`]: log lines to `build_logs`, batched and fenced.
 //! * [`export`]: a template's result as an OCI image layout.
@@ -23,6 +24,7 @@ pub mod error;
 pub mod executor;
 pub mod export;
 pub mod job;
+pub mod layer_hold;
 pub mod node;
 pub mod publish;
 pub mod settings;

@@ -297,6 +297,7 @@ impl Worker {
             Outcome::Built(output) => {
                 let published = publish::publish(
                     attempt,
+                    self.backend.as_ref(),
                     self.blobs.clone(),
                     &registration.template,
                     &registration.tags,
