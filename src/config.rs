@@ -127,6 +127,12 @@ pub struct BuildNodeArgs {
     #[arg(long, env = "STRATA_QUEUE_POLL_MS", default_value_t = 2000)]
     pub queue_poll_ms: u64,
 
+    /// Cache-aware placement: how long a queued build is left to a live node that holds more
+    /// of its layers (its deepest cached checkpoint, or its base) before any node takes it.
+    /// 0: no preference, the queue's order.
+    #[arg(long, env = "STRATA_PLACEMENT_WAIT_MS", default_value_t = 5000)]
+    pub placement_wait_ms: u64,
+
     #[command(flatten)]
     pub registry: RegistryArgs,
 }

@@ -11,6 +11,8 @@
 //! * [`publish`]: result snapshot, Publishing, promotion outbox, Ready.
 //! * [`build_log`]: log lines to `build_logs`, batched and fenced.
 //! * [`export`]: a template's result as an OCI image layout.
+//! * [`residency`], [`placement`]: which layers this node's cache holds, reported for all
+//!   nodes to see, and the order in which this node tries the queue because of it (ADR 0020).
 //! * [`settings`], [`error`].
 //!
 //! Design: docs/adr/0005-build-executor.md.
@@ -26,7 +28,9 @@ pub mod export;
 pub mod job;
 pub mod layer_hold;
 pub mod node;
+pub mod placement;
 pub mod publish;
+pub mod residency;
 pub mod settings;
 pub mod shell;
 pub mod store_retry;

@@ -26,6 +26,7 @@ mod ops_readme;
 mod ops_traces;
 mod ops_ui;
 mod ops_why;
+mod placement;
 mod projections;
 mod reconcilers;
 mod registry_pull;
