@@ -127,8 +127,110 @@ pub struct BuildNodeArgs {
     #[arg(long, env = "STRATA_QUEUE_POLL_MS", default_value_t = 2000)]
     pub queue_poll_ms: u64,
 
+    /// Cache-aware placement: how long a queued build is left to a live node that holds more
+    /// of its layers (its deepest cached checkpoint, or its base) before any node takes it.
+    /// 0: no preference, the queue's order.
+    #[arg(long, env = "STRATA_PLACEMENT_WAIT_MS", default_value_t = 5000)]
+    pub placement_wait_ms: u64,
+
     #[command(flatten)]
     pub registry: RegistryArgs,
+}
+
+/// Garbage collection of the blob store (the `gc` reconciler, `strata gc`, `strata storage`).
+#[derive(Debug, Clone, Args)]
+pub struct GcArgs {
+    /// Total size the blob store should stay under (`20GiB`, `500MB`, bytes). Past it, GC
+    /// deletes unreferenced objects cheapest-to-rebuild first; never a live result. Unset: only
+    /// the keep and grace rules apply.
+    #[arg(long, env = "STRATA_STORAGE_BUDGET", value_parser = parse_bytes)]
+    pub storage_budget: Option<u64>,
+
+    /// Cache entries, superseded results and uploads unused this long are deleted whatever the
+    /// budget (`7d`, `12h`, `30m`, `45s`).
+    #[arg(long, env = "STRATA_GC_KEEP", default_value = "7d", value_parser = parse_duration)]
+    pub gc_keep: chrono::Duration,
+
+    /// Nothing written or used more recently than this is deleted.
+    #[arg(long, env = "STRATA_GC_GRACE", default_value = "1h", value_parser = parse_duration)]
+    pub gc_grace: chrono::Duration,
+
+    /// Cached final results kept per template before older ones count as surplus.
+    #[arg(long, env = "STRATA_GC_FINALS_PER_TEMPLATE", default_value_t = 3)]
+    pub gc_finals_per_template: usize,
+
+    /// When GC passes run: a cron expression with six fields, seconds first; `off` runs none
+    /// (then only `strata gc` deletes).
+    #[arg(long, env = "STRATA_GC_SCHEDULE", default_value = "0 */10 * * * *")]
+    pub gc_schedule: String,
+}
+
+impl GcArgs {
+    /// The GC reconciler's schedule; `None` when it is `off`.
+    pub fn schedule(
+        &self,
+    ) -> Result<Option<crate::reconcilers::Schedule>, crate::reconcilers::ReconcileError> {
+        if self.gc_schedule.trim() == "off" {
+            return Ok(None);
+        }
+        crate::reconcilers::Schedule::parse(&self.gc_schedule).map(Some)
+    }
+
+    pub fn policy(&self) -> crate::reconcilers::gc::GcPolicy {
+        crate::reconcilers::gc::GcPolicy {
+            budget: self.storage_budget,
+            keep: self.gc_keep,
+            grace: self.gc_grace,
+            finals_per_template: self.gc_finals_per_template,
+        }
+    }
+}
+
+/// A size in bytes: a number with an optional unit (`B`, `KB`/`MB`/`GB`/`TB` in powers of
+/// 1000, `KiB`/`MiB`/`GiB`/`TiB` in powers of 1024; `K`/`M`/`G`/`T` are the binary ones).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size; write e.g. 20GiB, 500MB or 1048576"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {text:?}; use B, MB, MiB, GB, GiB, ..."
+            ))
+        }
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// A duration: a number with a unit `s`, `m`, `h` or `d`.
+pub fn parse_duration(text: &str) -> Result<chrono::Duration, String> {
+    let t = text.trim();
+    let invalid = || format!("{text:?} is not a duration; write e.g. 45s, 30m, 12h or 7d");
+    let unit = t.chars().last().ok_or_else(invalid)?;
+    let number: i64 = t[..t.len() - unit.len_utf8()]
+        .parse()
+        .map_err(|_| invalid())?;
+    match unit {
+        's' => Ok(chrono::Duration::seconds(number)),
+        'm' => Ok(chrono::Duration::minutes(number)),
+        'h' => Ok(chrono::Duration::hours(number)),
+        'd' => Ok(chrono::Duration::days(number)),
+        _ => Err(invalid()),
+    }
 }
 
 /// How base images are pulled from OCI registries.
@@ -173,5 +275,36 @@ impl RegistryArgs {
                 .collect(),
             max_bytes: self.pull_max_bytes,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_decimal_and_binary_units_and_refuse_the_rest() {
+        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+        assert_eq!(parse_bytes("20GiB"), Ok(20 << 30));
+        assert_eq!(parse_bytes("20G"), Ok(20 << 30));
+        assert_eq!(parse_bytes("500MB"), Ok(500_000_000));
+        assert_eq!(parse_bytes("3 kb"), Ok(3_000));
+        assert!(parse_bytes("lots").unwrap_err().contains("not a size"));
+        assert!(parse_bytes("5PB")
+            .unwrap_err()
+            .contains("unknown size unit"));
+        assert!(parse_bytes("99999999999T")
+            .unwrap_err()
+            .contains("too large"));
+    }
+
+    #[test]
+    fn durations_parse_with_a_unit_and_refuse_the_rest() {
+        assert_eq!(parse_duration("45s"), Ok(chrono::Duration::seconds(45)));
+        assert_eq!(parse_duration("30m"), Ok(chrono::Duration::minutes(30)));
+        assert_eq!(parse_duration("7d"), Ok(chrono::Duration::days(7)));
+        assert!(parse_duration("7").is_err());
+        assert!(parse_duration("7w").is_err());
+        assert!(parse_duration("").is_err());
     }
 }

@@ -50,6 +50,11 @@ enum Command {
     History(cli::history::HistoryArgs),
     /// Explain a build: why it failed, why each step was or was not a cache hit.
     Why(cli::why::WhyArgs),
+    /// Run one garbage-collection pass now (`--dry-run`: print what would go and why, by tier).
+    Gc(cli::gc::GcCliArgs),
+    /// Show the blob store's usage by class (rooted, and each retention tier) and this node's
+    /// extracted layers.
+    Storage(cli::gc::StorageCliArgs),
     /// List, rebuild or run the async projections (read models).
     Projections(cli::projections::ProjectionsArgs),
     /// Measure throughput and latency against a baseline taken in the same run.
@@ -92,6 +97,8 @@ fn main() -> std::process::ExitCode {
             Command::History(args) => cli::history::run(args).await,
             Command::Why(args) => cli::why::run(args).await,
             Command::Projections(args) => cli::projections::run(args).await,
+            Command::Gc(args) => cli::gc::run_gc(args).await,
+            Command::Storage(args) => cli::gc::run_storage(args).await,
             Command::Bench(args) => cli::bench::run(args).await,
             Command::SandboxInit(_) | Command::SandboxAgent(_) => unreachable!("dispatched above"),
         }

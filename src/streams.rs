@@ -8,8 +8,10 @@
 use chrono::{DateTime, Utc};
 
 use crate::domain::cache_key::CacheKey;
-use crate::domain::ids::{self, BuildId, Epoch, FilesHash, Scope, SnapshotId, TeamId, TemplateId};
-use crate::domain::{build, cache_entry, files, promotion, snapshot, team, template};
+use crate::domain::ids::{
+    self, BuildId, Digest, Epoch, FilesHash, Scope, SnapshotId, TeamId, TemplateId,
+};
+use crate::domain::{build, cache_entry, files, object, promotion, snapshot, team, template};
 use crate::events::{Aggregate, StreamId};
 
 /// A stream id from a name built by [`ids::stream`]: those are valid by construction.
@@ -40,6 +42,9 @@ pub fn promotion_stream(build: &BuildId, epoch: Epoch) -> StreamId {
 }
 pub fn cache_key_stream(scope: &Scope, key: &CacheKey) -> StreamId {
     id(ids::stream::cache_key(scope, &key.0))
+}
+pub fn object_stream(digest: &Digest) -> StreamId {
+    id(ids::stream::object(digest))
 }
 
 /// Binds a domain module's `State`, `Event`, `Command`, `Error`, `evolve` and `decide` to a
@@ -73,6 +78,7 @@ aggregate!(Team => team);
 aggregate!(Promotion => promotion);
 aggregate!(Snapshot => snapshot);
 aggregate!(CacheEntry => cache_entry);
+aggregate!(Object => object);
 
 /// The name claim: its command is the candidate template id for an unclaimed name.
 pub struct TemplateName;

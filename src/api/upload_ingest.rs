@@ -29,6 +29,9 @@ pub enum IngestError {
     LengthMismatch { declared: u64, received: u64 },
     #[error("reading the upload body failed: {0}")]
     Body(String),
+    /// The upload's content could not be referenced before publishing (see `ingest_upload`).
+    #[error("{0}")]
+    Refused(String),
     #[error("storing the upload in {store} failed: {source}")]
     Store {
         store: String,
@@ -58,15 +61,21 @@ const CHANNEL_BATCHES: usize = 8;
 ///
 /// `declared` is the request's `Content-Length`; `ceiling` is the size limit signed into the
 /// upload URL. A declared length over the ceiling is refused before a byte is read.
-pub async fn ingest_upload<S, E>(
+/// `before_publish` runs with the digest once the bytes are received and before they become
+/// visible under it: the API references the object there (the Deleting barrier), so bytes it
+/// publishes are never ones a garbage-collection pass is about to delete.
+pub async fn ingest_upload<S, E, F, Fut>(
     body: S,
     declared: u64,
     ceiling: u64,
     blobs: Arc<dyn BlobStore>,
+    before_publish: F,
 ) -> Result<IngestedUpload, IngestError>
 where
     S: Stream<Item = Result<Bytes, E>>,
     E: std::fmt::Display,
+    F: FnOnce(Digest) -> Fut,
+    Fut: std::future::Future<Output = Result<(), IngestError>>,
 {
     if declared > ceiling {
         return Err(IngestError::TooLarge { declared, ceiling });
@@ -137,6 +146,7 @@ where
     if received != declared {
         return Err(IngestError::LengthMismatch { declared, received });
     }
+    before_publish(digest).await?;
     tokio::task::spawn_blocking(move || sink.publish(&digest))
         .await
         .map_err(joined)?
@@ -172,6 +182,11 @@ fn write(
 
 #[cfg(test)]
 mod tests {
+    /// No reference before publishing: these tests are about the bytes.
+    fn no_hook(_: Digest) -> std::future::Ready<Result<(), IngestError>> {
+        std::future::ready(Ok(()))
+    }
+
     use super::*;
     use crate::vmm::LocalBlobStore;
     use std::path::Path;
@@ -208,9 +223,15 @@ mod tests {
     #[tokio::test]
     async fn stores_exact_bytes_under_their_digest() {
         let (dir, blobs) = store();
-        let ingested = ingest_upload(chunks(&[b"hello ", b"world"]), 11, 100, blobs.clone())
-            .await
-            .unwrap();
+        let ingested = ingest_upload(
+            chunks(&[b"hello ", b"world"]),
+            11,
+            100,
+            blobs.clone(),
+            no_hook,
+        )
+        .await
+        .unwrap();
         assert_eq!(ingested.size, 11);
         assert_eq!(
             ingested.digest.hex(),
@@ -223,7 +244,7 @@ mod tests {
     #[tokio::test]
     async fn refuses_declared_length_over_ceiling_before_reading() {
         let (dir, blobs) = store();
-        let err = ingest_upload(chunks(&[b"x"]), 101, 100, blobs)
+        let err = ingest_upload(chunks(&[b"x"]), 101, 100, blobs, no_hook)
             .await
             .unwrap_err();
         assert!(matches!(
@@ -239,7 +260,7 @@ mod tests {
     #[tokio::test]
     async fn body_longer_than_declared_is_rejected_and_nothing_kept() {
         let (dir, blobs) = store();
-        let err = ingest_upload(chunks(&[b"abc", b"def"]), 4, 100, blobs)
+        let err = ingest_upload(chunks(&[b"abc", b"def"]), 4, 100, blobs, no_hook)
             .await
             .unwrap_err();
         assert!(matches!(
@@ -255,7 +276,7 @@ mod tests {
     #[tokio::test]
     async fn body_shorter_than_declared_is_rejected_and_nothing_kept() {
         let (dir, blobs) = store();
-        let err = ingest_upload(chunks(&[b"abc"]), 10, 100, blobs)
+        let err = ingest_upload(chunks(&[b"abc"]), 10, 100, blobs, no_hook)
             .await
             .unwrap_err();
         assert!(matches!(
@@ -275,7 +296,9 @@ mod tests {
             Ok(Bytes::from_static(b"abc")),
             Err(std::io::Error::other("connection reset")),
         ]);
-        let err = ingest_upload(body, 10, 100, blobs).await.unwrap_err();
+        let err = ingest_upload(body, 10, 100, blobs, no_hook)
+            .await
+            .unwrap_err();
         assert!(matches!(err, IngestError::Body(ref m) if m.contains("connection reset")));
         nothing_kept(dir.path());
     }

@@ -18,7 +18,7 @@ use super::{CommandContext, Error, Executed, Refusal};
 use crate::domain::build::{
     self, AttemptGrant, BasePin, CacheConsultation, FailedStep, StepOutcome,
 };
-use crate::domain::ids::{BuildId, Epoch, SnapshotId};
+use crate::domain::ids::{self, BuildId, Epoch, SnapshotId};
 use crate::domain::snapshot::{self, SnapshotRecord};
 use crate::events::command::{execute_writes, load, Loaded};
 use crate::events::{AppendOutcome, CommandError, EventStore};
@@ -139,8 +139,12 @@ pub async fn fail_build(
 
 /// Records a snapshot and, in the same transaction, the step it checkpoints (when `step` is
 /// given): the snapshot becomes reachable only if attempt `epoch` still holds the build.
-/// Without a step the build stream is only guarded, after the same fencing check. Times are the
-/// database's, read again on every round.
+/// Without a step the build stream is only guarded, after the same fencing check. Every layer
+/// of the record is referenced on its `object-…` stream in the same append (the Deleting
+/// barrier): a layer a GC pass is deleting refuses the write with
+/// [`Refusal::ObjectBarrier`], as does one a pass deleted unless it is in `restored` (the
+/// caller stored it again). Times are the database's, read again on every round.
+#[allow(clippy::too_many_arguments)]
 pub async fn record_snapshot(
     store: &EventStore,
     ctx: &CommandContext,
@@ -149,7 +153,9 @@ pub async fn record_snapshot(
     id: SnapshotId,
     record: &SnapshotRecord,
     step: Option<u32>,
+    restored: &[ids::Digest],
 ) -> Result<AppendOutcome, Error<Refusal>> {
+    let build_id = build;
     let (build_stream, snap_stream) = (build_stream(&build), snapshot_stream(&id));
     let (build_stream, snap_stream) = (&build_stream, &snap_stream);
     execute_writes(store, MAX_ROUNDS, move || async move {
@@ -185,10 +191,15 @@ pub async fn record_snapshot(
             },
         )
         .map_err(|e| CommandError::Rejected(e.into()))?;
-        Ok(vec![
+        let mut writes = vec![
             ctx.write(build_stream, build.expected(), &build_events)?,
             ctx.write(snap_stream, snap.expected(), &snap_events)?,
-        ])
+        ];
+        let by = format!("build {build_id} attempt {epoch} snapshot {id}");
+        writes.extend(
+            super::object::reference_writes(store, ctx, &record.layers, &by, now, restored).await?,
+        );
+        Ok(writes)
     })
     .await
 }

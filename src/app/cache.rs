@@ -1,5 +1,6 @@
 //! Publishing a step-cache entry: one append to the `cachekey-…` stream, guarded by the build
-//! that made the entry (its attempt still open, or the build Ready in its epoch).
+//! that made the entry (its attempt still open, or the build Ready in its epoch); and retiring
+//! an entry whose bytes vanished (the GC pass's cache repair).
 //!
 //! Rules and events: `domain/cache_entry.rs` (`Publish`, `Replace` by compare-and-set on the
 //! pointer generation); the guard's rule: `check_open_attempt` / `check_ready` in
@@ -86,6 +87,35 @@ pub async fn publish_entry(
             StreamWrite::new(bstream.clone(), b.expected(), Vec::new()),
             ctx.write(stream, c.expected(), &events)?,
         ])
+    })
+    .await
+}
+
+/// Retires the entry under `key` if it is still at `generation`: its target's bytes are gone
+/// (cache repair), so lookups miss and the next build publishes a fresh entry.
+pub async fn retire_entry(
+    store: &EventStore,
+    ctx: &CommandContext,
+    scope: &Scope,
+    key: &CacheKey,
+    generation: u64,
+    reason: &str,
+) -> Result<AppendOutcome, Error<cache_entry::Error>> {
+    let stream = cache_key_stream(scope, key);
+    let stream = &stream;
+    execute_writes(store, MAX_ROUNDS, move || async move {
+        let now = database_now(store.pool()).await?;
+        let c = load::<CacheEntry>(store, stream).await?;
+        let events = cache_entry::decide(
+            &c.state,
+            &cache_entry::Command::Retire {
+                expected_generation: generation,
+                reason: reason.to_owned(),
+                now,
+            },
+        )
+        .map_err(CommandError::Rejected)?;
+        Ok(vec![ctx.write(stream, c.expected(), &events)?])
     })
     .await
 }

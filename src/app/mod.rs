@@ -20,6 +20,7 @@
 //! * [`attempt`]: acquire an attempt, record its progress, record a snapshot.
 //! * [`publish`]: enter Publishing, promote (commit layers, make visible, finish, abandon).
 //! * [`cache`]: publish a cache entry guarded by the build.
+//! * [`object`]: reference, lease and release stored objects; mark, confirm or abort a deletion.
 //!
 //! # Error policy
 //!
@@ -41,6 +42,7 @@
 pub mod attempt;
 pub mod build;
 pub mod cache;
+pub mod object;
 pub mod publish;
 mod refusal;
 pub mod registration;

@@ -2,7 +2,7 @@
 //! Deliberately no string and no store error: a refusal here is an answer from state, never a
 //! failure to read it, so a failed clock read or load stays a store error.
 
-use crate::domain::{build, cache_entry, promotion, snapshot, template};
+use crate::domain::{build, cache_entry, object, promotion, snapshot, template};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
@@ -16,4 +16,13 @@ pub enum Refusal {
     Template(#[from] template::Error),
     #[error(transparent)]
     CacheEntry(#[from] cache_entry::Error),
+    #[error(transparent)]
+    Object(#[from] object::Error),
+    /// A stored object the write references is being (or was) deleted: the writer waits for
+    /// the deletion to finish and stores the bytes again ([`crate::app::object`]).
+    #[error("object {digest}: {error}")]
+    ObjectBarrier {
+        digest: crate::domain::ids::Digest,
+        error: object::Error,
+    },
 }

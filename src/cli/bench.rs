@@ -57,6 +57,9 @@ pub enum BenchCommand {
     /// Reads and background passes on an empty store against the same on a filled one
     /// (10k templates, 100k builds, 1M log lines by default).
     ScaleStore(super::bench_scale_store::BenchScaleStoreArgs),
+    /// Garbage collection: pass time and objects/s as the store grows (against listing the
+    /// store and reading its streams), and storage over time with and without GC.
+    Gc(super::bench_gc::BenchGcArgs),
 }
 
 #[derive(Debug, Args)]
@@ -91,6 +94,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Upload(args) => super::bench_upload::run(args).await,
         BenchCommand::Sdk(args) => super::bench_sdk::run(args).await,
         BenchCommand::Lifecycle(args) => super::bench_lifecycle::run(args).await,
+        BenchCommand::Gc(args) => super::bench_gc::run(args).await,
         BenchCommand::Cache(args) => super::bench_cache::run(args).await,
         BenchCommand::Pull(args) => super::bench_pull::run(args).await,
         BenchCommand::Blobs(args) => super::bench_blobs::run(args).await,

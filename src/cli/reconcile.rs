@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use strata::config::{NodeArgs, StorageArgs};
+use strata::config::{GcArgs, NodeArgs, StorageArgs};
 use strata::reconcilers::schedule::DEFAULT_SCHEDULE;
 use strata::reconcilers::{run_scheduled, ReconcileEnv, Reconciler, Schedule};
 use strata::vmm::open_blob_store;
@@ -21,6 +21,8 @@ pub struct ReconcileArgs {
     /// every two seconds), applied to each selected reconciler.
     #[arg(long, env = "STRATA_RECONCILE_SCHEDULE", default_value = DEFAULT_SCHEDULE)]
     schedule: String,
+    #[command(flatten)]
+    gc: GcArgs,
     /// Serve Prometheus metrics (`GET /metrics`) on this address; off when unset.
     #[arg(long, env = "STRATA_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -28,27 +30,36 @@ pub struct ReconcileArgs {
 
 pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
     let schedule = Schedule::parse(&args.schedule)?;
+    let gc_schedule = args.gc.schedule()?;
     let pool = super::connect_database(&args.storage).await?;
-    let env = environment(pool, args.node.node_id(), &args.storage)?;
+    let env = environment(pool, args.node.node_id(), &args.storage, &args.gc)?;
     let shutdown = CancellationToken::new();
     if let Some(addr) = args.metrics_listen {
         strata::metrics::server::serve(addr, Default::default(), shutdown.clone())
             .await
             .with_context(|| format!("binding the metrics listener to {addr}"))?;
     }
-    let task = tokio::spawn(run_until(env, args.only, schedule, shutdown.clone()));
+    let task = tokio::spawn(run_until(
+        env,
+        args.only,
+        schedule,
+        gc_schedule,
+        shutdown.clone(),
+    ));
     super::shutdown_signal().await;
     shutdown.cancel();
     task.await?;
     Ok(())
 }
 
-/// What the reconcilers need: the store, the node id in their events' metadata, and the blob
-/// store (`STRATA_BLOB_URL`, else `<data-dir>/blobs`), where promotion checks a build's layers.
+/// What the reconcilers need: the store, the node id in their events' metadata, the blob store
+/// (`STRATA_BLOB_URL`, else `<data-dir>/blobs`) where promotion checks a build's layers and GC
+/// deletes, the retention policy, and the image catalog GC keeps.
 pub fn environment(
     pool: sqlx::PgPool,
     node: String,
     storage: &StorageArgs,
+    gc: &GcArgs,
 ) -> anyhow::Result<ReconcileEnv> {
     let blobs = open_blob_store(storage.blob_url.as_deref(), &storage.data_dir)
         .context("opening the blob store (STRATA_BLOB_URL)")?;
@@ -56,14 +67,18 @@ pub fn environment(
         store: strata::app::event_store(pool),
         node,
         blobs,
+        gc: gc.policy(),
+        catalog: Some(storage.data_dir.clone()),
     })
 }
 
-/// Runs the `only` reconcilers (all when empty) on `schedule` until `shutdown`.
+/// Runs the `only` reconcilers (all when empty) on `schedule` (GC on `gc_schedule`, or not at
+/// all when it is off) until `shutdown`.
 pub async fn run_until(
     env: ReconcileEnv,
     only: Vec<Reconciler>,
     schedule: Schedule,
+    gc_schedule: Option<Schedule>,
     shutdown: CancellationToken,
 ) {
     let mut selected = Vec::new();
@@ -78,13 +93,18 @@ pub async fn run_until(
     }
     let tasks: Vec<_> = selected
         .into_iter()
-        .map(|r| {
-            tokio::spawn(run_scheduled(
+        .filter_map(|r| {
+            let schedule = if r == Reconciler::Gc {
+                gc_schedule.clone()?
+            } else {
+                schedule.clone()
+            };
+            Some(tokio::spawn(run_scheduled(
                 r,
                 env.clone(),
-                schedule.clone(),
+                schedule,
                 shutdown.clone(),
-            ))
+            )))
         })
         .collect();
     for task in tasks {

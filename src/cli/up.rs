@@ -1,7 +1,7 @@
 use anyhow::Context;
 use clap::Args;
 use strata::api::AppState;
-use strata::config::{BuildNodeArgs, NodeArgs, ServeArgs, StorageArgs};
+use strata::config::{BuildNodeArgs, GcArgs, NodeArgs, ServeArgs, StorageArgs};
 use strata::embedded_postgres::{EmbeddedPostgres, DATABASE_NAME};
 use tokio_util::sync::CancellationToken;
 
@@ -15,6 +15,8 @@ pub struct UpArgs {
     node: NodeArgs,
     #[command(flatten)]
     build: BuildNodeArgs,
+    #[command(flatten)]
+    gc: GcArgs,
     /// Port of the embedded Postgres (only used when DATABASE_URL is unset).
     #[arg(long, env = "STRATA_EMBEDDED_PG_PORT", default_value_t = 54329)]
     embedded_pg_port: u16,
@@ -81,11 +83,13 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
         worker_settings,
         shutdown.clone(),
     ));
-    let reconcile_env = super::reconcile::environment(pool.clone(), node_id, &args.storage)?;
+    let reconcile_env =
+        super::reconcile::environment(pool.clone(), node_id, &args.storage, &args.gc)?;
     let reconcilers = tokio::spawn(super::reconcile::run_until(
         reconcile_env,
         Vec::new(),
         strata::reconcilers::Schedule::default(),
+        args.gc.schedule()?,
         shutdown.clone(),
     ));
     let projections = tokio::spawn(strata::projections::run_all(

@@ -10,7 +10,6 @@
 //! Every encoding starts with a domain label (for example `strata.request.v1`) so that a request
 //! digest can never equal a cache key, and so that changing the layout means changing the label.
 
-
 use super::ids::Digest;
 
 /// Accumulates the canonical bytes of one value.

@@ -20,7 +20,10 @@
 //! * [`cache_entry`]: the `cachekey-…` index entries (create-if-absent, CAS replace, retire)
 //!   and lineage validation.
 //! * [`object`]: the `object-{digest}` lifecycle (reader leases, the Deleting barrier).
+//! * [`reachability`]: roots and tiers of stored objects, from the folded streams.
 //! * [`retention`]: which unreferenced objects a GC pass deletes, in which order, and why.
+//! * [`placement`]: which queued builds a free node claims first, given which nodes hold
+//!   their layers (cache-aware placement, with a bounded wait).
 //!
 //! Every aggregate follows one shape: `State` (Default), `Command`, `Event` (versioned, serde
 //! tagged by `type`), `Error`, `decide` and `evolve`. Where one transition spans several streams,
@@ -36,7 +39,9 @@ pub mod files;
 pub mod ids;
 pub mod image_ref;
 pub mod object;
+pub mod placement;
 pub mod promotion;
+pub mod reachability;
 pub mod retention;
 pub mod snapshot;
 pub mod start;

@@ -53,7 +53,8 @@ pub struct State {
     pub lifecycle: Lifecycle,
     /// 0 before the first registration; each registration after a deletion takes the next.
     pub generation: u64,
-    pub size: u64,
+    /// The last registration, reference or lease.
+    pub last_used: Option<DateTime<Utc>>,
     /// Who wrote the current generation.
     pub registered_by: Option<String>,
     /// Reader leases by holder, with the time each lapses (expired ones linger until released;
@@ -61,6 +62,8 @@ pub struct State {
     pub leases: BTreeMap<String, DateTime<Utc>>,
     /// Set while Deleting, and kept once Deleted, for the audit answer.
     pub deletion: Option<Deletion>,
+    /// When the current deletion mark was made.
+    pub marked_at: Option<DateTime<Utc>>,
 }
 
 impl State {
@@ -76,9 +79,9 @@ impl State {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
-    /// A writer stored the bytes (or found them stored) and references them.
+    /// A writer stored the bytes (or found them stored), or a reader is about to use them:
+    /// registers the object when it is not live, and records the use when it is.
     Register {
-        size: u64,
         by: String,
         now: DateTime<Utc>,
     },
@@ -95,6 +98,9 @@ pub enum Command {
     /// A GC pass claims the object for deletion.
     MarkDeleting {
         deletion: Deletion,
+        /// The object must not have been registered, referenced or leased after this (the
+        /// pass's clock minus the grace period): a use the pass's roots did not see yet.
+        unused_since: DateTime<Utc>,
         now: DateTime<Utc>,
     },
     /// The pass removed the bytes.
@@ -108,6 +114,13 @@ pub enum Command {
         reason: String,
         now: DateTime<Utc>,
     },
+    /// Another pass found a mark made before `marked_before` (its pass died between mark and
+    /// delete): the object goes back to Live, keeping its bytes, and a later pass decides again.
+    AbandonStaleMark {
+        pass: String,
+        marked_before: DateTime<Utc>,
+        now: DateTime<Utc>,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -116,10 +129,13 @@ pub enum Event {
     #[serde(rename = "ObjectRegistered.v1")]
     Registered {
         generation: u64,
-        size: u64,
         by: String,
         at: DateTime<Utc>,
     },
+    /// A writer or reader used the live object: a pass may not mark it within the grace period
+    /// after this.
+    #[serde(rename = "ObjectReferenced.v1")]
+    Referenced { by: String, at: DateTime<Utc> },
     #[serde(rename = "ObjectLeased.v1")]
     Leased {
         holder: String,
@@ -161,8 +177,19 @@ pub enum Error {
     },
     #[error("GC pass {owner} owns this deletion, not {pass}")]
     OtherPass { owner: String, pass: String },
+    #[error("the object was used at {at}, after {unused_since}; a later pass may take it")]
+    RecentlyUsed {
+        at: DateTime<Utc>,
+        unused_since: DateTime<Utc>,
+    },
     #[error("the object is not being deleted")]
     NotDeleting,
+    #[error("the deletion mark of pass {owner} was made at {marked_at}, not before {marked_before}; its pass may still be running")]
+    MarkNotStale {
+        owner: String,
+        marked_at: DateTime<Utc>,
+        marked_before: DateTime<Utc>,
+    },
     #[error("a lease must end after it starts (until {until} is not after {now})")]
     EmptyLease {
         until: DateTime<Utc>,
@@ -179,14 +206,16 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             .unwrap_or_default()
     };
     match command {
-        Command::Register { size, by, now } => match state.lifecycle {
-            Lifecycle::Live => Ok(vec![]),
+        Command::Register { by, now } => match state.lifecycle {
+            Lifecycle::Live => Ok(vec![Event::Referenced {
+                by: by.clone(),
+                at: *now,
+            }]),
             Lifecycle::Deleting => Err(Error::Deleting {
                 pass: deleting_pass(),
             }),
             Lifecycle::Absent | Lifecycle::Deleted => Ok(vec![Event::Registered {
                 generation: state.generation + 1,
-                size: *size,
                 by: by.clone(),
                 at: *now,
             }]),
@@ -219,8 +248,20 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
         } else {
             vec![]
         }),
-        Command::MarkDeleting { deletion, now } => match state.lifecycle {
-            Lifecycle::Live => {
+        Command::MarkDeleting {
+            deletion,
+            unused_since,
+            now,
+        } => match state.lifecycle {
+            // Absent: bytes in the store that no writer registered (a crashed writer, or
+            // stored before objects had streams); the pass weighs them by their store age.
+            Lifecycle::Live | Lifecycle::Absent => {
+                if let Some(at) = state.last_used.filter(|at| at > unused_since) {
+                    return Err(Error::RecentlyUsed {
+                        at,
+                        unused_since: *unused_since,
+                    });
+                }
                 if let Some((holder, until)) = state.leased_at(*now).into_iter().next() {
                     return Err(Error::Leased {
                         holder: holder.to_owned(),
@@ -266,33 +307,52 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             }),
             _ => Err(Error::NotDeleting),
         },
+        Command::AbandonStaleMark {
+            pass,
+            marked_before,
+            now,
+        } => match (state.lifecycle, state.marked_at) {
+            (Lifecycle::Deleting, Some(at)) if at < *marked_before => {
+                Ok(vec![Event::DeletionAborted {
+                    pass: deleting_pass(),
+                    reason: format!("pass {pass} found the mark stale (made at {at})"),
+                    at: *now,
+                }])
+            }
+            (Lifecycle::Deleting, marked_at) => Err(Error::MarkNotStale {
+                owner: deleting_pass(),
+                marked_at: marked_at.unwrap_or(*now),
+                marked_before: *marked_before,
+            }),
+            _ => Err(Error::NotDeleting),
+        },
     }
 }
 
 pub fn evolve(mut state: State, event: &Event) -> State {
     match event {
-        Event::Registered {
-            generation,
-            size,
-            by,
-            ..
-        } => {
+        Event::Registered { generation, by, at } => {
             state.lifecycle = Lifecycle::Live;
             state.generation = *generation;
-            state.size = *size;
+            state.last_used = Some(*at);
             state.registered_by = Some(by.clone());
             state.deletion = None;
             state.leases.clear();
         }
-        Event::Leased { holder, until, .. } => {
+        Event::Referenced { at, .. } => {
+            state.last_used = Some(*at);
+        }
+        Event::Leased { holder, until, at } => {
             state.leases.insert(holder.clone(), *until);
+            state.last_used = Some(*at);
         }
         Event::LeaseReleased { holder, .. } => {
             state.leases.remove(holder);
         }
-        Event::Deleting { deletion, .. } => {
+        Event::Deleting { deletion, at, .. } => {
             state.lifecycle = Lifecycle::Deleting;
             state.deletion = Some(deletion.clone());
+            state.marked_at = Some(*at);
         }
         Event::Deleted { .. } => {
             state.lifecycle = Lifecycle::Deleted;
@@ -301,6 +361,7 @@ pub fn evolve(mut state: State, event: &Event) -> State {
         Event::DeletionAborted { .. } => {
             state.lifecycle = Lifecycle::Live;
             state.deletion = None;
+            state.marked_at = None;
         }
     }
     state
@@ -334,7 +395,6 @@ mod tests {
         apply(
             State::default(),
             &Command::Register {
-                size: 10,
                 by: "build b1 step 1".into(),
                 now: t(0),
             },
@@ -355,6 +415,7 @@ mod tests {
         .unwrap();
         let mark = |now| Command::MarkDeleting {
             deletion: deletion("p1"),
+            unused_since: now,
             now,
         };
         assert!(matches!(
@@ -386,6 +447,7 @@ mod tests {
             live(),
             &Command::MarkDeleting {
                 deletion: deletion("p1"),
+                unused_since: t(5),
                 now: t(5),
             },
         )
@@ -396,7 +458,6 @@ mod tests {
             now: t(6),
         };
         let register = Command::Register {
-            size: 10,
             by: "build b2 step 1".into(),
             now: t(6),
         };
@@ -431,22 +492,89 @@ mod tests {
     }
 
     #[test]
+    fn a_mark_refuses_an_object_used_within_the_grace_period() {
+        let s = apply(
+            live(),
+            &Command::Register {
+                by: "build b2 step 3".into(),
+                now: t(40),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            s.generation, 1,
+            "a live object's use is a reference, not a generation"
+        );
+        assert_eq!(s.last_used, Some(t(40)));
+        let mark = |unused_since| Command::MarkDeleting {
+            deletion: deletion("p1"),
+            unused_since,
+            now: t(50),
+        };
+        assert!(matches!(
+            decide(&s, &mark(t(39))),
+            Err(Error::RecentlyUsed { at, .. }) if at == t(40)
+        ));
+        assert_eq!(
+            apply(s, &mark(t(40))).unwrap().lifecycle,
+            Lifecycle::Deleting
+        );
+        // Bytes no writer registered are marked on their store age alone.
+        assert_eq!(
+            apply(State::default(), &mark(t(39))).unwrap().lifecycle,
+            Lifecycle::Deleting
+        );
+    }
+
+    #[test]
+    fn only_a_stale_mark_is_abandoned_by_another_pass_and_the_bytes_stay() {
+        let s = apply(
+            live(),
+            &Command::MarkDeleting {
+                deletion: deletion("p1"),
+                unused_since: t(5),
+                now: t(5),
+            },
+        )
+        .unwrap();
+        let abandon = |marked_before| Command::AbandonStaleMark {
+            pass: "p2".into(),
+            marked_before,
+            now: t(100),
+        };
+        assert!(matches!(
+            decide(&s, &abandon(t(5))),
+            Err(Error::MarkNotStale { .. })
+        ));
+        let back = apply(s, &abandon(t(6))).unwrap();
+        assert_eq!(back.lifecycle, Lifecycle::Live);
+        assert_eq!(back.marked_at, None);
+        assert!(matches!(
+            decide(&back, &abandon(t(6))),
+            Err(Error::NotDeleting)
+        ));
+    }
+
+    #[test]
     fn only_the_marking_pass_confirms_or_aborts_and_replays_converge() {
         let s = apply(
             live(),
             &Command::MarkDeleting {
                 deletion: deletion("p1"),
+                unused_since: t(5),
                 now: t(5),
             },
         )
         .unwrap();
         let mark_p2 = Command::MarkDeleting {
             deletion: deletion("p2"),
+            unused_since: t(6),
             now: t(6),
         };
         assert!(matches!(decide(&s, &mark_p2), Err(Error::OtherPass { .. })));
         let mark_p1 = Command::MarkDeleting {
             deletion: deletion("p1"),
+            unused_since: t(6),
             now: t(6),
         };
         assert_eq!(decide(&s, &mark_p1), Ok(vec![]));
@@ -518,14 +646,14 @@ mod tests {
             for (i, s) in steps.iter().enumerate() {
                 let now = t(i as i64 * 5);
                 let command = match s {
-                    Step::Register => Command::Register { size: 1, by: "w".into(), now },
+                    Step::Register => Command::Register { by: "w".into(), now },
                     Step::Lease(h, d) => Command::Lease {
                         holder: format!("h{h}"),
                         until: now + Duration::seconds(*d),
                         now,
                     },
                     Step::Release(h) => Command::Release { holder: format!("h{h}"), now },
-                    Step::Mark(p) => Command::MarkDeleting { deletion: deletion(&format!("p{p}")), now },
+                    Step::Mark(p) => Command::MarkDeleting { deletion: deletion(&format!("p{p}")), unused_since: now, now },
                     Step::Confirm(p) => Command::ConfirmDeleted { pass: format!("p{p}"), now },
                     Step::Abort(p) => Command::AbortDeletion { pass: format!("p{p}"), reason: "x".into(), now },
                 };
@@ -534,9 +662,11 @@ mod tests {
                 for e in &events {
                     match e {
                         Event::Deleting { .. } => {
-                            prop_assert_eq!(before.lifecycle, Lifecycle::Live);
+                            prop_assert!(matches!(before.lifecycle, Lifecycle::Live | Lifecycle::Absent));
                             prop_assert!(before.leased_at(now).is_empty());
+                            prop_assert!(before.last_used.is_none_or(|at| at <= now));
                         }
+                        Event::Referenced { .. } => prop_assert_eq!(before.lifecycle, Lifecycle::Live),
                         Event::Leased { .. } => prop_assert_eq!(before.lifecycle, Lifecycle::Live),
                         Event::Registered { generation, .. } => {
                             prop_assert!(before.lifecycle != Lifecycle::Deleting);

@@ -26,6 +26,10 @@ use serde::{Deserialize, Serialize};
 pub enum Tier {
     /// Referenced by nothing at all.
     Orphan,
+    /// An upload no in-flight build binds: the client sends it again when it is gone.
+    Upload,
+    /// A layer of a registry image a node pulled: pulled again when next needed.
+    PulledImage,
     /// A checkpoint of a build whose template has a newer result.
     SupersededCheckpoint,
     /// A checkpoint a cache entry still points at.
@@ -38,8 +42,10 @@ pub enum Tier {
 }
 
 impl Tier {
-    pub const ALL: [Tier; 5] = [
+    pub const ALL: [Tier; 7] = [
         Tier::Orphan,
+        Tier::Upload,
+        Tier::PulledImage,
         Tier::SupersededCheckpoint,
         Tier::CacheCheckpoint,
         Tier::SurplusFinalResult,
@@ -49,6 +55,8 @@ impl Tier {
     pub fn name(self) -> &'static str {
         match self {
             Tier::Orphan => "orphan",
+            Tier::Upload => "upload",
+            Tier::PulledImage => "pulled-image",
             Tier::SupersededCheckpoint => "superseded-checkpoint",
             Tier::CacheCheckpoint => "cache-checkpoint",
             Tier::SurplusFinalResult => "surplus-final-result",

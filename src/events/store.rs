@@ -140,6 +140,26 @@ impl EventStore {
         rows.iter().map(event_from_row).collect()
     }
 
+    /// Every event of every stream in `categories` (the part of a stream id before its first
+    /// `-`), ordered by stream and version. One statement, so one snapshot of the store: what a
+    /// garbage-collection pass reads its roots from, where a reference moving from one stream to
+    /// another between two reads must not be missed.
+    pub async fn read_categories(
+        &self,
+        categories: &[&str],
+    ) -> Result<Vec<RecordedEvent>, ReadError> {
+        let categories: Vec<String> = categories.iter().map(|c| (*c).to_owned()).collect();
+        let rows = sqlx::query(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events \
+             WHERE split_part(stream_id, '-', 1) = ANY($1) \
+             ORDER BY stream_id, version"
+        ))
+        .bind(&categories)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+
     /// The stream's current version: its last event's version, 0 when it has none.
     pub async fn stream_version(&self, stream: &StreamId) -> Result<u64, ReadError> {
         Ok(stream_version(&self.pool, stream).await?)

@@ -74,6 +74,24 @@ static STEP_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
     )
     .expect("metric registers once")
 });
+static PLACEMENTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "strata_placement_claims_total",
+        "Builds this worker claimed while another node was live, by cache-aware placement's \
+         verdict: hit (this node held at least as much of the build's layers as any live node), \
+         miss (another node held more; taken once the placement wait passed), none (no live \
+         node held any, or the layers could not be told).",
+        &["verdict"]
+    )
+    .expect("metric registers once")
+});
+static PLACEMENT_DEFERRALS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "strata_placement_deferrals_total",
+        "Queued builds this worker left to a node holding more of their layers (once per build)."
+    )
+    .expect("metric registers once")
+});
 static CACHE_LOOKUPS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "strata_cache_lookups_total",
@@ -215,6 +233,16 @@ pub fn step_finished(kind: &str, ok: bool, took: Duration) {
     STEP_DURATION
         .with_label_values(&[kind, if ok { "ok" } else { "failed" }])
         .observe(took.as_secs_f64());
+}
+
+/// A build claimed with placement's `verdict` (`hit`, `miss`, `none`).
+pub fn placement_claim(verdict: &str) {
+    PLACEMENTS.with_label_values(&[verdict]).inc();
+}
+
+/// A queued build left to another node.
+pub fn placement_deferred() {
+    PLACEMENT_DEFERRALS.inc();
 }
 
 /// One cache probe's verdict: `hit`, `miss` or `unapplied`.

@@ -72,11 +72,14 @@ async fn apply_one(
             return Ok(());
         }
         Event::BuildFrozen { queue_deadline, .. } => {
-            sqlx::query("UPDATE builds SET phase = 'queued', deadline = $2 WHERE build_id = $1")
-                .bind(build_id)
-                .bind(queue_deadline)
-                .execute(&mut *conn)
-                .await?;
+            sqlx::query(
+                "UPDATE builds SET phase = 'queued', deadline = $2, queued_at = $3 WHERE build_id = $1",
+            )
+            .bind(build_id)
+            .bind(queue_deadline)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
             forget_intents(conn, build_id).await?;
         }
         Event::UploadReserved {
@@ -291,15 +294,30 @@ pub async fn builds_with_intents_due_after(
     .await
 }
 
-/// At most `limit` queued builds, the longest registered first: the worker's queue.
-pub async fn queued_builds(pool: &sqlx::PgPool, limit: i64) -> Result<Vec<BuildId>, sqlx::Error> {
-    let ids: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT build_id FROM builds WHERE phase = 'queued' ORDER BY registered_at, build_id LIMIT $1",
+/// A queued build and how long it has been queued, by the database clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuedBuild {
+    pub build: BuildId,
+    pub waited: std::time::Duration,
+}
+
+/// At most `limit` queued builds, the longest registered first, each with the time since it
+/// was queued: the queue as cache-aware placement reads it (ADR 0020).
+pub async fn queue(pool: &sqlx::PgPool, limit: i64) -> Result<Vec<QueuedBuild>, sqlx::Error> {
+    let rows: Vec<(Uuid, f64)> = sqlx::query_as(
+        "SELECT build_id, greatest(extract(epoch FROM now() - coalesce(queued_at, updated_at)), 0)::float8
+         FROM builds WHERE phase = 'queued' ORDER BY registered_at, build_id LIMIT $1",
     )
     .bind(limit)
     .fetch_all(pool)
     .await?;
-    Ok(ids.into_iter().map(BuildId::from_uuid).collect())
+    Ok(rows
+        .into_iter()
+        .map(|(id, secs)| QueuedBuild {
+            build: BuildId::from_uuid(id),
+            waited: std::time::Duration::from_secs_f64(secs.max(0.0)),
+        })
+        .collect())
 }
 
 /// The template's builds that have not reached Publishing, oldest first: what deleting the

@@ -12,6 +12,8 @@ pub enum ReconcileError {
     Read(#[from] ReadError),
     #[error("event store: {0}")]
     Store(String),
+    #[error("blob store: {0}; the pass deletes nothing more and is retried at the next tick")]
+    Blobs(#[from] crate::vmm::VmmError),
     #[error("promotion: {0}")]
     Promotion(#[from] PromoteError),
     #[error("invalid schedule {expression:?}: {message}; use six fields, seconds first (\"*/2 * * * * *\")")]

@@ -12,11 +12,14 @@
 //! * [`promotion`]: Publishing with an expired lease -> the outbox driven to Ready.
 //! * [`waiting_deadline`]: Waiting or Queued past the deadline -> Error.
 //! * [`intent_expiry`]: pending upload intents past `expires_at` on waiting builds -> expired.
+//! * [`gc`]: stored objects no root reaches -> deleted through the Deleting barrier, as the
+//!   retention policy allows (on its own, slower schedule).
 //!
 //! Design: docs/adr/0007-reconcilers.md.
 
 pub mod attempt_expiry;
 pub mod error;
+pub mod gc;
 pub mod intent_expiry;
 pub mod promotion;
 pub mod schedule;
@@ -47,14 +50,17 @@ pub enum Reconciler {
     WaitingDeadline,
     /// Pending upload intents past their expiry on waiting builds -> expired.
     IntentExpiry,
+    /// Stored objects no root reaches -> deleted as the retention policy allows.
+    Gc,
 }
 
 impl Reconciler {
-    pub const ALL: [Reconciler; 4] = [
+    pub const ALL: [Reconciler; 5] = [
         Reconciler::AttemptExpiry,
         Reconciler::Promotion,
         Reconciler::WaitingDeadline,
         Reconciler::IntentExpiry,
+        Reconciler::Gc,
     ];
 
     pub fn name(self) -> &'static str {
@@ -63,6 +69,7 @@ impl Reconciler {
             Reconciler::Promotion => "promotion",
             Reconciler::WaitingDeadline => "waiting-deadline",
             Reconciler::IntentExpiry => "intent-expiry",
+            Reconciler::Gc => "gc",
         }
     }
 
@@ -84,6 +91,15 @@ impl Reconciler {
             Reconciler::Promotion => promotion::pass(env).await,
             Reconciler::WaitingDeadline => waiting_deadline::pass(env).await,
             Reconciler::IntentExpiry => intent_expiry::pass(env).await,
+            Reconciler::Gc => {
+                let report = gc::pass(env, &env.gc, &gc::PassOptions::default()).await?;
+                Ok(Pass {
+                    candidates: report.planned.len(),
+                    applied: report.deleted.len(),
+                    skipped: report.kept.len(),
+                    failed: 0,
+                })
+            }
         }
     }
 }
@@ -94,13 +110,17 @@ impl std::fmt::Display for Reconciler {
     }
 }
 
-/// What reconcilers share: the store, this process's node id, and the blob store promotion
-/// checks layers in.
+/// What reconcilers share: the store, this process's node id, the blob store promotion checks
+/// layers in and GC deletes from, and the retention policy.
 #[derive(Clone)]
 pub struct ReconcileEnv {
     pub store: EventStore,
     pub node: String,
     pub blobs: Arc<dyn BlobStore>,
+    pub gc: gc::GcPolicy,
+    /// The data directory whose image catalog (`<dir>/images/*.json`) GC keeps: built-in and
+    /// imported base images cannot be fetched again. `None`: no catalog is rooted.
+    pub catalog: Option<std::path::PathBuf>,
 }
 
 impl ReconcileEnv {

@@ -99,6 +99,39 @@ struct Inner {
     flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
+/// The layers of every image pulled on the node with `data_dir`, with the image each belongs
+/// to: what garbage collection counts as re-fetchable. An unreadable directory is an error (a
+/// pass that cannot read it deletes nothing); an unreadable record is skipped, as `list` does.
+pub fn pulled_layers(
+    data_dir: &Path,
+) -> Result<std::collections::BTreeMap<Digest, String>, VmmError> {
+    let dir = data_dir.join("images").join("pulled");
+    let mut out = std::collections::BTreeMap::new();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(VmmError::io(format!("listing {}", dir.display()))(e)),
+    };
+    for entry in entries {
+        let path = entry
+            .map_err(VmmError::io(format!("listing {}", dir.display())))?
+            .path();
+        if path.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        let Some(image) = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<PulledImage>(&b).ok())
+        else {
+            continue;
+        };
+        for layer in &image.layers {
+            out.insert(layer.digest, image.reference.clone());
+        }
+    }
+    Ok(out)
+}
+
 impl Puller {
     /// A puller over the node's blob store and `<data_dir>/layers`, recording pulled images in
     /// `<data_dir>/images/pulled`.

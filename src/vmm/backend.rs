@@ -186,6 +186,13 @@ pub trait SandboxBackend: Send + Sync {
     /// A name and version for the cache fingerprint.
     fn name(&self) -> &'static str;
     async fn boot(&self, spec: BootSpec) -> Result<Box<dyn Sandbox>>;
+    /// Stores layer `digest` in the blob store again from this node's extracted copy, when it
+    /// has one (garbage collection deleted the blob while this node still used the layer).
+    /// Answers whether the blob is stored now.
+    fn republish(&self, digest: &Digest) -> Result<bool> {
+        let _ = digest;
+        Ok(false)
+    }
 }
 
 #[async_trait]

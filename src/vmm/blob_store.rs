@@ -96,12 +96,28 @@ pub trait BlobStore: Send + Sync {
         reader.finish()?;
         Ok(n)
     }
+    /// Every blob stored under a digest, with its size and when it was written: what a
+    /// garbage-collection pass weighs. Names that are not digests are left out.
+    fn list(&self) -> Result<Vec<StoredBlob>>;
+    /// Removes the blob. Absent is success: a concurrent pass may have removed it already.
+    fn delete(&self, digest: &Digest) -> Result<()>;
+    /// Removes temporary files or objects written before `before` by writers that never
+    /// published (a crashed process); answers how many went.
+    fn sweep_temporary(&self, before: std::time::SystemTime) -> Result<usize>;
     /// Stores a byte slice.
     fn put_bytes(&self, bytes: &[u8]) -> Result<(Digest, u64)> {
         let mut w = self.writer()?;
         w.write_all(bytes).map_err(VmmError::io("writing blob"))?;
         w.commit()
     }
+}
+
+/// One blob as a listing sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBlob {
+    pub digest: Digest,
+    pub size: u64,
+    pub written_at: std::time::SystemTime,
 }
 
 /// What identifies one version of a file without reading it. A file whose identity is unchanged
@@ -217,6 +233,11 @@ fn remember(verified: &Verified, digest: &Digest, identity: FileIdentity) {
         .insert(digest.hex(), identity);
 }
 
+/// The digest a stored name spells (`<hex>`), if it is one.
+pub(super) fn digest_of_name(name: &str) -> Option<Digest> {
+    Digest::from_hex(name).ok()
+}
+
 /// fsyncs a directory, so the names created, renamed or removed in it survive a crash.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
@@ -241,6 +262,60 @@ impl BlobStore for LocalBlobStore {
 
     fn describe(&self) -> String {
         format!("file://{}", self.root.display())
+    }
+
+    fn list(&self) -> Result<Vec<StoredBlob>> {
+        let dir = self.root.join("sha256");
+        let entries =
+            std::fs::read_dir(&dir).map_err(VmmError::io(format!("listing {}", dir.display())))?;
+        let mut blobs = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(VmmError::io(format!("listing {}", dir.display())))?;
+            let Some(digest) = entry.file_name().to_str().and_then(digest_of_name) else {
+                continue;
+            };
+            let meta = match entry.metadata() {
+                Ok(m) => m,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(VmmError::io(format!("stat of blob {digest}"))(e)),
+            };
+            blobs.push(StoredBlob {
+                digest,
+                size: meta.len(),
+                written_at: meta.modified().unwrap_or(std::time::UNIX_EPOCH),
+            });
+        }
+        Ok(blobs)
+    }
+
+    fn delete(&self, digest: &Digest) -> Result<()> {
+        match std::fs::remove_file(self.path_of(digest)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(VmmError::io(format!("deleting blob {digest}"))(e)),
+        }
+        self.verified
+            .lock()
+            .expect("the verified-blob map is never poisoned")
+            .remove(&digest.hex());
+        sync_dir(&self.root.join("sha256"))
+    }
+
+    fn sweep_temporary(&self, before: std::time::SystemTime) -> Result<usize> {
+        let dir = self.staging_dir();
+        let entries =
+            std::fs::read_dir(&dir).map_err(VmmError::io(format!("listing {}", dir.display())))?;
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t < before);
+            if old && std::fs::remove_file(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     fn as_local(&self) -> Option<&LocalBlobStore> {

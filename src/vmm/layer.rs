@@ -297,6 +297,10 @@ fn walk<W: Write>(
 pub struct LayerCache {
     pub(super) root: PathBuf,
     pub(super) budget: super::layer_budget::Budget,
+    /// Bumped whenever this process completes or evicts a layer, so the node's residency
+    /// report (`src/worker/residency.rs`) follows its cache promptly without rescanning it
+    /// all the time. A wipe from outside does not bump it; the report's periodic rescan sees it.
+    pub(super) changes: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl LayerCache {
@@ -306,7 +310,18 @@ impl LayerCache {
         Ok(LayerCache {
             root,
             budget: Default::default(),
+            changes: Default::default(),
         })
+    }
+
+    /// How many times this process completed or evicted a layer in this cache.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(super) fn changed(&self) {
+        self.changes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn path(&self, digest: &Digest) -> PathBuf {
@@ -475,6 +490,7 @@ impl LayerCache {
             .map_err(VmmError::io(format!("marking layer {digest} complete")))?;
         sync_dir(&self.root)?;
         drop(lock);
+        self.changed();
         if let Some(aside) = torn {
             let _ = fs::remove_dir_all(aside);
         }

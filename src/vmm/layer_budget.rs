@@ -165,6 +165,7 @@ impl LayerCache {
                 let _ = fs::remove_dir_all(&aside);
             }
             total = total.saturating_sub(layer.bytes);
+            self.changed();
             tracing::info!(digest = %layer.digest, bytes = layer.bytes, "evicted a least recently used layer from the node's cache to keep it within its budget");
         }
         if total > budget {

@@ -29,7 +29,7 @@ pub use backend::{
     BootSpec, CommandLine, CopyRequest, ExecDefaults, ExecOutcome, ExecRequest, Limits, Network,
     OutputLine, OutputSink, OutputStream, Sandbox, SandboxBackend,
 };
-pub use blob_store::{BlobSink, BlobStore, LocalBlobStore};
+pub use blob_store::{BlobSink, BlobStore, LocalBlobStore, StoredBlob};
 pub use blob_url::open_blob_store;
 pub use error::VmmError;
 pub use layer::{LayerCache, LayerRef};

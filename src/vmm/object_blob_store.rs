@@ -29,7 +29,9 @@ use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload, WriteMultipart};
 
-use super::blob_store::{BlobRead, BlobSink, BlobStore, VerifyingReader};
+use super::blob_store::{
+    digest_of_name, BlobRead, BlobSink, BlobStore, StoredBlob, VerifyingReader,
+};
 use super::error::{Result, VmmError};
 use crate::domain::ids::Digest;
 
@@ -256,6 +258,72 @@ impl BlobStore for ObjectBlobStore {
 
     fn describe(&self) -> String {
         self.inner.described.clone()
+    }
+
+    fn list(&self) -> Result<Vec<StoredBlob>> {
+        let store = self.inner.store.clone();
+        let dir = self.dir("sha256");
+        let listed = self.run(async move {
+            let mut out = Vec::new();
+            let mut objects = store.list(Some(&dir));
+            while let Some(meta) = objects.next().await {
+                out.push(meta?);
+            }
+            Ok::<_, object_store::Error>(out)
+        });
+        let listed = listed.map_err(|e| self.store_error("listing blobs", e))?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|meta| {
+                let digest = meta.location.filename().and_then(digest_of_name)?;
+                Some(StoredBlob {
+                    digest,
+                    size: meta.size,
+                    written_at: meta.last_modified.into(),
+                })
+            })
+            .collect())
+    }
+
+    fn delete(&self, digest: &Digest) -> Result<()> {
+        let store = self.inner.store.clone();
+        let key = self.key_of(digest);
+        match self.run(async move { store.delete(&key).await }) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(self.store_error(format!("deleting blob {digest}"), e)),
+        }
+        self.inner
+            .verified
+            .lock()
+            .expect("the verified-blob map is never poisoned")
+            .remove(&digest.hex());
+        Ok(())
+    }
+
+    fn sweep_temporary(&self, before: std::time::SystemTime) -> Result<usize> {
+        let store = self.inner.store.clone();
+        let dir = self.tmp_prefix();
+        let before: chrono::DateTime<chrono::Utc> = before.into();
+        let removed = self.run(async move {
+            let mut stale = Vec::new();
+            let mut objects = store.list(Some(&dir));
+            while let Some(meta) = objects.next().await {
+                let meta = meta?;
+                if meta.last_modified < before {
+                    stale.push(meta.location);
+                }
+            }
+            let mut removed = 0;
+            for key in stale {
+                match store.delete(&key).await {
+                    Ok(()) => removed += 1,
+                    Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(removed)
+        });
+        removed.map_err(|e| self.store_error("removing stale temporary objects", e))
     }
 
     fn as_object(&self) -> Option<&ObjectBlobStore> {

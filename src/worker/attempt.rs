@@ -368,6 +368,17 @@ impl Attempt {
         record: &SnapshotRecord,
         step: Option<u32>,
     ) -> Result<(), WorkerError> {
+        self.record_snapshot_restoring(id, record, step, &[]).await
+    }
+
+    /// [`Self::record_snapshot`] after storing `restored` layers again (a GC pass deleted them).
+    pub async fn record_snapshot_restoring(
+        &self,
+        id: SnapshotId,
+        record: &SnapshotRecord,
+        step: Option<u32>,
+        restored: &[crate::domain::ids::Digest],
+    ) -> Result<(), WorkerError> {
         // Named by its step, like [`Self::record_outcome`]: a retry is a replay.
         let ctx = match step {
             Some(step) => self.step_context(step, &StepOutcome::Checkpointed { snapshot: id }),
@@ -382,6 +393,7 @@ impl Attempt {
                 id,
                 record,
                 step,
+                restored,
             )
             .await
             .map(drop)

@@ -73,48 +73,79 @@ pub async fn resolve(
                 Err(VmmError::ImageNotFound(_)) => return pull(catalog, registry, &parsed).await,
                 Err(e) => return Err(BaseError::Worker(e.into())),
             };
-            let env: BTreeMap<String, String> = manifest.config.env.iter().cloned().collect();
-            Ok(ResolvedBase {
-                layers: manifest.digests(),
-                context: StepContext {
-                    user: manifest
-                        .config
-                        .user
-                        .clone()
-                        .unwrap_or_else(|| "root".into()),
-                    workdir: manifest
-                        .config
-                        .workdir
-                        .clone()
-                        .unwrap_or_else(|| "/".into()),
-                    env,
-                },
-                image_digest: Some(manifest.digest()),
-                from_template: false,
-                pin: None,
-                inherited_start: None,
-            })
+            Ok(from_catalog(&manifest))
         }
-        BaseSource::Template { reference } => {
-            let found = template_lookup::resolve(store, team, reference, Checkpoint::BuildBase)
-                .await
-                .map_err(|e| match e {
-                    LookupError::NotFound(m) => BaseError::Unavailable(m),
-                    LookupError::Worker(w) => BaseError::Worker(w),
-                })?;
-            Ok(ResolvedBase {
-                layers: found.record.layers.clone(),
-                context: found.record.context.clone(),
-                image_digest: found.record.base_image_digest,
-                from_template: true,
-                pin: None,
-                inherited_start: StartCommands::of(
-                    found.record.start_cmd.as_deref(),
-                    found.record.ready_cmd.as_deref(),
-                ),
-            })
-        }
+        BaseSource::Template { reference } => from_template(store, team, reference).await,
     }
+}
+
+/// The base as [`resolve`] would give it, from what this node and the database hold, without
+/// pulling anything: `None` for an image this node's catalog lacks. For placement, which only
+/// wants to know which layers a build would boot on.
+pub async fn resolve_locally(
+    store: &EventStore,
+    catalog: &ImageCatalog,
+    team: &TeamId,
+    base: &BaseSource,
+) -> Result<Option<ResolvedBase>, BaseError> {
+    match base {
+        BaseSource::Image { reference, .. } => match catalog.get(reference) {
+            Ok(manifest) => Ok(Some(from_catalog(&manifest))),
+            Err(VmmError::ImageNotFound(_)) => Ok(None),
+            Err(e) => Err(BaseError::Worker(e.into())),
+        },
+        BaseSource::Template { reference } => from_template(store, team, reference).await.map(Some),
+    }
+}
+
+/// An image of the node's catalog as a base.
+fn from_catalog(manifest: &crate::vmm::image::ImageManifest) -> ResolvedBase {
+    let env: BTreeMap<String, String> = manifest.config.env.iter().cloned().collect();
+    ResolvedBase {
+        layers: manifest.digests(),
+        context: StepContext {
+            user: manifest
+                .config
+                .user
+                .clone()
+                .unwrap_or_else(|| "root".into()),
+            workdir: manifest
+                .config
+                .workdir
+                .clone()
+                .unwrap_or_else(|| "/".into()),
+            env,
+        },
+        image_digest: Some(manifest.digest()),
+        from_template: false,
+        pin: None,
+        inherited_start: None,
+    }
+}
+
+/// Another template's build-base checkpoint as a base.
+async fn from_template(
+    store: &EventStore,
+    team: &TeamId,
+    reference: &str,
+) -> Result<ResolvedBase, BaseError> {
+    let found = template_lookup::resolve(store, team, reference, Checkpoint::BuildBase)
+        .await
+        .map_err(|e| match e {
+            LookupError::NotFound(m) => BaseError::Unavailable(m),
+            LookupError::Worker(w) => BaseError::Worker(w),
+        })?;
+    Ok(ResolvedBase {
+        layers: found.record.layers.clone(),
+        context: found.record.context.clone(),
+        image_digest: found.record.base_image_digest,
+        from_template: true,
+        pin: None,
+        inherited_start: StartCommands::of(
+            found.record.start_cmd.as_deref(),
+            found.record.ready_cmd.as_deref(),
+        ),
+    })
 }
 
 /// Pulls a base that is not in the node catalog. The context is what E2B starts an image

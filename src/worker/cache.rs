@@ -296,6 +296,43 @@ pub async fn lookup(
     })
 }
 
+/// The layers the build would boot on, as the index reads now, without validating anything:
+/// the deepest live checkpoint's stack, else `base`. `None` when a live final entry means no
+/// sandbox is booted at all. For placement (ADR 0020), which only wants a good guess; the
+/// attempt's own [`lookup`] decides.
+pub async fn resume_stack(
+    store: &EventStore,
+    plan: &Plan,
+    base: &[ids::Digest],
+) -> Result<Option<Vec<ids::Digest>>, Transient> {
+    if plan.force_from.is_none() {
+        let key = plan.chain.final_key;
+        let state = load::<CacheEntry>(store, &cache_key_stream(&plan.scope, &key))
+            .await
+            .map_err(transient)?
+            .state;
+        if state.live().is_some() {
+            return Ok(None);
+        }
+    }
+    for (step, key) in plan.checkpoints.iter().rev() {
+        if !plan.readable(*step) {
+            continue;
+        }
+        let state = load::<CacheEntry>(store, &cache_key_stream(&plan.scope, key))
+            .await
+            .map_err(transient)?
+            .state;
+        let Some((entry, _)) = state.live() else {
+            continue;
+        };
+        if let Some(record) = read_snapshot(store, &entry.target.snapshot()).await? {
+            return Ok(Some(record.layers));
+        }
+    }
+    Ok(Some(base.to_vec()))
+}
+
 fn report(log: &BuildLog, step: Option<usize>, total: usize, what: &str, probe: &Probe) {
     crate::metrics::cache_probe(match probe {
         Probe::Hit(_) => "hit",

@@ -42,6 +42,13 @@ pub enum WorkerError {
         build: BuildId,
         template: TemplateId,
     },
+    /// A layer this attempt references is being (or was) deleted by a GC pass: the attempt
+    /// waits for the deletion and stores the layer again from its local copy.
+    #[error("layer {digest} is being deleted by garbage collection ({error})")]
+    ObjectDeleting {
+        digest: crate::domain::ids::Digest,
+        error: crate::domain::object::Error,
+    },
     #[error(transparent)]
     Sandbox(#[from] VmmError),
     #[error("build {build}: {message}")]
@@ -110,6 +117,9 @@ impl WorkerError {
                 epoch,
                 reason: Fence::Refused(e),
             },
+            CommandError::Rejected(Refusal::ObjectBarrier { digest, error }) => {
+                WorkerError::ObjectDeleting { digest, error }
+            }
             CommandError::Rejected(other) => WorkerError::Corrupt {
                 build,
                 message: format!("attempt {epoch}: {other}"),

@@ -27,6 +27,7 @@ use super::build_log::{BuildLog, LogLine};
 use super::cache::{self, Flights, Found};
 use super::error::{Fence, WorkerError};
 use super::job::BuildJob;
+use super::layer_hold::{self, Held};
 use super::settings::WorkerSettings;
 use super::shell;
 use crate::domain::build::status::LogLevel;
@@ -155,7 +156,16 @@ impl Executor<'_> {
         if let (Some(pin), None) = (&resolved.pin, &job.base_pin) {
             self.attempt.pin_base_image(pin).await?;
         }
-        let (writer, found, flight) = self.consult_cache(job, &resolved).await?;
+        let (mut writer, found, flight) = self.consult_cache(job, &resolved).await?;
+        let hit = !matches!(found, Found::Nothing);
+        let found = match self.hold_layers(&resolved, found).await? {
+            Ok(found) => found,
+            Err(failure) => return Ok(Outcome::Failed(failure)),
+        };
+        if hit && matches!(found, Found::Nothing) {
+            // The hit's entry is being retired by GC: the chain this writer would extend is gone.
+            writer = None;
+        }
         let total = job.spec.steps.len();
         let (layers, context, start) = match found {
             Found::Final {
@@ -223,6 +233,75 @@ impl Executor<'_> {
             Err(Stop::Failed(f)) => Ok(Outcome::Failed(f)),
             Err(Stop::Abandon(e)) => Err(e),
         }
+    }
+
+    /// Leases the layers the attempt is about to read: a cache hit's, or else the base's. A hit
+    /// whose layers a GC pass is deleting becomes a miss (the pass retired its entry); base
+    /// layers being deleted are waited for and stored again from this node's copy.
+    async fn hold_layers(
+        &self,
+        resolved: &ResolvedBase,
+        found: Found,
+    ) -> Result<Result<Found, StepFailure>, WorkerError> {
+        let hit_layers: Option<Vec<ids::Digest>> = match &found {
+            Found::Final {
+                candidate,
+                build_base,
+                ..
+            } => Some(
+                candidate
+                    .layers
+                    .iter()
+                    .chain(build_base.iter().flat_map(|b| b.layers.iter()))
+                    .copied()
+                    .collect(),
+            ),
+            Found::Checkpoint { record, .. } => Some(record.layers.clone()),
+            Found::Nothing => None,
+        };
+        if let Some(layers) = hit_layers {
+            match layer_hold::lease(self.attempt, &layers, &[]).await? {
+                Held::Leased => return Ok(Ok(found)),
+                Held::Refused(e) => {
+                    self.log.info(
+                        None,
+                        format!("[cache] a layer of the cached result is being deleted ({e}); building without it"),
+                    );
+                }
+            }
+        }
+        let base = resolved.layers.as_slice();
+        let mut restored = Vec::new();
+        for round in 0..2 {
+            match layer_hold::lease(self.attempt, base, &restored).await? {
+                Held::Leased => return Ok(Ok(Found::Nothing)),
+                Held::Refused(e) if round == 0 => {
+                    self.log.info(
+                        Some("base"),
+                        format!("[base] a base layer is being deleted ({e}); waiting, then storing it again"),
+                    );
+                    let (stored, missing) =
+                        layer_hold::recreate(self.attempt, self.backend, base).await?;
+                    restored = stored;
+                    if !missing.is_empty() {
+                        return Ok(Err(StepFailure {
+                            step: FailedStep::Base,
+                            message: format!(
+                                "base layer {} was deleted by garbage collection and this node has no copy; build again to fetch the base anew",
+                                missing[0]
+                            ),
+                        }));
+                    }
+                }
+                Held::Refused(e) => {
+                    return Ok(Err(StepFailure {
+                        step: FailedStep::Base,
+                        message: format!("a base layer could not be leased: {e}; build again"),
+                    }))
+                }
+            }
+        }
+        unreachable!("the loop returns in its second round")
     }
 
     fn abandoned(&self) -> WorkerError {
@@ -791,8 +870,7 @@ impl Executor<'_> {
             epoch: self.attempt.epoch,
         };
         let id = SnapshotId::from_uuid(uuid::Uuid::now_v7());
-        self.attempt
-            .record_snapshot(id, &record, Some(number))
+        layer_hold::record_recreating(self.attempt, self.backend, id, &record, Some(number))
             .await?;
         Ok(id)
     }

@@ -7,9 +7,12 @@
 //! * [`base`], [`template_lookup`]: what a build starts from (`fromImage`, `fromTemplate`).
 //! * [`shell`]: the shell text run inside sandboxes (ENV evaluation, WORKDIR, start/ready).
 //! * [`cache`]: the step cache: key chain, lookup, entry publication, single-flight.
+//! * [`layer_hold`]: reader leases on the layers an attempt boots on; storing deleted ones again.
 //! * [`publish`]: result snapshot, Publishing, promotion outbox, Ready.
 //! * [`build_log`]: log lines to `build_logs`, batched and fenced.
 //! * [`export`]: a template's result as an OCI image layout.
+//! * [`residency`], [`placement`]: which layers this node's cache holds, reported for all
+//!   nodes to see, and the order in which this node tries the queue because of it (ADR 0020).
 //! * [`settings`], [`error`].
 //!
 //! Design: docs/adr/0005-build-executor.md.
@@ -23,8 +26,11 @@ pub mod error;
 pub mod executor;
 pub mod export;
 pub mod job;
+pub mod layer_hold;
 pub mod node;
+pub mod placement;
 pub mod publish;
+pub mod residency;
 pub mod settings;
 pub mod shell;
 pub mod store_retry;

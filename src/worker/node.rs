@@ -1,8 +1,13 @@
 //! The build node's loop: find queued builds, claim them, run them under a renewed lease.
 //!
 //! * Finding work: the `builds` read model (`phase = 'queued'`, oldest first), woken by the
-//!   event store's NOTIFY or the poll interval. The row is only a hint; the claim is
-//!   `AcquireAttempt` decided on the build stream with the database clock.
+//!   event store's NOTIFY, the poll interval, or the moment a build left to another node
+//!   becomes this node's to take. The row is only a hint; the claim is `AcquireAttempt`
+//!   decided on the build stream with the database clock.
+//! * Placement (ADR 0020): the queue is tried in the order [`super::placement`] gives, which
+//!   prefers builds whose layers this node holds and leaves, for a bounded wait, builds that
+//!   another live node holds more of. Beside the loop, [`super::residency`] reports which
+//!   layers this node's cache holds.
 //! * Concurrency: at most `max_builds` attempts at once (a semaphore permit per attempt; no
 //!   claim is tried without a free permit).
 //! * Lease: renewed every third of its duration. A refused renewal (the attempt was closed) or a
@@ -44,6 +49,22 @@ pub struct Worker {
     puller: crate::registry::Puller,
     settings: Arc<WorkerSettings>,
     flights: crate::worker::cache::Flights,
+    /// The node's extracted layers, whose residency it reports.
+    layers: crate::vmm::layer::LayerCache,
+    placer: Arc<super::placement::Placer>,
+}
+
+/// Queued builds one claim round considers: more than a node takes at once, because some may
+/// be left to other nodes.
+const QUEUE_WINDOW: i64 = 64;
+
+/// What one claim round found.
+enum Claim {
+    Acquired(Attempt),
+    /// Nothing to claim now; `retry_in`: when a build left to another node becomes ours.
+    Nothing {
+        retry_in: Option<Duration>,
+    },
 }
 
 impl Worker {
@@ -80,6 +101,8 @@ impl Worker {
         Ok(Worker {
             store,
             puller,
+            layers: backend.layers().clone(),
+            placer: Default::default(),
             blobs: backend.blobs(),
             backend: Arc::new(backend),
             catalog: Arc::new(catalog),
@@ -102,6 +125,17 @@ impl Worker {
         let slots = Arc::new(Semaphore::new(self.settings.max_builds.max(1)));
         let running = CancellationToken::new();
         let mut tasks = JoinSet::new();
+        let reporting = CancellationToken::new();
+        let reporter = tokio::spawn(
+            super::residency::Reporter::new(
+                pool.clone(),
+                &self.settings.node_id,
+                self.layers.clone(),
+                self.settings.residency_ttl(),
+            )
+            .run(self.settings.residency_heartbeat, reporting.clone())
+            .in_current_span(),
+        );
         tracing::info!(node = %self.settings.node_id, max_builds = self.settings.max_builds, "build node started");
         loop {
             while tasks.try_join_next().is_some() {}
@@ -109,8 +143,9 @@ impl Worker {
                 _ = shutdown.cancelled() => break,
                 p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
             };
+            let mut retry_in = None;
             match self.claim_next().await {
-                Ok(Some(attempt)) => {
+                Ok(Claim::Acquired(attempt)) => {
                     let worker = self.clone();
                     let cancel = running.child_token();
                     tasks.spawn(async move {
@@ -122,15 +157,25 @@ impl Worker {
                     });
                     continue;
                 }
-                Ok(None) => drop(permit),
+                Ok(Claim::Nothing { retry_in: due }) => {
+                    drop(permit);
+                    retry_in = due;
+                }
                 Err(e) => {
                     drop(permit);
                     tracing::warn!(error = %e, "looking for queued builds failed; retrying");
                 }
             }
+            let due = async {
+                match retry_in {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = wakeups.wait() => {}
+                _ = due => {}
             }
         }
         tracing::info!(
@@ -139,13 +184,23 @@ impl Worker {
         );
         running.cancel();
         while tasks.join_next().await.is_some() {}
+        reporting.cancel();
+        let _ = reporter.await;
         Ok(())
     }
 
-    /// Claims the oldest queued build this node can acquire.
-    async fn claim_next(&self) -> Result<Option<Attempt>, WorkerError> {
-        let queued = crate::projections::builds::queued_builds(self.store.pool(), 16).await?;
-        for build in queued {
+    /// Claims the first queued build this node can acquire, in placement's order.
+    async fn claim_next(&self) -> Result<Claim, WorkerError> {
+        let queue = crate::projections::builds::queue(self.store.pool(), QUEUE_WINDOW).await?;
+        let node = super::placement::Node {
+            store: &self.store,
+            catalog: &self.catalog,
+            backend: self.backend.name(),
+            id: &self.settings.node_id,
+            wait: self.settings.placement_wait,
+        };
+        let order = self.placer.order(&node, queue).await?;
+        for (build, verdict) in order.tries {
             if let Some(a) = attempt::acquire(
                 &self.store,
                 build,
@@ -155,11 +210,19 @@ impl Worker {
             .instrument(crate::trace::build_span(&self.store, build, "build.acquire").await)
             .await?
             {
-                tracing::info!(%build, epoch = %a.epoch, "build acquired");
-                return Ok(Some(a));
+                match &verdict {
+                    Some(v) => {
+                        crate::metrics::placement_claim(v.label());
+                        tracing::info!(%build, epoch = %a.epoch, placement = %v.label(), "build acquired");
+                    }
+                    None => tracing::info!(%build, epoch = %a.epoch, "build acquired"),
+                }
+                return Ok(Claim::Acquired(a));
             }
         }
-        Ok(None)
+        Ok(Claim::Nothing {
+            retry_in: order.next_due,
+        })
     }
 
     /// Runs one acquired attempt to a terminal state, or abandons it.
@@ -297,6 +360,7 @@ impl Worker {
             Outcome::Built(output) => {
                 let published = publish::publish(
                     attempt,
+                    self.backend.as_ref(),
                     self.blobs.clone(),
                     &registration.template,
                     &registration.tags,

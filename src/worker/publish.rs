@@ -40,6 +40,7 @@ pub struct Published {
 /// Takes a built result to Ready.
 pub async fn publish(
     attempt: &Attempt,
+    backend: &dyn crate::vmm::SandboxBackend,
     blobs: Arc<dyn BlobStore>,
     template: &TemplateId,
     tags: &[Tag],
@@ -57,15 +58,14 @@ pub async fn publish(
         epoch: attempt.epoch,
     };
     let candidate = SnapshotId::from_uuid(uuid::Uuid::now_v7());
-    attempt
-        .record_snapshot(candidate, &record(Purpose::Template, &output.layers), None)
+    let candidate_record = record(Purpose::Template, &output.layers);
+    super::layer_hold::record_recreating(attempt, backend, candidate, &candidate_record, None)
         .await?;
     let build_base = match &output.build_base_layers {
         Some(layers) => {
             let id = SnapshotId::from_uuid(uuid::Uuid::now_v7());
-            attempt
-                .record_snapshot(id, &record(Purpose::BuildCache, layers), None)
-                .await?;
+            let base_record = record(Purpose::BuildCache, layers);
+            super::layer_hold::record_recreating(attempt, backend, id, &base_record, None).await?;
             Some(id)
         }
         None => None,

@@ -34,6 +34,12 @@ pub struct WorkerSettings {
     pub registry: crate::registry::RegistrySettings,
     /// Opens the registry credentials builds bring; without it such builds fail at `base`.
     pub credential_seal: Option<crate::registry::sealed::CredentialSeal>,
+    /// How long a queued build is left to a node holding more of its layers before this node
+    /// takes it anyway (ADR 0020); zero turns cache-aware placement off (the queue's order).
+    pub placement_wait: Duration,
+    /// How often this node reports its layer residency when nothing changed; its residency
+    /// stops counting three of these after its last report.
+    pub residency_heartbeat: Duration,
 }
 
 impl WorkerSettings {
@@ -56,6 +62,8 @@ impl WorkerSettings {
             depth: Default::default(),
             registry: Default::default(),
             credential_seal: None,
+            placement_wait: Duration::from_secs(5),
+            residency_heartbeat: Duration::from_secs(5),
         }
     }
 
@@ -63,6 +71,12 @@ impl WorkerSettings {
     /// before the lease passes.
     pub fn renew_every(&self) -> Duration {
         self.lease / 3
+    }
+
+    /// How long one residency report keeps counting: three heartbeats, so one lost report
+    /// does not make a live node look gone.
+    pub fn residency_ttl(&self) -> Duration {
+        self.residency_heartbeat * 3
     }
 }
 
@@ -81,6 +95,7 @@ impl WorkerSettings {
         s.step_timeout = Duration::from_secs(args.step_timeout_secs);
         s.poll_interval = Duration::from_millis(args.queue_poll_ms.max(50));
         s.layer_cache_bytes = args.layer_cache_bytes;
+        s.placement_wait = Duration::from_millis(args.placement_wait_ms);
         s.registry = args.registry.settings();
         s
     }

@@ -307,6 +307,7 @@ async fn an_upload_streams_into_either_store_and_a_broken_one_leaves_nothing() {
             content.len() as u64,
             u64::MAX,
             store.clone(),
+            |_| async { Ok(()) },
         )
         .await
         .unwrap();
@@ -330,6 +331,7 @@ async fn an_upload_streams_into_either_store_and_a_broken_one_leaves_nothing() {
             other.len() as u64,
             u64::MAX,
             store.clone(),
+            |_| async { Ok(()) },
         )
         .await
         .unwrap_err();

@@ -234,6 +234,8 @@ async fn a_publishing_build_of_a_deleted_template_is_ended_by_the_promotion_reco
         store: fx.store.clone(),
         node: "reconciler".into(),
         blobs: fx.blobs.clone(),
+        gc: Default::default(),
+        catalog: None,
     };
     let mut pass = strata::reconcilers::promotion::pass(&env).await.unwrap();
     let waited = Instant::now();

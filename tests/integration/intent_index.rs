@@ -122,6 +122,8 @@ async fn the_intent_expiry_pass_reads_only_builds_with_an_intent_due() {
         store: store.clone(),
         node: "test-node".into(),
         blobs: Arc::new(strata::vmm::LocalBlobStore::open(blobs_dir.path()).unwrap()),
+        gc: Default::default(),
+        catalog: None,
     };
     let pass = Reconciler::IntentExpiry.pass(&env).await.unwrap();
     assert_eq!(pass.candidates, 1, "one intent was due");

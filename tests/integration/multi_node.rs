@@ -42,7 +42,7 @@ fn free_port() -> u16 {
 
 /// A node directory holding only the busybox base image of the test node (the listing copies
 /// every image of its source into the bucket; busybox is all these builds need).
-fn busybox_source(dir: &Path) {
+pub(crate) fn busybox_source(dir: &Path) {
     let node = common::sandbox::node_dir();
     std::fs::create_dir_all(dir.join("images")).unwrap();
     std::fs::create_dir_all(dir.join("blobs/sha256")).unwrap();

@@ -60,6 +60,8 @@ async fn the_readme_operator_examples_run() {
                 "readme-test-upload-secret-0123456789abcdef",
             )
             .env("STRATA_NODE_ID", "readme-node")
+            // GC on the shared test node would weigh other tests' blobs against this database.
+            .env("STRATA_GC_SCHEDULE", "off")
             .env("STRATA_QUEUE_POLL_MS", "200")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .stdout(Stdio::null())

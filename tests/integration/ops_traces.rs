@@ -90,6 +90,8 @@ async fn a_build_is_one_trace_from_the_first_request_through_steps_and_promotion
     let mut child = common::http_build::ChildGuard(Some(
         Command::new(common::strata_bin())
             .arg("up")
+            // GC on the shared test node would weigh other tests' blobs against this database.
+            .env("STRATA_GC_SCHEDULE", "off")
             .env("DATABASE_URL", &db.url)
             .env("STRATA_DATA_DIR", common::sandbox::node_dir())
             .env("STRATA_LISTEN", format!("127.0.0.1:{port}"))

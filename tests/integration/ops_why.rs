@@ -131,6 +131,8 @@ async fn a_lost_node_is_explained_by_the_reconciler_and_its_evidence() {
         blobs: Arc::new(
             strata::vmm::LocalBlobStore::open(common::sandbox::node_dir().join("blobs")).unwrap(),
         ),
+        gc: Default::default(),
+        catalog: None,
     };
     let mut applied = false;
     for _ in 0..200 {

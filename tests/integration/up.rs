@@ -21,6 +21,7 @@ async fn up_starts_embedded_postgres_serves_and_stops_cleanly() {
     let pg_port = free_port();
     let mut child = Command::new(common::strata_bin())
         .arg("up")
+        .env("STRATA_GC_SCHEDULE", "off")
         .env_remove("DATABASE_URL")
         .env("STRATA_DATA_DIR", data.path())
         .env("STRATA_LISTEN", format!("127.0.0.1:{api_port}"))

@@ -84,6 +84,7 @@ async fn store_upload(
         declared,
         grant.max_size,
         state.blobs.clone(),
+        |digest| reference_content(state, grant, digest),
     )
     .await
     .map_err(ingest_error)?;
@@ -101,6 +102,37 @@ async fn store_upload(
         now: crate::streams::database_now(&state.pool).await?,
     };
     complete(state, &command).await
+}
+
+/// References the received bytes on their `object-…` stream before they are published: if a
+/// garbage-collection pass is deleting an identical object, waits for it to finish so the
+/// publish that follows stores these bytes anew.
+async fn reference_content(
+    state: &AppState,
+    grant: &UploadGrant,
+    digest: crate::domain::ids::Digest,
+) -> Result<(), IngestError> {
+    use crate::domain::object::Error as ObjectError;
+    let by = format!("upload to build {} for {}", grant.build, grant.hash);
+    for _ in 0..2 {
+        let ctx = CommandContext::new(api_metadata(state));
+        match crate::app::object::reference(&state.events, &ctx, &[digest], &by).await {
+            Ok(_) => return Ok(()),
+            Err(crate::events::CommandError::Rejected(ObjectError::Deleting { .. })) => {
+                crate::app::object::wait_while_deleting(
+                    &state.events,
+                    &digest,
+                    std::time::Duration::from_secs(60),
+                )
+                .await
+                .map_err(|e| IngestError::Refused(e.to_string()))?;
+            }
+            Err(e) => return Err(IngestError::Refused(e.to_string())),
+        }
+    }
+    Err(IngestError::Refused(format!(
+        "the content {digest} is still being deleted by garbage collection; upload it again"
+    )))
 }
 
 /// Cheap early refusal, before reading a body that could not be used. The compare-and-set at
@@ -150,5 +182,6 @@ fn ingest_error(err: IngestError) -> ApiError {
             ApiError::bad_request(err.to_string())
         }
         IngestError::Store { .. } => ApiError::internal("storing the upload", &err),
+        IngestError::Refused(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
     }
 }

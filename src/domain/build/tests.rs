@@ -88,6 +88,7 @@ impl World {
         let (d, resp) = reserve_upload(
             &self.build,
             &f,
+            true,
             &ReserveUpload {
                 build: build_id(),
                 intent: intent(i),

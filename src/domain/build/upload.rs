@@ -104,14 +104,20 @@ pub enum UploadError {
     },
     #[error("the upload was already recorded, but the build no longer uses those bytes for filesHash {hash}; request a new upload link")]
     ReplayAfterRebind { hash: FilesHash },
+    #[error("the bytes of {digest} are being deleted by garbage collection; upload them again through a new link")]
+    ContentDeleting { digest: Digest },
     #[error(transparent)]
     Files(#[from] files::Error),
 }
 
 /// Decides a link response over the build and the files stream of `cmd.hash`.
+/// `present_stored` says whether the bytes of the name's latest generation are still stored
+/// (no garbage-collection pass is deleting or has deleted them): only then is the name present,
+/// so the SDK may skip its upload.
 pub fn reserve_upload(
     build: &State,
     files_state: &files::State,
+    present_stored: bool,
     cmd: &ReserveUpload,
 ) -> Result<(Decision, LinkResponse), UploadError> {
     if build.registration.is_none() {
@@ -151,7 +157,7 @@ pub fn reserve_upload(
 
     let mut bound = build.bindings.get(&cmd.hash).copied();
     if bound.is_none() {
-        if let Some(published) = files_state.present() {
+        if let Some(published) = files_state.present().filter(|_| present_stored) {
             let binding = Binding {
                 generation: published.generation,
                 blob_digest: published.blob_digest,

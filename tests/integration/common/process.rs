@@ -27,6 +27,8 @@ impl Proc {
             .env("STRATA_DATA_DIR", node_dir())
             .env("STRATA_NODE_ID", node)
             .env("RUST_LOG", "strata=info")
+            // GC on the shared test node would weigh other tests' blobs against this database.
+            .env("STRATA_GC_SCHEDULE", "off")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
         for (k, v) in env {

@@ -68,6 +68,35 @@ fn seed_images(dir: &Path) {
     drop(lock);
 }
 
+/// A node directory of the test's own, with `images` of the test node's catalog (their blobs
+/// hard-linked, so this is cheap): for tests that delete blobs, which must never touch what
+/// other tests share.
+pub fn private_node(images: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a private node directory");
+    let shared = node_dir();
+    let from = image::ImageCatalog::open(&shared).expect("the test node catalog");
+    let to = image::ImageCatalog::open(dir.path()).expect("the private catalog");
+    strata::vmm::LocalBlobStore::open(dir.path().join("blobs")).expect("the private blob store");
+    for name in images {
+        let manifest = from
+            .get(name)
+            .expect("the image is in the test node catalog");
+        for digest in manifest
+            .digests()
+            .into_iter()
+            .chain(manifest.license_notice)
+        {
+            let src = shared.join("blobs/sha256").join(digest.hex());
+            let dest = dir.path().join("blobs/sha256").join(digest.hex());
+            if std::fs::hard_link(&src, &dest).is_err() {
+                std::fs::copy(&src, &dest).expect("copy a base image blob");
+            }
+        }
+        to.put(&manifest).expect("write the private catalog entry");
+    }
+    dir
+}
+
 pub fn backend() -> NamespaceBackend {
     NamespaceBackend::new(NamespaceConfig {
         data_dir: node_dir(),

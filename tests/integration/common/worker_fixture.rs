@@ -53,6 +53,22 @@ impl Fixture {
 
     /// With an in-process worker when `settings` is given, else only the database and store.
     pub async fn with_worker(settings: Option<WorkerSettings>) -> Fixture {
+        Self::with_blobs(settings, backend().blobs()).await
+    }
+
+    /// A worker on a node directory of its own (`dir`, e.g. [`super::sandbox::private_node`]),
+    /// its uploads in that node's blob store: for tests that delete blobs.
+    pub async fn on_node(dir: &std::path::Path) -> Fixture {
+        let mut s = settings();
+        s.data_dir = dir.to_path_buf();
+        let blobs = Arc::new(strata::vmm::LocalBlobStore::open(dir.join("blobs")).unwrap());
+        Self::with_blobs(Some(s), blobs).await
+    }
+
+    async fn with_blobs(
+        settings: Option<WorkerSettings>,
+        blobs: Arc<dyn strata::vmm::BlobStore>,
+    ) -> Fixture {
         let _ = tracing_subscriber::fmt()
             .with_test_writer()
             .with_env_filter("strata=info")
@@ -64,7 +80,6 @@ impl Fixture {
             &Uuid::new_v4().simple().to_string()[..8]
         ))
         .unwrap();
-        let blobs = backend().blobs();
         let shutdown = CancellationToken::new();
         let handle = settings.map(|settings| {
             let worker = Worker::new(store.clone(), settings).unwrap();
@@ -250,10 +265,30 @@ pub fn copy(src: &str, dest: &str, owner: &str, mode: &str, hash: &FilesHash) ->
 }
 
 pub async fn boot_on(layers: &[ids::Digest]) -> Box<dyn strata::vmm::Sandbox> {
-    let be = backend();
+    boot_with(&backend(), layers).await
+}
+
+/// [`boot_on`] on the node directory `dir` (see [`super::sandbox::private_node`]).
+pub async fn boot_in(
+    dir: &std::path::Path,
+    layers: &[ids::Digest],
+) -> Box<dyn strata::vmm::Sandbox> {
+    let be = strata::vmm::NamespaceBackend::new(strata::vmm::NamespaceConfig {
+        data_dir: dir.to_path_buf(),
+        agent_binary: super::strata_bin(),
+        depth: Default::default(),
+    })
+    .expect("the namespace backend (these tests run as root)");
+    boot_with(&be, layers).await
+}
+
+async fn boot_with(
+    be: &strata::vmm::NamespaceBackend,
+    layers: &[ids::Digest],
+) -> Box<dyn strata::vmm::Sandbox> {
     let mut spec = BootSpec::new(layers.to_vec());
     spec.limits.network = Network::None;
-    boot(&be, spec).await
+    boot(be, spec).await
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,459 @@
+//! Garbage collection: one pass marks what no root reaches, weighs it against the retention
+//! policy and deletes it through the per-object Deleting barrier (docs/adr/0019).
+//!
+//! Order of a pass, and why it never loses a live object:
+//! 1. **List** the store and **read** the inventory (every referencing stream, one statement).
+//!    Any error here ends the pass before anything is marked: fail closed.
+//! 2. **Classify** ([`crate::domain::reachability`]) and **plan** ([`crate::domain::retention`]).
+//!    `--dry-run` stops here and reports the plan.
+//! 3. **Mark** each planned object `Deleting` (retiring the cache entries that point at it in
+//!    the same append). The mark is refused if the object was used within the grace period, is
+//!    leased, or another pass owns it: that pass or a later one decides again.
+//! 4. **Re-read** the inventory after every mark is up: an object rooted again (a reference
+//!    that committed before its mark) is returned to `Live` (`DeletionAborted`). From the mark
+//!    on, a writer or reader that meets the object waits for `Deleted` and writes it again.
+//! 5. **Delete** the bytes, then record `Deleted` (the tombstone). A delete that fails aborts
+//!    that object's deletion and every one after it in this pass.
+//! 6. Remove temporary objects unwritten for an hour (crashed writers' leftovers).
+//!
+//! Two passes at once are safe: each mark is a compare-and-set on the object's stream, and a
+//! second pass's mark of an object another pass owns is refused, so each object is deleted once.
+
+pub mod inventory;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::{ReconcileEnv, ReconcileError};
+use crate::app;
+use crate::domain::ids::Digest;
+use crate::domain::object::Deletion;
+use crate::domain::reachability::{self, Classified, Keep, Standing, Stored};
+use crate::domain::retention::{self, Candidate, Policy, Tier, Why};
+use crate::events::{Actor, ActorRole, CommandContext, CommandError, Metadata};
+use crate::streams::database_now;
+
+/// Temporary files and objects younger than this (since their last write) are never swept,
+/// whatever the grace period: a writer may still be streaming into one, or about to publish it.
+pub const TEMPORARY_AGE: Duration = Duration::hours(1);
+
+/// A deletion mark older than this belongs to a pass that died between its mark and its
+/// delete; the next pass returns the object to Live. Passes finish in seconds to minutes.
+pub const STALE_MARK: Duration = Duration::minutes(10);
+
+/// What the retention rules keep.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GcPolicy {
+    /// Total bytes the blob store should stay under (`STRATA_STORAGE_BUDGET`).
+    pub budget: Option<u64>,
+    /// Cache entries, superseded results and uploads unused this long go whatever the budget.
+    pub keep: Duration,
+    /// Nothing used more recently than this goes.
+    pub grace: Duration,
+    /// Cached final results kept per template before older ones are surplus.
+    pub finals_per_template: usize,
+}
+
+impl Default for GcPolicy {
+    fn default() -> Self {
+        GcPolicy {
+            budget: None,
+            keep: Duration::days(7),
+            grace: Duration::hours(1),
+            finals_per_template: 3,
+        }
+    }
+}
+
+/// Called once every planned object is marked and before the roots are read again; tests pause
+/// a pass there to race it against builds. Off (`None`) outside tests.
+pub type AfterMark =
+    Arc<dyn Fn(Vec<Digest>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// How one pass runs.
+#[derive(Clone, Default)]
+pub struct PassOptions {
+    pub dry_run: bool,
+    pub after_mark: Option<AfterMark>,
+}
+
+/// One object the plan chose.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Planned {
+    pub digest: Digest,
+    pub size: u64,
+    pub tier: Tier,
+    pub why: String,
+    pub last_referenced_by: Option<String>,
+}
+
+/// Bytes and objects in one class of the store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub objects: u64,
+    pub bytes: u64,
+}
+
+/// What a pass found and did.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub pass: String,
+    /// By class: `rooted` or a tier name.
+    pub usage: BTreeMap<String, Usage>,
+    pub total_before: u64,
+    /// Once the plan is carried out.
+    pub total_after_plan: u64,
+    pub over_budget_by: u64,
+    pub planned: Vec<Planned>,
+    pub deleted: Vec<Planned>,
+    /// Planned but left: refused at the mark (recently used, leased, another pass) or rooted
+    /// again, with the reason.
+    pub kept: Vec<(Digest, String)>,
+    pub temporary_removed: usize,
+    /// Cache entries retired because a layer of theirs had left the store.
+    pub repaired: usize,
+}
+
+impl Report {
+    pub fn deleted_bytes(&self) -> u64 {
+        self.deleted.iter().map(|p| p.size).sum()
+    }
+}
+
+/// Classifies the store: usage by class, without planning (`strata storage`).
+pub async fn usage(
+    env: &ReconcileEnv,
+    policy: &GcPolicy,
+) -> Result<BTreeMap<String, Usage>, ReconcileError> {
+    let survey = survey(env, policy).await?;
+    Ok(usage_of(&survey.classified))
+}
+
+/// One garbage-collection pass.
+pub async fn pass(
+    env: &ReconcileEnv,
+    policy: &GcPolicy,
+    options: &PassOptions,
+) -> Result<Report, ReconcileError> {
+    let pass_id = format!("gc-{}", uuid::Uuid::now_v7().simple());
+    let Survey {
+        classified,
+        now,
+        stale_marks,
+        broken,
+    } = survey(env, policy).await?;
+    let total: u64 = classified.iter().map(|c| c.stored.size).sum();
+    let by_digest: BTreeMap<Digest, &Classified> =
+        classified.iter().map(|c| (c.stored.digest, c)).collect();
+    let candidates: Vec<Candidate> = classified
+        .iter()
+        .filter_map(|c| match c.standing {
+            Standing::Candidate(tier) => Some(Candidate {
+                id: c.stored.digest.to_string(),
+                size: c.stored.size,
+                tier,
+                last_used: c.last_used,
+            }),
+            Standing::Rooted(_) => None,
+        })
+        .collect();
+    let plan = retention::plan(
+        &candidates,
+        total,
+        &Policy {
+            budget: policy.budget,
+            keep: policy.keep,
+            grace: policy.grace,
+        },
+        now,
+    );
+    let planned: Vec<Planned> = plan
+        .deletions
+        .iter()
+        .map(|d| {
+            let digest = Digest::parse(&d.candidate.id).expect("candidate ids are digests");
+            Planned {
+                digest,
+                size: d.candidate.size,
+                tier: d.candidate.tier,
+                why: why_text(&d.why),
+                last_referenced_by: by_digest.get(&digest).and_then(|c| c.referenced_by.clone()),
+            }
+        })
+        .collect();
+    let mut report = Report {
+        pass: pass_id.clone(),
+        usage: usage_of(&classified),
+        total_before: total,
+        total_after_plan: plan.total_after,
+        over_budget_by: plan.over_budget_by,
+        planned: planned.clone(),
+        ..Report::default()
+    };
+    if options.dry_run {
+        return Ok(report);
+    }
+
+    for digest in &stale_marks {
+        match app::object::abandon_stale_mark(
+            &env.store,
+            &context(env),
+            digest,
+            &pass_id,
+            now - STALE_MARK,
+        )
+        .await
+        {
+            Ok(_) => {
+                tracing::warn!(pass = %pass_id, %digest, "returned an object with a stale deletion mark to live")
+            }
+            Err(CommandError::Rejected(_)) => {}
+            Err(e) => return Err(ReconcileError::store(e)),
+        }
+    }
+    for (scope, key, generation, missing) in &broken {
+        let reason =
+            format!("layer {missing} is no longer in the store (cache repair by {pass_id})");
+        match app::cache::retire_entry(&env.store, &context(env), scope, key, *generation, &reason)
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(pass = %pass_id, key = %key.0, %missing, "retired a cache entry whose layer vanished");
+                report.repaired += 1;
+            }
+            Err(CommandError::Rejected(_) | CommandError::Contended { .. }) => {}
+            Err(e) => return Err(ReconcileError::store(e)),
+        }
+    }
+    let unused_since = now - policy.grace;
+    let mut marked = Vec::new();
+    for p in &planned {
+        let entries = by_digest
+            .get(&p.digest)
+            .map(|c| c.entries.clone())
+            .unwrap_or_default();
+        let mark = app::object::Mark {
+            digest: p.digest,
+            deletion: Deletion {
+                pass: pass_id.clone(),
+                tier: p.tier.name().to_owned(),
+                reason: p.why.clone(),
+                last_referenced_by: p.last_referenced_by.clone(),
+            },
+            unused_since,
+            retire: entries
+                .into_iter()
+                .map(|(scope, key, generation)| app::object::EntryToRetire {
+                    scope,
+                    key,
+                    generation,
+                })
+                .collect(),
+        };
+        match app::object::mark_deleting(&env.store, &context(env), &mark).await {
+            Ok(_) => marked.push(p.clone()),
+            Err(CommandError::Rejected(refusal)) => {
+                report.kept.push((p.digest, refusal.to_string()));
+            }
+            Err(CommandError::Contended { .. }) => {
+                report
+                    .kept
+                    .push((p.digest, "lost a race on its streams".into()));
+            }
+            Err(e) => {
+                abort_all(env, &pass_id, &marked, "the pass could not mark").await;
+                return Err(ReconcileError::store(e));
+            }
+        }
+    }
+    if let Some(hook) = &options.after_mark {
+        hook(marked.iter().map(|p| p.digest).collect()).await;
+    }
+
+    // The barrier is up: re-read the roots. Anything rooted now goes back to Live.
+    let fresh = match survey(env, policy).await {
+        Ok(s) => s.classified,
+        Err(e) => {
+            abort_all(
+                env,
+                &pass_id,
+                &marked,
+                "the pass could not re-read its roots",
+            )
+            .await;
+            return Err(e);
+        }
+    };
+    let fresh: BTreeMap<Digest, Standing> = fresh
+        .into_iter()
+        .map(|c| (c.stored.digest, c.standing))
+        .collect();
+    let mut doomed = Vec::new();
+    for p in marked {
+        match fresh.get(&p.digest) {
+            Some(Standing::Rooted(root)) => {
+                let reason = format!("rooted again: {root}");
+                abort_all(env, &pass_id, std::slice::from_ref(&p), &reason).await;
+                report.kept.push((p.digest, reason));
+            }
+            _ => doomed.push(p),
+        }
+    }
+
+    let mut failed: Option<ReconcileError> = None;
+    for (i, p) in doomed.iter().enumerate() {
+        let blobs = env.blobs.clone();
+        let digest = p.digest;
+        let deleted = tokio::task::spawn_blocking(move || blobs.delete(&digest))
+            .await
+            .map_err(|e| ReconcileError::Store(format!("delete task: {e}")))
+            .and_then(|r| r.map_err(ReconcileError::from));
+        match deleted {
+            Ok(()) => {
+                match app::object::confirm_deleted(&env.store, &context(env), &p.digest, &pass_id)
+                    .await
+                {
+                    Ok(_) => {
+                        tracing::info!(pass = %pass_id, digest = %p.digest, tier = p.tier.name(), size = p.size, why = %p.why, "gc deleted an object");
+                        report.deleted.push(p.clone());
+                    }
+                    Err(e) => {
+                        // The bytes are gone; the mark stays until a later pass confirms.
+                        tracing::warn!(pass = %pass_id, digest = %p.digest, error = %e, "gc deleted an object but could not record it");
+                        failed = Some(ReconcileError::store(e));
+                    }
+                }
+            }
+            Err(e) => {
+                let reason = format!("the store refused the delete: {e}");
+                abort_all(env, &pass_id, &doomed[i..], &reason).await;
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+
+    let blobs = env.blobs.clone();
+    let before = std::time::SystemTime::from(now - policy.grace.max(TEMPORARY_AGE));
+    report.temporary_removed = tokio::task::spawn_blocking(move || blobs.sweep_temporary(before))
+        .await
+        .map_err(|e| ReconcileError::Store(format!("sweep task: {e}")))??;
+    Ok(report)
+}
+
+struct Survey {
+    classified: Vec<Classified>,
+    /// The database's clock when the inventory was read.
+    now: DateTime<Utc>,
+    /// Objects whose deletion mark is older than [`STALE_MARK`].
+    stale_marks: Vec<Digest>,
+    /// Live cache entries pointing at a layer the store does not hold (cache repair).
+    broken: Vec<(
+        crate::domain::ids::Scope,
+        crate::domain::cache_key::CacheKey,
+        u64,
+        Digest,
+    )>,
+}
+
+/// Lists the store, then reads and classifies the inventory. Listing first: an object written
+/// after the listing is not in this pass at all, and one written before it was registered or
+/// referenced before it became reachable.
+async fn survey(env: &ReconcileEnv, policy: &GcPolicy) -> Result<Survey, ReconcileError> {
+    let blobs = env.blobs.clone();
+    let listed = tokio::task::spawn_blocking(move || blobs.list())
+        .await
+        .map_err(|e| ReconcileError::Store(format!("listing task: {e}")))??;
+    let mut inventory = inventory::read(&env.store).await?;
+    if let Some(dir) = &env.catalog {
+        let images = dir.join("images");
+        if images.is_dir() {
+            let catalog = crate::vmm::image::ImageCatalog::open(dir)?;
+            for image in catalog.list()? {
+                for digest in image.digests().into_iter().chain(image.license_notice) {
+                    inventory
+                        .pinned
+                        .insert(digest, format!("image {} in the node catalog", image.name));
+                }
+            }
+            inventory.pulled = crate::registry::pull::pulled_layers(dir)?;
+        }
+    }
+    let now = database_now(env.store.pool()).await?;
+    let stored: Vec<Stored> = listed
+        .into_iter()
+        .map(|b| Stored {
+            digest: b.digest,
+            size: b.size,
+            written_at: b.written_at.into(),
+        })
+        .collect();
+    let classified = reachability::classify(
+        &inventory,
+        &stored,
+        Keep {
+            finals_per_template: policy.finals_per_template,
+        },
+        now,
+    );
+    let present: std::collections::BTreeSet<Digest> = stored.iter().map(|s| s.digest).collect();
+    let broken = reachability::broken_entries(&inventory, &present);
+    let stale_marks = inventory
+        .objects
+        .iter()
+        .filter(|(_, o)| {
+            o.lifecycle == crate::domain::object::Lifecycle::Deleting
+                && o.marked_at.is_some_and(|at| at < now - STALE_MARK)
+        })
+        .map(|(d, _)| *d)
+        .collect();
+    Ok(Survey {
+        classified,
+        now,
+        stale_marks,
+        broken,
+    })
+}
+
+fn usage_of(classified: &[Classified]) -> BTreeMap<String, Usage> {
+    let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
+    for c in classified {
+        let class = match c.standing {
+            Standing::Rooted(_) => "rooted".to_owned(),
+            Standing::Candidate(tier) => tier.name().to_owned(),
+        };
+        let u = usage.entry(class).or_default();
+        u.objects += 1;
+        u.bytes += c.stored.size;
+    }
+    usage
+}
+
+fn why_text(why: &Why) -> String {
+    why.to_string()
+}
+
+/// A context for one command: every append of the pass is its own command, with its own ids.
+fn context(env: &ReconcileEnv) -> CommandContext {
+    CommandContext::new(Metadata::new(Actor::new(ActorRole::Reconciler, &env.node)))
+        .with_max_attempts(16)
+}
+
+/// Returns `objects` to Live: this pass will not delete them.
+async fn abort_all(env: &ReconcileEnv, pass: &str, objects: &[Planned], reason: &str) {
+    for p in objects {
+        if let Err(e) =
+            app::object::abort_deletion(&env.store, &context(env), &p.digest, pass, reason).await
+        {
+            // The mark stays; no pass deletes an object another pass owns, and this pass is over.
+            tracing::warn!(pass, digest = %p.digest, error = %e, "could not abort a deletion mark");
+        }
+    }
+}

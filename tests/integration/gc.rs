@@ -1,0 +1,639 @@
+//! Garbage collection end to end: real builds on real sandboxes in a node directory of the
+//! test's own (so deleting blobs never touches what other tests share), real Postgres, and GC
+//! passes through `strata::reconcilers::gc`. See docs/adr/0019.
+
+use crate::common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use common::sandbox::private_node;
+use common::worker_fixture::*;
+use serde_json::json;
+use strata::domain::ids::Digest;
+use strata::domain::object::{self, Lifecycle};
+use strata::events::command::load;
+use strata::reconcilers::gc::{self, GcPolicy, PassOptions};
+use strata::reconcilers::ReconcileEnv;
+use strata::streams::{object_stream, Object};
+use strata::vmm::{BlobStore, LocalBlobStore, StoredBlob};
+
+/// Deletes whatever the rules allow right away: no grace, no keep, no budget.
+fn eager() -> GcPolicy {
+    GcPolicy {
+        budget: None,
+        keep: chrono::Duration::zero(),
+        grace: chrono::Duration::zero(),
+        finals_per_template: 1,
+    }
+}
+
+fn env(fx: &Fixture, node: &std::path::Path, blobs: Arc<dyn BlobStore>) -> ReconcileEnv {
+    ReconcileEnv {
+        store: fx.store.clone(),
+        node: "gc-test".into(),
+        blobs,
+        gc: eager(),
+        catalog: Some(node.to_path_buf()),
+    }
+}
+
+fn local(node: &std::path::Path) -> Arc<dyn BlobStore> {
+    Arc::new(LocalBlobStore::open(node.join("blobs")).unwrap())
+}
+
+fn stored(blobs: &dyn BlobStore) -> BTreeSet<Digest> {
+    blobs.list().unwrap().iter().map(|b| b.digest).collect()
+}
+
+fn run(cmd: &str) -> serde_json::Value {
+    step("RUN", &[cmd])
+}
+
+async fn object_state(fx: &Fixture, digest: &Digest) -> object::State {
+    load::<Object>(&fx.store, &object_stream(digest))
+        .await
+        .unwrap()
+        .state
+}
+
+async fn build_ready(fx: &Fixture, name: &str, spec: serde_json::Value) {
+    let (_, state) = fx.build(name, &[], spec).await;
+    assert_ready(&state);
+}
+
+fn busybox_run(cmd: &str) -> serde_json::Value {
+    json!({"fromImage": "busybox", "force": false, "steps": [run(cmd)]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_deletes_what_no_root_reaches_and_live_templates_still_build_on_their_results() {
+    let node = private_node(&["busybox"]);
+    let mut fx = Fixture::on_node(node.path()).await;
+    let blobs = local(node.path());
+    let base: BTreeSet<Digest> = {
+        let catalog = strata::vmm::image::ImageCatalog::open(node.path()).unwrap();
+        let m = catalog.get("busybox").unwrap();
+        m.digests()
+            .iter()
+            .chain(m.license_notice.iter())
+            .copied()
+            .collect()
+    };
+
+    // "web" is built twice (the second supersedes the first), "gone" once and then deleted.
+    build_ready(&fx, "web", busybox_run("echo one > /home/user/web.txt")).await;
+    build_ready(&fx, "web", busybox_run("echo two > /home/user/web.txt")).await;
+    build_ready(&fx, "gone", busybox_run("echo gone > /home/user/gone.txt")).await;
+    let web = fx.result("web").await;
+    let gone = fx.result("gone").await;
+    let (gone_id, _) = fx.api.register("gone").await;
+    strata::app::template::delete_template(
+        &fx.store,
+        &common::build_api::api_context(),
+        &fx.api.team,
+        &gone_id,
+        Utc::now(),
+    )
+    .await
+    .unwrap();
+    // An object no stream has ever named.
+    let (orphan, _) = blobs.put_bytes(b"written by a crashed writer").unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let env = env(&fx, node.path(), blobs.clone());
+    let before = stored(blobs.as_ref());
+    let dry = gc::pass(
+        &env,
+        &env.gc,
+        &PassOptions {
+            dry_run: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(dry.deleted.is_empty());
+    assert_eq!(stored(blobs.as_ref()), before, "a dry run deletes nothing");
+    let planned: BTreeSet<Digest> = dry.planned.iter().map(|p| p.digest).collect();
+    assert!(planned.contains(&orphan), "{planned:?}");
+
+    let report = gc::pass(&env, &env.gc, &PassOptions::default())
+        .await
+        .unwrap();
+    let after = stored(blobs.as_ref());
+    let deleted: BTreeSet<Digest> = report.deleted.iter().map(|p| p.digest).collect();
+    assert_eq!(deleted, planned, "the pass carried out the dry run's plan");
+    assert!(!after.contains(&orphan));
+    for layer in &web.record.layers {
+        assert!(
+            after.contains(layer),
+            "live result layer {layer} was deleted"
+        );
+    }
+    for digest in &base {
+        assert!(after.contains(digest), "catalog blob {digest} was deleted");
+    }
+    let gone_own: Vec<&Digest> = gone
+        .record
+        .layers
+        .iter()
+        .filter(|l| !base.contains(l))
+        .collect();
+    assert!(!gone_own.is_empty());
+    for layer in gone_own {
+        assert!(
+            !after.contains(layer),
+            "the deleted template's layer {layer} is kept"
+        );
+        // The history says why.
+        let state = object_state(&fx, layer).await;
+        assert_eq!(state.lifecycle, Lifecycle::Deleted);
+        let why = state.deletion.unwrap();
+        assert_eq!(why.pass, report.pass);
+        assert!(!why.reason.is_empty());
+    }
+
+    // The live template still builds on its result, and the next pass has nothing to do.
+    build_ready(
+        &fx,
+        "child",
+        json!({"fromTemplate": "web", "force": false, "steps": [run("cat /home/user/web.txt > /home/user/child.txt")]}),
+    )
+    .await;
+    let child = fx.result("child").await;
+    let mut sb = boot_in(node.path(), &child.record.layers).await;
+    let out = common::sandbox::sh(&mut sb, "cat /home/user/child.txt").await;
+    assert_eq!(out.trim(), "two");
+    sb.destroy().await.unwrap();
+    fx.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_budget_deletes_cache_entries_cheapest_first_and_a_kept_entry_still_hits() {
+    let node = private_node(&["busybox"]);
+    let mut fx = Fixture::on_node(node.path()).await;
+    let blobs = local(node.path());
+    build_ready(
+        &fx,
+        "a",
+        busybox_run("head -c 200000 /dev/urandom > /home/user/a.bin"),
+    )
+    .await;
+    build_ready(
+        &fx,
+        "a",
+        busybox_run("head -c 300000 /dev/urandom > /home/user/a.bin"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut env = env(&fx, node.path(), blobs.clone());
+    let usage = gc::usage(&env, &env.gc).await.unwrap();
+    let rooted = usage["rooted"].bytes;
+    env.gc = GcPolicy {
+        budget: Some(rooted),
+        keep: chrono::Duration::days(1),
+        ..eager()
+    };
+    let report = gc::pass(&env, &env.gc, &PassOptions::default())
+        .await
+        .unwrap();
+    let total_after: u64 = blobs.list().unwrap().iter().map(|b| b.size).sum();
+    assert!(
+        total_after <= rooted,
+        "the store holds {total_after} bytes, over the budget of {rooted}: {report:?}"
+    );
+    assert!(
+        report.deleted.iter().all(|p| p.why.contains("budget")),
+        "{report:?}"
+    );
+
+    // Rebuilding the live result's exact spec still finds its cache entry: the final result is
+    // rooted, and the entry pointing at it was not retired.
+    let (_, state) = fx
+        .build(
+            "a",
+            &[],
+            busybox_run("head -c 300000 /dev/urandom > /home/user/a.bin"),
+        )
+        .await;
+    assert_ready(&state);
+    assert!(
+        state
+            .progress
+            .values()
+            .all(|o| matches!(o, strata::domain::build::StepOutcome::Cached { .. })),
+        "{:?}",
+        state.progress
+    );
+    fx.stop().await;
+}
+
+/// A blob store whose listing or deletes fail on command: the faults a pass must survive
+/// without deleting anything it should not (a fake, because a real store cannot be made to fail
+/// at exactly the n-th delete).
+struct Faulty {
+    inner: Arc<dyn BlobStore>,
+    fail_list: bool,
+    /// Deletes that succeed before every later one fails.
+    deletes_before_failing: usize,
+    deletes: AtomicUsize,
+}
+
+impl BlobStore for Faulty {
+    fn sink(&self) -> strata::vmm::error::Result<Box<dyn strata::vmm::BlobSink>> {
+        self.inner.sink()
+    }
+    fn open_verified(
+        &self,
+        digest: &strata::domain::ids::Digest,
+    ) -> strata::vmm::error::Result<
+        strata::vmm::blob_store::VerifyingReader<strata::vmm::blob_store::BlobRead>,
+    > {
+        self.inner.open_verified(digest)
+    }
+    fn describe(&self) -> String {
+        format!("faulty {}", self.inner.describe())
+    }
+    fn size(
+        &self,
+        digest: &strata::domain::ids::Digest,
+    ) -> strata::vmm::error::Result<Option<u64>> {
+        self.inner.size(digest)
+    }
+    fn list(&self) -> strata::vmm::error::Result<Vec<StoredBlob>> {
+        if self.fail_list {
+            return Err(strata::vmm::VmmError::io("listing")(std::io::Error::other(
+                "injected: the store is unreachable",
+            )));
+        }
+        self.inner.list()
+    }
+    fn delete(&self, digest: &strata::domain::ids::Digest) -> strata::vmm::error::Result<()> {
+        if self.deletes.fetch_add(1, Ordering::SeqCst) >= self.deletes_before_failing {
+            return Err(strata::vmm::VmmError::io("deleting")(
+                std::io::Error::other("injected: delete refused"),
+            ));
+        }
+        self.inner.delete(digest)
+    }
+    fn sweep_temporary(&self, before: std::time::SystemTime) -> strata::vmm::error::Result<usize> {
+        self.inner.sweep_temporary(before)
+    }
+}
+
+fn orphans(blobs: &dyn BlobStore, n: usize) -> BTreeSet<Digest> {
+    (0..n)
+        .map(|i| {
+            let (d, _) = blobs
+                .put_bytes(format!("orphan {i} {}", uuid::Uuid::new_v4()).as_bytes())
+                .unwrap();
+            d
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn store_errors_mid_pass_delete_nothing_more_and_leave_every_object_live() {
+    let node = private_node(&["busybox"]);
+    let fx = Fixture::with_worker(None).await;
+    let blobs = local(node.path());
+    let victims = orphans(blobs.as_ref(), 4);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // The listing fails: the pass fails and nothing is marked or deleted.
+    let faulty = Arc::new(Faulty {
+        inner: blobs.clone(),
+        fail_list: true,
+        deletes_before_failing: usize::MAX,
+        deletes: AtomicUsize::new(0),
+    });
+    let e = env(&fx, node.path(), faulty);
+    let err = gc::pass(&e, &e.gc, &PassOptions::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("unreachable"), "{err}");
+    for v in &victims {
+        assert!(stored(blobs.as_ref()).contains(v));
+        assert_eq!(object_state(&fx, v).await.lifecycle, Lifecycle::Absent);
+    }
+
+    // The second delete fails: one object is gone, the others are kept and back to Live.
+    let faulty = Arc::new(Faulty {
+        inner: blobs.clone(),
+        fail_list: false,
+        deletes_before_failing: 1,
+        deletes: AtomicUsize::new(0),
+    });
+    let e = env(&fx, node.path(), faulty);
+    let err = gc::pass(&e, &e.gc, &PassOptions::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("delete refused"), "{err}");
+    let left = stored(blobs.as_ref());
+    let gone: Vec<_> = victims.iter().filter(|v| !left.contains(v)).collect();
+    assert_eq!(gone.len(), 1, "exactly the first delete happened");
+    for v in &victims {
+        let state = object_state(&fx, v).await;
+        if left.contains(v) {
+            assert_eq!(state.lifecycle, Lifecycle::Live, "{v} stays usable");
+        } else {
+            assert_eq!(state.lifecycle, Lifecycle::Deleted);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_passes_at_once_delete_each_object_exactly_once() {
+    let node = private_node(&["busybox"]);
+    let fx = Fixture::with_worker(None).await;
+    let blobs = local(node.path());
+    let victims = orphans(blobs.as_ref(), 12);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let e = env(&fx, node.path(), blobs.clone());
+    let options = PassOptions::default();
+    let (a, b) = tokio::join!(gc::pass(&e, &e.gc, &options), gc::pass(&e, &e.gc, &options));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let da: BTreeSet<Digest> = a.deleted.iter().map(|p| p.digest).collect();
+    let db: BTreeSet<Digest> = b.deleted.iter().map(|p| p.digest).collect();
+    assert!(da.is_disjoint(&db), "an object was deleted by both passes");
+    let all: BTreeSet<Digest> = da.union(&db).copied().collect();
+    assert!(victims.is_subset(&all), "{victims:?} vs {all:?}");
+    for v in &victims {
+        let events = fx.store.read_stream_all(&object_stream(v)).await.unwrap();
+        let deleted = events
+            .iter()
+            .filter(|e| e.event_type == "ObjectDeleted.v1")
+            .count();
+        assert_eq!(deleted, 1, "{v}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_writer_that_meets_deleting_waits_and_stores_the_object_again() {
+    let node = private_node(&["busybox"]);
+    let fx = Fixture::with_worker(None).await;
+    let blobs = local(node.path());
+    let (victim_d, _) = blobs
+        .put_bytes(b"the same bytes a writer is about to store")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let e = env(&fx, node.path(), blobs.clone());
+
+    let store = fx.store.clone();
+    let writer_blobs = blobs.clone();
+    let seen = Arc::new(tokio::sync::Mutex::new(None));
+    let seen_in_hook = seen.clone();
+    let options = PassOptions {
+        dry_run: false,
+        after_mark: Some(Arc::new(move |marked: Vec<Digest>| {
+            let (store, blobs, seen) = (store.clone(), writer_blobs.clone(), seen_in_hook.clone());
+            Box::pin(async move {
+                assert!(marked.contains(&victim_d));
+                // A writer storing the same bytes now: its reference is refused, and it waits
+                // for the deletion in the background while the pass goes on.
+                let ctx = common::build_api::api_context();
+                let refused =
+                    strata::app::object::reference(&store, &ctx, &[victim_d], "test writer").await;
+                assert!(
+                    matches!(
+                        refused,
+                        Err(strata::events::CommandError::Rejected(
+                            object::Error::Deleting { .. }
+                        ))
+                    ),
+                    "{refused:?}"
+                );
+                let task = tokio::spawn(async move {
+                    let end = strata::app::object::wait_while_deleting(
+                        &store,
+                        &victim_d,
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .unwrap();
+                    strata::app::object::reference(&store, &ctx, &[victim_d], "test writer")
+                        .await
+                        .unwrap();
+                    let (again, _) = blobs
+                        .put_bytes(b"the same bytes a writer is about to store")
+                        .unwrap();
+                    assert_eq!(again, victim_d);
+                    end
+                });
+                *seen.lock().await = Some(task);
+            })
+        })),
+    };
+    let report = gc::pass(&e, &e.gc, &options).await.unwrap();
+    assert!(report.deleted.iter().any(|p| p.digest == victim_d));
+    let task = seen.lock().await.take().expect("the hook ran");
+    assert_eq!(task.await.unwrap(), Lifecycle::Deleted);
+    // It was never registered (generation 0); the writer's registration is the next one.
+    let state = object_state(&fx, &victim_d).await;
+    assert_eq!((state.lifecycle, state.generation), (Lifecycle::Live, 1));
+    let history: Vec<String> = fx
+        .store
+        .read_stream_all(&object_stream(&victim_d))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    assert_eq!(
+        history,
+        [
+            "ObjectDeleting.v1",
+            "ObjectDeleted.v1",
+            "ObjectRegistered.v1"
+        ]
+    );
+    assert!(
+        stored(blobs.as_ref()).contains(&victim_d),
+        "the writer's bytes are stored"
+    );
+    // Just registered: the next pass leaves it alone for the grace period.
+    let mut e = e;
+    e.gc.grace = chrono::Duration::hours(1);
+    let next = gc::pass(&e, &e.gc, &PassOptions::default()).await.unwrap();
+    assert!(next.planned.iter().all(|p| p.digest != victim_d));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gc_passes_racing_builds_never_take_what_a_build_reads_or_a_template_holds() {
+    let node = private_node(&["busybox"]);
+    let mut fx = Fixture::on_node(node.path()).await;
+    let blobs = local(node.path());
+    let e = env(&fx, node.path(), blobs.clone());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let gc_loop = {
+        let (e, stop) = (e.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut passes = 0;
+            let mut deleted = 0;
+            while !stop.is_cancelled() {
+                let r = gc::pass(&e, &e.gc, &PassOptions::default()).await;
+                if stop.is_cancelled() {
+                    break;
+                }
+                let r = r.unwrap();
+                passes += 1;
+                deleted += r.deleted.len();
+            }
+            (passes, deleted)
+        })
+    };
+    // Templates rebuilt with moving content, each child built on its parent's current result,
+    // while passes with no grace and no keep run back to back.
+    for round in 0..4 {
+        for name in ["p", "q"] {
+            build_ready(
+                &fx,
+                name,
+                busybox_run(&format!("echo {name}{round} > /home/user/v.txt; head -c 50000 /dev/urandom > /home/user/r")),
+            )
+            .await;
+            build_ready(
+                &fx,
+                &format!("{name}-child"),
+                json!({"fromTemplate": name, "force": false, "steps": [run("cat /home/user/v.txt > /home/user/c.txt")]}),
+            )
+            .await;
+            let child = fx.result(&format!("{name}-child")).await;
+            let mut sb = boot_in(node.path(), &child.record.layers).await;
+            let out = common::sandbox::sh(&mut sb, "cat /home/user/c.txt").await;
+            assert_eq!(out.trim(), format!("{name}{round}"));
+            sb.destroy().await.unwrap();
+        }
+    }
+    stop.cancel();
+    let (passes, deleted) = gc_loop.await.unwrap();
+    assert!(passes >= 2, "only {passes} passes ran");
+    assert!(
+        deleted > 0,
+        "the passes deleted nothing: the race was not exercised"
+    );
+    // Every live template's result is still complete.
+    for name in ["p", "q", "p-child", "q-child"] {
+        let result = fx.result(name).await;
+        for layer in &result.record.layers {
+            assert!(
+                blobs.intact_size(layer).unwrap().is_some(),
+                "{name}'s layer {layer} is gone"
+            );
+        }
+    }
+    fx.stop().await;
+}
+
+/// The shell lines of the `sh` block under README's "Storage and garbage collection".
+fn readme_examples() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("Storage and garbage collection"))
+        .expect("README has a storage section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the section has a sh block");
+    block
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_readme_storage_examples_run() {
+    let examples = readme_examples();
+    assert_eq!(examples.len(), 4, "{examples:?}");
+    let node = private_node(&["busybox"]);
+    let db = common::test_db().await;
+    let blobs = local(node.path());
+    let (orphan, size) = blobs.put_bytes(b"an object nothing refers to").unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let path = format!(
+        "{}:{}",
+        common::strata_bin().parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut outputs = Vec::new();
+    for line in &examples {
+        let out = tokio::process::Command::new("sh")
+            .args(["-c", line])
+            .env("PATH", &path)
+            .env("DATABASE_URL", &db.url)
+            .env("STRATA_DATA_DIR", node.path())
+            .env("STRATA_GC_GRACE", "0s")
+            .env("OBJECT", orphan.hex())
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && !stdout.trim().is_empty(),
+            "{line}\nstdout: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        outputs.push(stdout);
+        if outputs.len() == 2 {
+            // After `--dry-run`: nothing was deleted.
+            assert_eq!(blobs.size(&orphan).unwrap(), Some(size));
+        }
+    }
+    // `strata storage`: the orphan, and the pinned catalog.
+    assert!(outputs[0].contains("orphan"), "{}", outputs[0]);
+    assert!(outputs[0].contains("rooted"), "{}", outputs[0]);
+    // `--dry-run` names it and deletes nothing.
+    assert!(outputs[1].contains(&orphan.to_string()), "{}", outputs[1]);
+    assert!(outputs[1].contains("dry run"), "{}", outputs[1]);
+    // The pass deletes exactly it; the catalog's images stay.
+    assert!(outputs[2].contains("deleted 1 objects"), "{}", outputs[2]);
+    assert_eq!(blobs.size(&orphan).unwrap(), None);
+    assert!(!blobs.list().unwrap().is_empty());
+    // The history says which pass deleted it, and why.
+    assert!(outputs[3].contains("ObjectDeleting.v1"), "{}", outputs[3]);
+    assert!(outputs[3].contains("ObjectDeleted.v1"), "{}", outputs[3]);
+    assert!(outputs[3].contains("orphan"), "{}", outputs[3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_gc_reconciler_runs_on_its_schedule_in_strata_reconcile() {
+    let node = private_node(&["busybox"]);
+    let db = common::test_db().await;
+    let blobs = local(node.path());
+    let (orphan, _) = blobs.put_bytes(b"left behind by a crashed writer").unwrap();
+    let catalog_blobs = stored(blobs.as_ref());
+    let mut child = common::http_build::ChildGuard(Some(
+        std::process::Command::new(common::strata_bin())
+            .args(["reconcile", "--only", "gc", "--gc-schedule", "* * * * * *"])
+            .env("DATABASE_URL", &db.url)
+            .env("STRATA_DATA_DIR", node.path())
+            .env("STRATA_GC_GRACE", "2s")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while blobs.size(&orphan).unwrap().is_some() {
+        assert!(child.try_wait().is_none(), "strata reconcile exited");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gc reconciler never deleted the orphan"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Only the orphan went: the catalog's blobs are pinned.
+    let left = stored(blobs.as_ref());
+    let expected: BTreeSet<Digest> = catalog_blobs.into_iter().filter(|d| *d != orphan).collect();
+    assert_eq!(left, expected);
+    assert!(child.terminate().success());
+}
