@@ -643,3 +643,88 @@ async fn the_gc_reconciler_runs_on_its_schedule_in_strata_reconcile() {
     assert_eq!(left, expected);
     assert!(child.terminate().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_a_small_budget_every_pass_meets_it_or_keeps_only_roots_and_live_templates_still_build(
+) {
+    let node = private_node(&["busybox"]);
+    let mut fx = Fixture::on_node(node.path()).await;
+    let blobs = local(node.path());
+    let mut e = env(&fx, node.path(), blobs.clone());
+    let spec = |name: &str, round: usize| {
+        busybox_run(&format!(
+            "echo {name}{round} > /home/user/v.txt; head -c 100000 /dev/urandom > /home/user/r"
+        ))
+    };
+    let mut live = vec!["a", "b", "c"];
+    for round in 0..3 {
+        for name in live.clone() {
+            build_ready(&fx, name, spec(name, round)).await;
+        }
+        if round == 1 {
+            // Deleting a template makes its results garbage.
+            let (id, _) = fx.api.register("c").await;
+            strata::app::template::delete_template(
+                &fx.store,
+                &common::build_api::api_context(),
+                &fx.api.team,
+                &id,
+                Utc::now(),
+            )
+            .await
+            .unwrap();
+            live.retain(|n| *n != "c");
+        }
+        // A budget of half what the live results hold: never met by deleting candidates alone.
+        let rooted = gc::usage(&e, &e.gc).await.unwrap()["rooted"].bytes;
+        e.gc = GcPolicy {
+            budget: Some(rooted / 2),
+            keep: chrono::Duration::days(1),
+            ..eager()
+        };
+        let report = gc::pass(&e, &e.gc, &PassOptions::default()).await.unwrap();
+        let after = gc::usage(&e, &e.gc).await.unwrap();
+        let candidates: u64 = after
+            .iter()
+            .filter(|(class, _)| class.as_str() != "rooted")
+            .map(|(_, u)| u.bytes)
+            .sum();
+        assert_eq!(
+            candidates, 0,
+            "round {round}: over budget, yet {candidates} bytes of candidates were kept: {report:?}"
+        );
+        assert!(report.over_budget_by > 0, "the budget is below the roots");
+    }
+    for name in &live {
+        // Each live template builds on its result...
+        let child = format!("{name}-child");
+        build_ready(
+            &fx,
+            &child,
+            json!({"fromTemplate": name, "force": false, "steps": [run("cat /home/user/v.txt > /home/user/c.txt")]}),
+        )
+        .await;
+        let result = fx.result(&child).await;
+        let mut sb = boot_in(node.path(), &result.record.layers).await;
+        assert_eq!(
+            common::sandbox::sh(&mut sb, "cat /home/user/c.txt")
+                .await
+                .trim(),
+            format!("{name}2")
+        );
+        sb.destroy().await.unwrap();
+        // ...and rebuilding its current spec is a full cache hit: its final entry points at
+        // rooted layers, so no pass retired it.
+        let (_, state) = fx.build(name, &[], spec(name, 2)).await;
+        assert_ready(&state);
+        assert!(
+            state
+                .progress
+                .values()
+                .all(|o| matches!(o, strata::domain::build::StepOutcome::Cached { .. })),
+            "{name}: {:?}",
+            state.progress
+        );
+    }
+    fx.stop().await;
+}
