@@ -70,6 +70,20 @@ async fn build_ready(fx: &Fixture, name: &str, spec: serde_json::Value) {
     assert_ready(&state);
 }
 
+/// Deletes template `name` as `DELETE /templates/{id}` does (its id from a new registration).
+async fn delete_template(fx: &Fixture, name: &str) {
+    let (id, _) = fx.api.register(name).await;
+    strata::app::template::delete_template(
+        &fx.store,
+        &common::build_api::api_context(),
+        &fx.api.team,
+        &id,
+        Utc::now(),
+    )
+    .await
+    .unwrap();
+}
+
 fn busybox_run(cmd: &str) -> serde_json::Value {
     json!({"fromImage": "busybox", "force": false, "steps": [run(cmd)]})
 }
@@ -95,16 +109,7 @@ async fn a_pass_deletes_what_no_root_reaches_and_live_templates_still_build_on_t
     build_ready(&fx, "gone", busybox_run("echo gone > /home/user/gone.txt")).await;
     let web = fx.result("web").await;
     let gone = fx.result("gone").await;
-    let (gone_id, _) = fx.api.register("gone").await;
-    strata::app::template::delete_template(
-        &fx.store,
-        &common::build_api::api_context(),
-        &fx.api.team,
-        &gone_id,
-        Utc::now(),
-    )
-    .await
-    .unwrap();
+    delete_template(&fx, "gone").await;
     // An object no stream has ever named.
     let (orphan, _) = blobs.put_bytes(b"written by a crashed writer").unwrap();
     let orphan: Digest = (&orphan).into();
@@ -534,30 +539,9 @@ async fn gc_passes_racing_builds_never_take_what_a_build_reads_or_a_template_hol
     fx.stop().await;
 }
 
-/// The shell lines of the `sh` block under README's "Storage and garbage collection".
-fn readme_examples() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme
-        .split("\n## ")
-        .find(|s| s.starts_with("Storage and garbage collection"))
-        .expect("README has a storage section");
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("```").next())
-        .expect("the section has a sh block");
-    block
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(str::to_owned)
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_readme_storage_examples_run() {
-    let examples = readme_examples();
+    let examples = common::readme_sh_block("Storage and garbage collection");
     assert_eq!(examples.len(), 4, "{examples:?}");
     let node = private_node(&["busybox"]);
     let db = common::test_db().await;
@@ -663,16 +647,7 @@ async fn under_a_small_budget_every_pass_meets_it_or_keeps_only_roots_and_live_t
         }
         if round == 1 {
             // Deleting a template makes its results garbage.
-            let (id, _) = fx.api.register("c").await;
-            strata::app::template::delete_template(
-                &fx.store,
-                &common::build_api::api_context(),
-                &fx.api.team,
-                &id,
-                Utc::now(),
-            )
-            .await
-            .unwrap();
+            delete_template(&fx, "c").await;
             live.retain(|n| *n != "c");
         }
         // A budget of half what the live results hold: never met by deleting candidates alone.
