@@ -26,33 +26,28 @@ use crate::streams::{cache_key_stream, database_now, object_stream, CacheEntry, 
 /// Decide-and-append rounds before a contended object write gives up.
 const MAX_ROUNDS: u32 = 32;
 
-/// Records that `by` uses `digests` (registering each one that is absent or deleted), in one
-/// append. Refused with `Deleting` when a pass is deleting one of them.
+/// Records that `by` uses `digests` (registering each one that is absent or deleted: the caller
+/// is about to store its bytes), in one append. Refused with `Deleting` when a pass is deleting
+/// one of them.
 pub async fn reference(
     store: &EventStore,
     ctx: &CommandContext,
     digests: &[Digest],
     by: &str,
 ) -> Result<AppendOutcome, Error<object::Error>> {
-    let digests = distinct(digests);
-    let digests = &digests;
     execute_writes(store, MAX_ROUNDS, move || async move {
         let now = database_now(store.pool()).await?;
-        let mut writes = Vec::with_capacity(digests.len());
-        for digest in digests {
-            let stream = object_stream(digest);
-            let loaded = load::<Object>(store, &stream).await?;
-            let events = object::decide(
-                &loaded.state,
-                &object::Command::Register {
-                    by: by.to_owned(),
-                    now,
-                },
-            )
-            .map_err(CommandError::Rejected)?;
-            writes.push(ctx.write(&stream, loaded.expected(), &events)?);
-        }
-        Ok(writes)
+        reference_writes(store, ctx, digests, by, now, digests)
+            .await
+            .map_err(|e| match e {
+                CommandError::Rejected(Refusal::ObjectBarrier { error, .. }) => {
+                    CommandError::Rejected(error)
+                }
+                CommandError::Rejected(other) => {
+                    unreachable!("referencing objects refuses only at the barrier: {other}")
+                }
+                other => other.into_other(),
+            })
     })
     .await
 }

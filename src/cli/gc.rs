@@ -6,14 +6,28 @@ use clap::Args;
 use strata::config::{GcArgs, NodeArgs, StorageArgs};
 use strata::reconcilers::gc::{self, PassOptions, Report, Usage};
 
+/// Where GC looks and by which rules: shared by `strata gc` and `strata storage`.
 #[derive(Debug, Args)]
-pub struct GcCliArgs {
+struct Target {
     #[command(flatten)]
     storage: StorageArgs,
     #[command(flatten)]
     node: NodeArgs,
     #[command(flatten)]
     gc: GcArgs,
+}
+
+impl Target {
+    async fn environment(&self) -> anyhow::Result<strata::reconcilers::ReconcileEnv> {
+        let pool = super::connect_database(&self.storage).await?;
+        super::reconcile::environment(pool, self.node.node_id(), &self.storage, &self.gc)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct GcCliArgs {
+    #[command(flatten)]
+    target: Target,
     /// Print what would be deleted and why, by tier, with sizes; delete nothing.
     #[arg(long)]
     dry_run: bool,
@@ -25,19 +39,14 @@ pub struct GcCliArgs {
 #[derive(Debug, Args)]
 pub struct StorageCliArgs {
     #[command(flatten)]
-    storage: StorageArgs,
-    #[command(flatten)]
-    node: NodeArgs,
-    #[command(flatten)]
-    gc: GcArgs,
+    target: Target,
     /// Print the usage as JSON.
     #[arg(long)]
     json: bool,
 }
 
 pub async fn run_gc(args: GcCliArgs) -> anyhow::Result<()> {
-    let pool = super::connect_database(&args.storage).await?;
-    let env = super::reconcile::environment(pool, args.node.node_id(), &args.storage, &args.gc)?;
+    let env = args.target.environment().await?;
     let options = PassOptions {
         dry_run: args.dry_run,
         ..PassOptions::default()
@@ -57,12 +66,11 @@ pub async fn run_gc(args: GcCliArgs) -> anyhow::Result<()> {
 }
 
 pub async fn run_storage(args: StorageCliArgs) -> anyhow::Result<()> {
-    let pool = super::connect_database(&args.storage).await?;
-    let env = super::reconcile::environment(pool, args.node.node_id(), &args.storage, &args.gc)?;
+    let env = args.target.environment().await?;
     let usage = gc::usage(&env, &env.gc)
         .await
         .context("reading the blob store and its references")?;
-    let node_layers = dir_size(&args.storage.data_dir.join("layers"));
+    let node_layers = dir_size(&args.target.storage.data_dir.join("layers"));
     if args.json {
         let classes: serde_json::Map<String, serde_json::Value> = usage
             .iter()
@@ -79,7 +87,7 @@ pub async fn run_storage(args: StorageCliArgs) -> anyhow::Result<()> {
                 "store": env.blobs.describe(),
                 "budget": env.gc.budget,
                 "classes": classes,
-                "node": {"id": args.node.node_id(), "layer_cache_bytes": node_layers},
+                "node": {"id": args.target.node.node_id(), "layer_cache_bytes": node_layers},
             }))?
         );
         return Ok(());
@@ -88,7 +96,7 @@ pub async fn run_storage(args: StorageCliArgs) -> anyhow::Result<()> {
     print!("{}", usage_table(&usage, env.gc.budget));
     println!(
         "node {}: extracted layers {}",
-        args.node.node_id(),
+        args.target.node.node_id(),
         human(node_layers)
     );
     Ok(())

@@ -413,3 +413,63 @@ fn the_s3_server_refuses_a_second_create_and_a_copy_onto_an_existing_name() {
         raw.copy_if_not_exists(&other, &fresh).await.unwrap();
     });
 }
+
+/// What garbage collection relies on: a listing of exactly the stored blobs with their sizes,
+/// a delete that is idempotent, and a sweep of temporary leftovers that spares fresh ones.
+#[test]
+fn listing_deleting_and_sweeping_temporaries_behave_alike_on_both_stores() {
+    for backend in Backend::both() {
+        let store = backend.store();
+        let name = backend.name();
+        let put: Vec<(Digest, u64)> = (0..3u8)
+            .map(|i| store.put_bytes(&noise(1000 + i as usize, i)).unwrap())
+            .collect();
+        let mut listed: Vec<(Digest, u64)> = store
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|b| (b.digest, b.size))
+            .collect();
+        listed.sort_by_key(|(d, _)| d.to_string());
+        let mut expected = put.clone();
+        expected.sort_by_key(|(d, _)| d.to_string());
+        assert_eq!(listed, expected, "{name}");
+
+        store.delete(&put[0].0).unwrap();
+        store.delete(&put[0].0).unwrap(); // absent is success
+        assert_eq!(store.size(&put[0].0).unwrap(), None, "{name}");
+        assert_eq!(store.list().unwrap().len(), 2, "{name}");
+
+        // A leftover of a crashed writer in tmp/.
+        match &backend {
+            Backend::Local { dir, .. } => {
+                std::fs::write(dir.path().join("blobs/tmp/put-crashed"), b"partial").unwrap()
+            }
+            Backend::S3 { .. } => {
+                let raw = backend.object().raw();
+                let key = ObjectPath::from("strata/test/tmp/crashed");
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(raw.put(&key, b"partial".to_vec().into()))
+                    .unwrap();
+            }
+        }
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        assert_eq!(
+            store.sweep_temporary(hour_ago).unwrap(),
+            0,
+            "{name}: a fresh one stays"
+        );
+        assert_eq!(backend.names_in("tmp").len(), 1, "{name}");
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+        assert_eq!(store.sweep_temporary(later).unwrap(), 1, "{name}");
+        assert!(backend.names_in("tmp").is_empty(), "{name}");
+        assert_eq!(
+            store.list().unwrap().len(),
+            2,
+            "{name}: blobs are not temporaries"
+        );
+    }
+}

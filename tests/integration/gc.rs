@@ -65,6 +65,20 @@ async fn build_ready(fx: &Fixture, name: &str, spec: serde_json::Value) {
     assert_ready(&state);
 }
 
+/// Deletes template `name` as `DELETE /templates/{id}` does (its id from a new registration).
+async fn delete_template(fx: &Fixture, name: &str) {
+    let (id, _) = fx.api.register(name).await;
+    strata::app::template::delete_template(
+        &fx.store,
+        &common::build_api::api_context(),
+        &fx.api.team,
+        &id,
+        Utc::now(),
+    )
+    .await
+    .unwrap();
+}
+
 fn busybox_run(cmd: &str) -> serde_json::Value {
     json!({"fromImage": "busybox", "force": false, "steps": [run(cmd)]})
 }
@@ -90,16 +104,7 @@ async fn a_pass_deletes_what_no_root_reaches_and_live_templates_still_build_on_t
     build_ready(&fx, "gone", busybox_run("echo gone > /home/user/gone.txt")).await;
     let web = fx.result("web").await;
     let gone = fx.result("gone").await;
-    let (gone_id, _) = fx.api.register("gone").await;
-    strata::app::template::delete_template(
-        &fx.store,
-        &common::build_api::api_context(),
-        &fx.api.team,
-        &gone_id,
-        Utc::now(),
-    )
-    .await
-    .unwrap();
+    delete_template(&fx, "gone").await;
     // An object no stream has ever named.
     let (orphan, _) = blobs.put_bytes(b"written by a crashed writer").unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -529,30 +534,9 @@ async fn gc_passes_racing_builds_never_take_what_a_build_reads_or_a_template_hol
     fx.stop().await;
 }
 
-/// The shell lines of the `sh` block under README's "Storage and garbage collection".
-fn readme_examples() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme
-        .split("\n## ")
-        .find(|s| s.starts_with("Storage and garbage collection"))
-        .expect("README has a storage section");
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("```").next())
-        .expect("the section has a sh block");
-    block
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(str::to_owned)
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_readme_storage_examples_run() {
-    let examples = readme_examples();
+    let examples = common::readme_sh_block("Storage and garbage collection");
     assert_eq!(examples.len(), 4, "{examples:?}");
     let node = private_node(&["busybox"]);
     let db = common::test_db().await;
@@ -636,4 +620,80 @@ async fn the_gc_reconciler_runs_on_its_schedule_in_strata_reconcile() {
     let expected: BTreeSet<Digest> = catalog_blobs.into_iter().filter(|d| *d != orphan).collect();
     assert_eq!(left, expected);
     assert!(child.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_a_small_budget_every_pass_meets_it_or_keeps_only_roots_and_live_templates_still_build(
+) {
+    let node = private_node(&["busybox"]);
+    let mut fx = Fixture::on_node(node.path()).await;
+    let blobs = local(node.path());
+    let mut e = env(&fx, node.path(), blobs.clone());
+    let spec = |name: &str, round: usize| {
+        busybox_run(&format!(
+            "echo {name}{round} > /home/user/v.txt; head -c 100000 /dev/urandom > /home/user/r"
+        ))
+    };
+    let mut live = vec!["a", "b", "c"];
+    for round in 0..3 {
+        for name in live.clone() {
+            build_ready(&fx, name, spec(name, round)).await;
+        }
+        if round == 1 {
+            // Deleting a template makes its results garbage.
+            delete_template(&fx, "c").await;
+            live.retain(|n| *n != "c");
+        }
+        // A budget of half what the live results hold: never met by deleting candidates alone.
+        let rooted = gc::usage(&e, &e.gc).await.unwrap()["rooted"].bytes;
+        e.gc = GcPolicy {
+            budget: Some(rooted / 2),
+            keep: chrono::Duration::days(1),
+            ..eager()
+        };
+        let report = gc::pass(&e, &e.gc, &PassOptions::default()).await.unwrap();
+        let after = gc::usage(&e, &e.gc).await.unwrap();
+        let candidates: u64 = after
+            .iter()
+            .filter(|(class, _)| class.as_str() != "rooted")
+            .map(|(_, u)| u.bytes)
+            .sum();
+        assert_eq!(
+            candidates, 0,
+            "round {round}: over budget, yet {candidates} bytes of candidates were kept: {report:?}"
+        );
+        assert!(report.over_budget_by > 0, "the budget is below the roots");
+    }
+    for name in &live {
+        // Each live template builds on its result...
+        let child = format!("{name}-child");
+        build_ready(
+            &fx,
+            &child,
+            json!({"fromTemplate": name, "force": false, "steps": [run("cat /home/user/v.txt > /home/user/c.txt")]}),
+        )
+        .await;
+        let result = fx.result(&child).await;
+        let mut sb = boot_in(node.path(), &result.record.layers).await;
+        assert_eq!(
+            common::sandbox::sh(&mut sb, "cat /home/user/c.txt")
+                .await
+                .trim(),
+            format!("{name}2")
+        );
+        sb.destroy().await.unwrap();
+        // ...and rebuilding its current spec is a full cache hit: its final entry points at
+        // rooted layers, so no pass retired it.
+        let (_, state) = fx.build(name, &[], spec(name, 2)).await;
+        assert_ready(&state);
+        assert!(
+            state
+                .progress
+                .values()
+                .all(|o| matches!(o, strata::domain::build::StepOutcome::Cached { .. })),
+            "{name}: {:?}",
+            state.progress
+        );
+    }
+    fx.stop().await;
 }

@@ -13,27 +13,6 @@ use serde_json::json;
 
 const TOKEN: &str = "readme-admin-token-51c2";
 
-/// The shell lines of the first `sh` block under `## Operators`.
-fn operator_examples() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = readme
-        .split("\n## ")
-        .find(|s| s.starts_with("Operators"))
-        .expect("README has an Operators section");
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|b| b.split("```").next())
-        .expect("the section has a sh block");
-    block
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(str::to_owned)
-        .collect()
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -44,7 +23,7 @@ fn free_port() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_readme_operator_examples_run() {
-    let examples = operator_examples();
+    let examples = common::readme_sh_block("Operators");
     assert!(examples.len() >= 5, "{examples:?}");
     let db = common::test_db().await;
     let port = free_port();

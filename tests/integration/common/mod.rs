@@ -191,3 +191,25 @@ pub async fn test_db_at_migration(version: i64) -> TestDb {
     older.run(&pool).await.expect("apply the older migrations");
     TestDb { pool, url, name }
 }
+
+/// The shell lines (comments and blank lines left out) of the first `sh` block in README.md's
+/// section whose heading starts with `heading`: README examples are run as written.
+pub fn readme_sh_block(heading: &str) -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with(heading))
+        .unwrap_or_else(|| panic!("README has a section {heading:?}"));
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap_or_else(|| panic!("README's {heading:?} section has a sh block"));
+    block
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
+}
