@@ -34,7 +34,7 @@ pub use command::{execute, execute_writes, Aggregate, CommandContext, CommandErr
 pub use domain_event::{DecodeError, DomainEvent, EncodeError};
 pub use error::{is_serialization_failure, AppendError, ReadError};
 pub use expected_version::ExpectedVersion;
-pub use feed::{FeedSubscription, FeedWakeups, EVENTS_CHANNEL};
+pub use feed::{FeedSubscription, FeedWakeups, EVENTS_CHANNEL, HELD_BACK_SQL};
 pub use group_commit::GroupCommitPolicy;
 pub use inline::{InlineProjection, NoInlineProjection};
 pub use metadata::{Actor, ActorRole, Metadata};

@@ -254,3 +254,59 @@ async fn a_raw_transaction_that_wrote_first_and_commits_last_is_not_skipped() {
     assert_eq!(all[0].position as i64, t1_position);
     assert_eq!(all[0].metadata.actor.node, "psql");
 }
+
+/// Telling "caught up" from "held back" at the head of the feed is one index probe, however
+/// many events the store holds, also when Postgres plans the statement generically (as it does
+/// for a prepared statement after a few runs). The `EXISTS` form it replaced read every event.
+#[tokio::test]
+async fn the_held_back_check_at_the_head_of_a_large_feed_reads_no_table() {
+    let db = common::test_db().await;
+    for statement in [
+        "INSERT INTO streams (stream_id, version) SELECT 'bulk-' || i, 1 FROM generate_series(1, 30000) i",
+        "INSERT INTO events (stream_id, version, event_id, type, data, metadata) \
+         SELECT 'bulk-' || i, 1, gen_random_uuid(), 'Bulk.v1', '{}', '{}' FROM generate_series(1, 30000) i",
+        "ANALYZE events",
+    ] {
+        sqlx::query(statement).execute(&db.pool).await.unwrap();
+    }
+    let mut conn = db.pool.acquire().await.unwrap();
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query(&format!(
+        "PREPARE held_back(text, bigint) AS {}",
+        strata::events::HELD_BACK_SQL
+    ))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let (tx_id, position): (String, i64) = sqlx::query_as(
+        "SELECT tx_id::text, position FROM events ORDER BY tx_id DESC, position DESC LIMIT 1",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let explain = |tx_id: String, position: i64| {
+        format!("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE held_back('{tx_id}', {position})")
+    };
+    let plan: serde_json::Value = sqlx::query_scalar(&explain(tx_id.clone(), position))
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let text = plan.to_string();
+    assert!(
+        !text.contains("Seq Scan"),
+        "a sequential scan at the head: {plan:#}"
+    );
+    assert!(text.contains("events_tx_id_position_idx"), "{plan:#}");
+    // And the answers: nothing after the head, something after the event before it.
+    let at = |tx_id: String, position: i64| {
+        sqlx::query_scalar::<_, bool>(&format!("EXECUTE held_back('{tx_id}', {position})"))
+    };
+    assert!(!at(tx_id.clone(), position)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap());
+    assert!(at(tx_id, position - 1).fetch_one(&mut *conn).await.unwrap());
+}
