@@ -301,12 +301,11 @@ async fn the_held_back_check_at_the_head_of_a_large_feed_reads_no_table() {
     );
     assert!(text.contains("events_tx_id_position_idx"), "{plan:#}");
     // And the answers: nothing after the head, something after the event before it.
-    let at = |tx_id: String, position: i64| {
-        sqlx::query_scalar::<_, bool>(&format!("EXECUTE held_back('{tx_id}', {position})"))
-    };
-    assert!(!at(tx_id.clone(), position)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap());
-    assert!(at(tx_id, position - 1).fetch_one(&mut *conn).await.unwrap());
+    for (after, expected) in [(position, false), (position - 1, true)] {
+        let pending: bool = sqlx::query_scalar(&format!("EXECUTE held_back('{tx_id}', {after})"))
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(pending, expected, "events after position {after}");
+    }
 }
