@@ -13,11 +13,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use strata::vmm::{Limits, NamespaceBackend};
 
-/// One probe run: boot, exec `true`, destroy, done with direct syscalls.
+/// One probe run: boot, exec `true`, destroy, done with direct syscalls. `volatile` mounts the
+/// overlay as strata does (no sync of the upper filesystem at unmount); without it, the
+/// unmount syncs the whole upper filesystem, as strata's mounts did before.
 pub fn probe_once(
     backend: &NamespaceBackend,
     lowers: &[PathBuf],
     scratch: &Path,
+    volatile: bool,
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let id = format!("probe-{}", uuid::Uuid::new_v4().simple());
@@ -42,9 +45,10 @@ pub fn probe_once(
         .collect::<Vec<_>>()
         .join(":");
     let options = CString::new(format!(
-        "lowerdir={lowerdir},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off",
+        "lowerdir={lowerdir},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off{}",
         upper.display(),
-        work.display()
+        work.display(),
+        if volatile { ",volatile" } else { "" }
     ))?;
     let root_c = CString::new(root.as_os_str().as_bytes())?;
     let (overlay, none, slash) = (c"overlay", c"none", c"/");

@@ -53,18 +53,27 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
 
     // 1. boot + exec `true` + destroy.
     let mut samples = Vec::new();
+    let mut phases: [Vec<Duration>; 3] = Default::default();
     for i in 0..args.runs + 2 {
         let t = Instant::now();
         let mut sb = backend.boot(spec(base_layers.clone())).await?;
+        let booted = t.elapsed();
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let out = sb.exec(ExecRequest::shell("true"), tx).await?;
+        let executed = t.elapsed();
         sb.destroy().await?;
         anyhow::ensure!(out.success(), "`true` failed: {out:?}");
         if i >= 2 {
             samples.push(t.elapsed());
+            phases[0].push(booted);
+            phases[1].push(executed - booted);
+            phases[2].push(t.elapsed() - executed);
         }
     }
     samples.sort();
+    for p in &mut phases {
+        p.sort();
+    }
     // The floor: the same kernel work done directly (bench_probe.rs), interleaved with nothing
     // else, on the same lower directories.
     let lowers: Vec<PathBuf> = base_layers
@@ -73,25 +82,36 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
         .map(|d| backend.layers().path(d))
         .collect();
     let scratch = tempfile::tempdir_in(&args.data_dir)?;
-    let mut probes = Vec::new();
+    // Both probes interleaved, so that they see the same machine state.
+    let (mut probes, mut syncing_probes) = (Vec::new(), Vec::new());
     for i in 0..args.runs + 2 {
-        let (b, l, s) = (
-            backend.clone(),
-            lowers.clone(),
-            scratch.path().to_path_buf(),
-        );
-        let e = tokio::task::spawn_blocking(move || super::bench_probe::probe_once(&b, &l, &s))
+        for volatile in [true, false] {
+            let (b, l, s) = (
+                backend.clone(),
+                lowers.clone(),
+                scratch.path().to_path_buf(),
+            );
+            let e = tokio::task::spawn_blocking(move || {
+                super::bench_probe::probe_once(&b, &l, &s, volatile)
+            })
             .await??;
-        if i >= 2 {
-            probes.push(e);
+            if i >= 2 {
+                if volatile {
+                    &mut probes
+                } else {
+                    &mut syncing_probes
+                }
+                .push(e);
+            }
         }
     }
     probes.sort();
+    syncing_probes.sort();
     let (p50, p99) = (percentile(&samples, 0.5), percentile(&samples, 0.99));
     let (probe50, probe99) = (percentile(&probes, 0.5), percentile(&probes, 0.99));
     println!(
         "boot+exec(true)+destroy, busybox, {} runs: p50 {:.1} ms, p99 {:.1} ms; \
-         direct-syscall probe: p50 {:.1} ms, p99 {:.1} ms; ratio p50 {:.2}x (p50 over probe p50), p99 {:.2}x (p99 over probe p50)",
+         direct-syscall probe (same mounts): p50 {:.1} ms, p99 {:.1} ms; ratio p50 {:.2}x (p50 over probe p50), p99 {:.2}x (p99 over probe p50)",
         samples.len(),
         ms(p50),
         ms(p99),
@@ -99,6 +119,24 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
         ms(probe99),
         p50.as_secs_f64() / probe50.as_secs_f64(),
         p99.as_secs_f64() / probe50.as_secs_f64(),
+    );
+    println!(
+        "  phases, p50: boot {:.1} ms, exec {:.1} ms, destroy {:.1} ms",
+        ms(percentile(&phases[0], 0.5)),
+        ms(percentile(&phases[1], 0.5)),
+        ms(percentile(&phases[2], 0.5)),
+    );
+    let (sync50, sync99) = (
+        percentile(&syncing_probes, 0.5),
+        percentile(&syncing_probes, 0.99),
+    );
+    println!(
+        "  the probe with an overlay that syncs its upper filesystem at unmount (strata's mounts before ADR 0018's last change): \
+         p50 {:.1} ms, p99 {:.1} ms; ratio p50 {:.2}x, p99 {:.2}x",
+        ms(sync50),
+        ms(sync99),
+        p50.as_secs_f64() / sync50.as_secs_f64(),
+        p99.as_secs_f64() / sync50.as_secs_f64(),
     );
 
     // 2. checkpoint of an N MiB writable layer vs `tar -c DIR | openssl dgst -sha256` of the

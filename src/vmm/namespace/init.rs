@@ -17,8 +17,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use rustix::mount::{
-    fsconfig_create, fsconfig_set_string, fsmount, fsopen, move_mount, open_tree, FsMountFlags,
-    FsOpenFlags, MountAttrFlags, MoveMountFlags, OpenTreeFlags,
+    fsconfig_create, fsconfig_set_flag, fsconfig_set_string, fsmount, fsopen, move_mount,
+    open_tree, FsMountFlags, FsOpenFlags, MountAttrFlags, MoveMountFlags, OpenTreeFlags,
 };
 
 /// What pid 1 mounts. Paths are host paths, resolved before the pivot.
@@ -157,6 +157,12 @@ fn mount_overlay(spec: &InitSpec) -> Result<(), String> {
     ] {
         fsconfig_set_string(&fs, k, v).map_err(err(k))?;
     }
+    // No sync of the upper filesystem when the overlay goes: by default unmounting an overlay
+    // syncs its whole upper filesystem (the node's data disk, every writer's dirty pages),
+    // which made every sandbox teardown and every checkpoint's stop wait for the disk. An
+    // upper directory never outlives a crash (the sweep removes it), and a checkpoint syncs
+    // the sealed tree itself before the layer cache marks it complete.
+    fsconfig_set_flag(&fs, "volatile").map_err(err("volatile"))?;
     fsconfig_create(&fs).map_err(err("create"))?;
     let mnt = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())
         .map_err(err("fsmount"))?;
