@@ -697,3 +697,63 @@ async fn under_a_small_budget_every_pass_meets_it_or_keeps_only_roots_and_live_t
     }
     fx.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_link_does_not_call_deleted_content_present_and_the_upload_comes_again() {
+    let node = private_node(&["busybox"]);
+    let fx = Fixture::with_worker(None).await;
+    let blobs = local(node.path());
+    let hash = files_hash("gc-upload");
+    let archive = single_file_tar("hello.txt", b"hello");
+
+    // A first build uploads the archive and ends: nothing in flight binds it any more.
+    let (_, first) = fx.api.register("up").await;
+    fx.api.upload(blobs.as_ref(), first, &hash, &archive).await;
+    let link = |build| {
+        let api = &fx.api;
+        let hash = hash.clone();
+        async move {
+            let now = Utc::now();
+            strata::app::upload::link_upload(
+                &api.store,
+                &common::build_api::api_context(),
+                &strata::domain::build::upload::ReserveUpload {
+                    build,
+                    intent: strata::domain::ids::IntentId::from_uuid(uuid::Uuid::new_v4()),
+                    hash,
+                    now,
+                    expires_at: now + chrono::Duration::hours(1),
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let (_, second) = fx.api.register("up").await;
+    assert!(link(second).await.present, "uploaded bytes are present");
+    delete_template(&fx, "up").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // With no build left that binds it, the upload is a candidate of the upload tier; it goes
+    // once unused past the keep duration.
+    let mut e = env(&fx, node.path(), blobs.clone());
+    e.gc.keep = chrono::Duration::zero();
+    let report = gc::pass(&e, &e.gc, &PassOptions::default()).await.unwrap();
+    let upload = report
+        .deleted
+        .iter()
+        .find(|p| p.tier == strata::domain::retention::Tier::Upload)
+        .unwrap_or_else(|| panic!("the upload was not deleted: {report:?}"));
+
+    // The next build's link does not call it present: the client sends it again.
+    let (_, third) = fx.api.register("up2").await;
+    assert!(!link(third).await.present, "deleted bytes are not present");
+    fx.api.upload(blobs.as_ref(), third, &hash, &archive).await;
+    assert!(
+        blobs.size(&upload.digest).unwrap().is_some(),
+        "the upload stored it again"
+    );
+    let state = object_state(&fx, &upload.digest).await;
+    assert_eq!(state.lifecycle, Lifecycle::Live);
+    assert_eq!(state.generation, 2, "registered, deleted, registered again");
+}

@@ -66,7 +66,8 @@ impl Api {
         .unwrap()
     }
 
-    /// The link request and the upload PUT for one COPY archive.
+    /// The link request and the upload PUT for one COPY archive: the bytes are referenced on
+    /// their object stream before they are stored, as the upload handler does.
     pub async fn upload(
         &self,
         blobs: &dyn BlobStore,
@@ -74,6 +75,14 @@ impl Api {
         hash: &FilesHash,
         bytes: &[u8],
     ) {
+        strata::app::object::reference(
+            &self.store,
+            &api_context(),
+            &[strata::domain::ids::Digest::of(bytes)],
+            "test upload",
+        )
+        .await
+        .unwrap();
         let (digest, size) = blobs.put_bytes(bytes).unwrap();
         let now = Utc::now();
         let intent = IntentId::from_uuid(Uuid::new_v4());
