@@ -49,6 +49,9 @@ BLOCKS = {
     "strata image pull debian:stable": ("sh", ["help", "help", "help"]),
     # Needs a failed build and the admin token: run as written by tests/integration/ops_readme.rs.
     "strata why build $BUILD_ID": ("sh", ["ops_readme"] * 5),
+    # Needs objects a pass may delete in a node directory of its own: run as written by
+    # tests/integration/gc.rs.
+    "strata storage": ("sh", ["gc_readme"] * 4),
 }
 
 
@@ -118,6 +121,12 @@ def run_line(reader, line, mode, cwd):
         assert "## Operators" in README.read_text() and "Operators" in runner, (
             "the Operators examples are run by tests/integration/ops_readme.rs"
         )
+        return
+    if mode == "gc_readme":
+        runner = (ROOT / "tests" / "integration" / "gc.rs").read_text()
+        assert "## Storage and garbage collection" in README.read_text() and (
+            "Storage and garbage collection" in runner
+        ), "the storage examples are run by tests/integration/gc.rs"
         return
     if mode == "multi_node":
         runner = (ROOT / "tests" / "integration" / "multi_node.rs").read_text()
