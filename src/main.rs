@@ -59,20 +59,15 @@ enum Command {
     Projections(cli::projections::ProjectionsArgs),
     /// Measure throughput and latency against a baseline taken in the same run.
     Bench(cli::bench::BenchArgs),
-    #[command(hide = true)]
-    SandboxInit(cli::sandbox::SandboxInitArgs),
-    #[command(hide = true)]
-    SandboxAgent(cli::sandbox::SandboxAgentArgs),
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    // Sandbox-side subcommands fork: they must run before any runtime thread exists.
-    match &cli.command {
-        Command::SandboxInit(args) => return cli::sandbox::init(args),
-        Command::SandboxAgent(args) => return cli::sandbox::agent(args),
-        _ => {}
+    // The sandbox side forks, so it runs before any runtime thread exists.
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|a| a == "sandbox-init") {
+        return cli::sandbox::init(args.next());
     }
+    let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -100,7 +95,6 @@ fn main() -> std::process::ExitCode {
             Command::Gc(args) => cli::gc::run_gc(args).await,
             Command::Storage(args) => cli::gc::run_storage(args).await,
             Command::Bench(args) => cli::bench::run(args).await,
-            Command::SandboxInit(_) | Command::SandboxAgent(_) => unreachable!("dispatched above"),
         }
     });
     match result {

@@ -1,24 +1,14 @@
-//! Hidden subcommands that run inside sandboxes. They dispatch before the async runtime starts:
-//! both fork, which is only sound in a single-threaded process.
+//! The hidden subcommand that runs inside sandboxes. It dispatches before argument parsing and
+//! before the async runtime starts: it forks, which is only sound in a single-threaded
+//! process, and every sandbox boot starts it, so it skips building the whole command line.
 
-use clap::Args;
-
-#[derive(Debug, Args)]
-pub struct SandboxInitArgs {
-    /// The init spec, as JSON.
-    pub spec: String,
-}
-
-#[derive(Debug, Args)]
-pub struct SandboxAgentArgs {
-    /// The agent request, as JSON.
-    pub request: String,
-}
-
-pub fn init(args: &SandboxInitArgs) -> std::process::ExitCode {
-    std::process::ExitCode::from(strata::vmm::namespace::init::run(&args.spec) as u8)
-}
-
-pub fn agent(args: &SandboxAgentArgs) -> std::process::ExitCode {
-    std::process::ExitCode::from(strata::vmm::namespace::agent::run(&args.request) as u8)
+/// `strata sandbox-init SPEC`: runs a sandbox's first process.
+pub fn init(spec: Option<std::ffi::OsString>) -> std::process::ExitCode {
+    let Some(spec) = spec.and_then(|s| s.into_string().ok()) else {
+        eprintln!(
+            "usage: strata sandbox-init SPEC-JSON (started by the strata worker, not by hand)"
+        );
+        return std::process::ExitCode::from(2);
+    };
+    std::process::ExitCode::from(strata::vmm::namespace::init::run(&spec) as u8)
 }

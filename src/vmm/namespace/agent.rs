@@ -1,11 +1,12 @@
-//! `strata sandbox-agent`: the in-sandbox side of exec, COPY and user creation.
+//! The agent: the in-sandbox side of exec, COPY and user creation.
 //!
-//! The host starts it inside the sandbox's namespaces and cgroup (setns + execveat of the
-//! strata binary by file descriptor, so no host path needs to be visible inside). It forks
-//! once, so the worker is inside the sandbox's pid namespace, and reports the worker's fate on
-//! fd 3: `exit N`, `signal N`, or `error MESSAGE` when the request itself failed (unknown user,
-//! missing working directory, a rejected archive). All untrusted work happens here, inside
-//! the sandbox's root: archive extraction and user switching never run on the host.
+//! Sandbox-init forks it for each request the host sends on the control socket
+//! ([`control`](super::control)), so it starts inside every namespace of the sandbox, its cgroup
+//! and its root. It forks once more, so the worker is inside the sandbox's pid namespace (and
+//! a child of the agent), and reports the worker's fate on fd 3: `exit N`, `signal N`, or
+//! `error MESSAGE` when the request itself failed (unknown user, missing working directory, a
+//! rejected archive). All untrusted work happens here, inside the sandbox's root: archive
+//! extraction and user switching never run on the host.
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;
@@ -31,8 +32,6 @@ pub enum AgentRequest {
 
 /// Where the agent reports the worker's fate.
 pub const STATUS_FD: i32 = 3;
-/// The sandbox's mount namespace, entered first thing after exec.
-pub const MOUNT_NS_FD: i32 = 4;
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Capabilities a sandboxed root keeps (Docker's default set without MKNOD: there is no device
@@ -45,19 +44,9 @@ fn report(line: &str) {
     unsafe { libc::write(STATUS_FD, msg.as_ptr().cast(), msg.len()) };
 }
 
-pub fn run(request_json: &str) -> i32 {
-    // SAFETY: a single-threaded process entering the sandbox's mount namespace; from here on
-    // `/` is the sandbox's root and no host path resolves.
-    unsafe {
-        if libc::setns(MOUNT_NS_FD, libc::CLONE_NEWNS) != 0 {
-            report(&format!(
-                "error entering the sandbox's mount namespace: {}",
-                std::io::Error::last_os_error()
-            ));
-            return 1;
-        }
-        libc::close(MOUNT_NS_FD);
-    }
+/// Runs one request in a freshly forked agent (stdin, stdout and stderr on 0–2, the status
+/// pipe on [`STATUS_FD`]); returns the agent's exit code.
+pub fn serve(request_json: &str) -> i32 {
     if let Err(e) = std::env::set_current_dir("/") {
         report(&format!("error chdir /: {e}"));
         return 1;

@@ -204,6 +204,10 @@ impl SandboxCgroup {
     /// SIGKILLs every member except `keep`, until none is left (a forking process may add
     /// members between rounds).
     pub fn kill_all_except(&self, keep: &[i32]) {
+        // A killed process leaves the cgroup within microseconds on an idle machine: look
+        // again soon, then less often (a whole millisecond per look was most of an exec's
+        // cleanup).
+        let mut pause = Duration::from_micros(20);
         for _ in 0..1000 {
             let victims: Vec<i32> = self
                 .members()
@@ -217,7 +221,8 @@ impl SandboxCgroup {
                 // SAFETY: kill(2) with a pid read from our own cgroup.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
         }
         tracing::warn!(dirs = ?self.dirs, "processes kept appearing in a sandbox cgroup");
     }

@@ -7,10 +7,12 @@
 //! a minimal `/dev`, `/proc`, optionally a tmpfs `/tmp` and a read-only bind of the host's
 //! resolv.conf, prints `ready`, and then only reaps zombies and turns SIGTERM/SIGINT/SIGHUP
 //! into "kill everything and exit". Every mount lives in the sandbox's own mount namespace and
-//! disappears with it. The parent stays outside the pid namespace, reports pid 1's host pid
-//! (`init-pid N`) and waits for it, or for the [`lifeline`](super::lifeline) to break, on which
-//! it kills pid 1 (and with it the sandbox): a sandbox never outlives the strata process that
-//! started it.
+//! disappears with it. The parent stays outside the pid namespace (but inside every other
+//! namespace, the cgroup, and, after pid 1's pivot, the sandbox's root), reports pid 1's host
+//! pid (`init-pid N`), forks an [`agent`](super::agent) for each request on the
+//! [`control`](super::control) socket, and waits for pid 1, or for the
+//! [`lifeline`](super::lifeline) to break, on which it kills pid 1 (and with it the sandbox): a
+//! sandbox never outlives the strata process that started it.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -65,7 +67,7 @@ pub fn run(spec_json: &str) -> i32 {
     let _ = writeln!(out, "init-pid {pid}");
     let _ = out.flush();
     if super::lifeline::inherited() {
-        return match super::lifeline::wait_child_or_lifeline(pid) {
+        return match supervise(pid) {
             Some(status) if libc::WIFEXITED(status) => libc::WEXITSTATUS(status),
             Some(status) => 128 + libc::WTERMSIG(status),
             // The strata process that started this sandbox is gone; so is the sandbox now.
@@ -87,6 +89,146 @@ pub fn run(spec_json: &str) -> i32 {
             return 1;
         }
     }
+}
+
+/// Sandbox-init once pid 1 runs: forks an agent for each request on the control socket and
+/// reaps it, until pid 1 exits (returns its wait status) or the lifeline breaks (kills pid 1,
+/// reaps it, returns `None`).
+fn supervise(pid1: libc::pid_t) -> Option<libc::c_int> {
+    use super::control::{self, CONTROL_FD};
+    use super::lifeline::LIFELINE_FD;
+    let pidfd_of = |pid: libc::pid_t| {
+        // SAFETY: pidfd_open on our own child, which is not yet reaped.
+        unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) as libc::c_int }
+    };
+    let pid1fd = pidfd_of(pid1);
+    // SAFETY: fcntl(F_GETFD) only queries the descriptor table.
+    let mut control_open = unsafe { libc::fcntl(CONTROL_FD, libc::F_GETFD) } >= 0;
+    // Agents still running: host pid and pidfd (-1 if none could be had).
+    let mut agents: Vec<(libc::pid_t, libc::c_int)> = Vec::new();
+    let watch = |fd: libc::c_int| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        let mut fds = vec![
+            watch(LIFELINE_FD),
+            watch(pid1fd),
+            watch(if control_open { CONTROL_FD } else { -1 }),
+        ];
+        fds.extend(agents.iter().map(|(_, fd)| watch(*fd)));
+        // Without a pidfd, a child's exit is noticed by polling.
+        let blind = pid1fd < 0 || agents.iter().any(|(_, fd)| *fd < 0);
+        // SAFETY: poll over descriptors we own for the duration of the call (negative ones are
+        // ignored).
+        let r = unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                if blind { 100 } else { -1 },
+            )
+        };
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return super::lifeline::wait_child_or_lifeline(pid1);
+        }
+        let mut status = 0;
+        if fds[0].revents != 0 {
+            // Nothing is ever written: readable means end-of-file, the holder is gone.
+            // SAFETY: killing and reaping our own child.
+            unsafe {
+                libc::kill(pid1, libc::SIGKILL);
+                libc::waitpid(pid1, &mut status, 0);
+            }
+            return None;
+        }
+        // SAFETY: non-blocking waits for our own children; closing their pidfds once reaped.
+        unsafe {
+            if libc::waitpid(pid1, &mut status, libc::WNOHANG) == pid1 {
+                return Some(status);
+            }
+            agents.retain(|&(pid, fd)| {
+                let mut s = 0;
+                if libc::waitpid(pid, &mut s, libc::WNOHANG) == pid {
+                    if fd >= 0 {
+                        libc::close(fd);
+                    }
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        if control_open && fds[2].revents != 0 {
+            match control::receive_request(CONTROL_FD) {
+                Ok(Some(request)) => {
+                    let mut inherited = vec![LIFELINE_FD, CONTROL_FD, pid1fd];
+                    inherited.extend(agents.iter().map(|(_, fd)| *fd));
+                    if let Some(pid) = fork_agent(request, &inherited) {
+                        agents.push((pid, pidfd_of(pid)));
+                    }
+                }
+                Ok(None) => {
+                    control_open = false;
+                    // SAFETY: closing our end of the control socket; the host closed its end.
+                    unsafe { libc::close(CONTROL_FD) };
+                }
+                Err(e) => {
+                    eprintln!("sandbox-init: dropping a control request: {e}");
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        control_open = false;
+                        // SAFETY: as above.
+                        unsafe { libc::close(CONTROL_FD) };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Forks the agent for one request: its stdin, stdout, stderr and status pipe become its
+/// descriptors 0–3, the descriptors in `inherited` (sandbox-init's own) are closed in it.
+/// Returns the agent's pid, or `None` when it could not fork (reported on the status pipe).
+fn fork_agent(request: super::control::Received, inherited: &[libc::c_int]) -> Option<libc::pid_t> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sandbox-init is single-threaded.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        let msg = format!("error fork: {}\n", std::io::Error::last_os_error());
+        // SAFETY: writing to the request's status pipe, which we hold.
+        unsafe { libc::write(request.fds[3].as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
+        return None;
+    }
+    if pid > 0 {
+        // The agent holds its copies; ours close here.
+        return Some(pid);
+    }
+    // SAFETY: the child of a single-threaded process, arranging its own descriptors.
+    unsafe {
+        for &fd in inherited {
+            if fd >= 0 {
+                libc::close(fd);
+            }
+        }
+        // First above every target number (a received descriptor may sit on 0–3), then onto
+        // 0–3; dup2 clears close-on-exec on the targets, the copies above keep it.
+        let lifted: Vec<libc::c_int> = request
+            .fds
+            .iter()
+            .map(|fd| libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 16))
+            .collect();
+        drop(request.fds);
+        for (target, &fd) in lifted.iter().enumerate() {
+            if fd < 0 || libc::dup2(fd, target as libc::c_int) < 0 {
+                libc::_exit(126);
+            }
+            libc::close(fd);
+        }
+    }
+    std::env::set_var("PATH", "/usr/bin:/bin");
+    let code = super::agent::serve(&String::from_utf8_lossy(&request.request));
+    // SAFETY: ending the agent without running sandbox-init's destructors.
+    unsafe { libc::_exit(code) }
 }
 
 fn cstr(s: impl AsRef<[u8]>) -> CString {

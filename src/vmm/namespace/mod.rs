@@ -3,6 +3,7 @@
 //!
 //! * [`init`]: pid 1 of a sandbox (mounts, pivot, reaper).
 //! * [`agent`]: runs inside a sandbox for each exec, COPY and user creation.
+//! * [`control`]: the socket on which the host asks sandbox-init to fork an agent.
 //! * [`cgroup`]: v1/v2 limits and teardown.
 //! * [`lifeline`]: sandboxes die with the strata process that started them.
 //! * [`owner`], [`sweep`]: which live process owns which sandbox directory, and the removal of
@@ -19,6 +20,7 @@
 
 pub mod agent;
 pub mod cgroup;
+pub mod control;
 pub mod init;
 pub mod lifeline;
 pub mod owner;
@@ -51,7 +53,7 @@ use crate::domain::ids::Digest;
 pub struct NamespaceConfig {
     /// Node data directory: `blobs/`, `layers/`, `sandboxes/`.
     pub data_dir: PathBuf,
-    /// The strata binary, started as `sandbox-init` and `sandbox-agent`.
+    /// The strata binary, started as `sandbox-init`.
     pub agent_binary: PathBuf,
     pub depth: DepthBudget,
 }
@@ -215,6 +217,8 @@ impl SandboxBackend for NamespaceBackend {
 /// The init process of a running sandbox.
 struct Running {
     child: Child,
+    /// The host's end of the control socket: agent requests go to sandbox-init here.
+    control: std::os::unix::net::UnixStream,
     /// Host pid of `sandbox-init` (outside the pid namespace).
     outer: i32,
     /// Host pid of the sandbox's pid 1.
@@ -283,6 +287,14 @@ async fn pump(mut reader: impl AsyncRead + Unpin, stream: OutputStream, sink: Ou
     }
 }
 
+/// The host's ends of an agent's pipes.
+struct AgentPipes {
+    stdin: Option<tokio::net::unix::pipe::Sender>,
+    stdout: tokio::net::unix::pipe::Receiver,
+    stderr: tokio::net::unix::pipe::Receiver,
+    status: tokio::net::unix::pipe::Receiver,
+}
+
 enum AgentStatus {
     Exit(i32),
     Signal(i32),
@@ -340,6 +352,9 @@ impl NamespaceSandbox {
         let cgroup_fds = open_fds(&self.cgroup().procs_files(), true)?;
         let raw_cgroup: Vec<i32> = cgroup_fds.iter().map(|f| f.as_raw_fd()).collect();
         let lifeline = lifeline::read_end().map_err(VmmError::io("creating the lifeline pipe"))?;
+        let (control, init_control) = std::os::unix::net::UnixStream::pair()
+            .map_err(VmmError::io("creating the control socket"))?;
+        let raw_control = init_control.as_raw_fd();
         let mut flags =
             libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
         if spec.network_none {
@@ -348,6 +363,8 @@ impl NamespaceSandbox {
         let mut cmd = Command::new(&self.shared().config.agent_binary);
         cmd.arg("sandbox-init")
             .arg(&spec_json)
+            // The host's root: pid 1's pivot moves sandbox-init's working directory with it.
+            .current_dir("/")
             .env_clear()
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -364,14 +381,18 @@ impl NamespaceSandbox {
                 if libc::unshare(flags) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // After the cgroup writes: their descriptors may have the lifeline's number.
-                let handed = if lifeline == lifeline::LIFELINE_FD {
-                    libc::fcntl(lifeline, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(lifeline, lifeline::LIFELINE_FD)
-                };
-                if handed < 0 {
-                    return Err(std::io::Error::last_os_error());
+                // After the cgroup writes: their descriptors may have the target numbers. Each
+                // descriptor goes above every target first (close-on-exec), then onto its
+                // target (dup2 clears close-on-exec there).
+                for (fd, target) in [
+                    (lifeline, lifeline::LIFELINE_FD),
+                    (raw_control, control::CONTROL_FD),
+                ]
+                .map(|(fd, target)| (libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16), target))
+                {
+                    if fd < 0 || libc::dup2(fd, target) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -379,7 +400,7 @@ impl NamespaceSandbox {
         let mut child = cmd
             .spawn()
             .map_err(|e| VmmError::Boot(format!("starting sandbox-init: {e}")))?;
-        drop(cgroup_fds);
+        drop((cgroup_fds, init_control));
         let mut stdout = child.stdout.take().expect("piped stdout");
         let mut stderr = child.stderr.take().expect("piped stderr");
         let handshake = async {
@@ -418,7 +439,12 @@ impl NamespaceSandbox {
                     let mut sink = Vec::new();
                     let _ = stdout.read_to_end(&mut sink).await;
                 });
-                self.running = Some(Running { child, outer, pid1 });
+                self.running = Some(Running {
+                    child,
+                    control,
+                    outer,
+                    pid1,
+                });
                 Ok(())
             }
             _ => {
@@ -439,69 +465,57 @@ impl NamespaceSandbox {
         }
     }
 
-    /// Starts `sandbox-agent` inside the sandbox's namespaces and cgroup.
-    fn spawn_agent(
-        &self,
-        request: &AgentRequest,
-        stdin: Stdio,
-    ) -> Result<(Child, tokio::net::unix::pipe::Receiver)> {
+    /// Has sandbox-init fork an agent for `request` (see [`control`]), with fresh pipes for
+    /// its output and status and, when `piped_stdin`, for its input.
+    fn spawn_agent(&self, request: &AgentRequest, piped_stdin: bool) -> Result<AgentPipes> {
         let running = self
             .running
             .as_ref()
             .ok_or_else(|| VmmError::Exec("the sandbox is not running".into()))?;
-        let ns_dir = PathBuf::from(format!("/proc/{}/ns", running.outer));
-        let ns_fds = open_fds(
-            &["ipc", "uts", "net", "pid_for_children"].map(|n| ns_dir.join(n)),
-            false,
-        )?;
-        // The mount namespace is entered by the agent itself, after exec: the strata binary and
-        // its dynamic loader are host files that are not visible inside the sandbox.
-        let mnt_fd = open_fds(&[ns_dir.join("mnt")], false)?;
-        let cgroup_fds = open_fds(&self.cgroup().procs_files(), true)?;
-        let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|e| VmmError::io("creating the status pipe")(e.into()))?;
-        let json = serde_json::to_string(request).expect("agent request serializes");
-        let raw_ns: Vec<i32> = ns_fds.iter().map(|f| f.as_raw_fd()).collect();
-        let raw_cg: Vec<i32> = cgroup_fds.iter().map(|f| f.as_raw_fd()).collect();
-        let raw_mnt = mnt_fd[0].as_raw_fd();
-        let status_fd = status_w.as_raw_fd();
-        let mut cmd = Command::new(&self.shared().config.agent_binary);
-        cmd.arg("sandbox-agent")
-            .arg(&json)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .stdin(stdin)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // SAFETY: only async-signal-safe syscalls on descriptors opened before fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                for fd in &raw_cg {
-                    if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                for fd in &raw_ns {
-                    if libc::setns(*fd, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                if libc::dup2(status_fd, agent::STATUS_FD) < 0
-                    || libc::dup2(raw_mnt, agent::MOUNT_NS_FD) < 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| VmmError::Exec(format!("entering the sandbox: {e}")))?;
-        drop((ns_fds, mnt_fd, cgroup_fds, status_w));
-        let status = tokio::net::unix::pipe::Receiver::from_owned_fd(status_r)
-            .map_err(VmmError::io("reading the agent status"))?;
-        Ok((child, status))
+        let pipe = || {
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                .map_err(|e| VmmError::io("creating an agent pipe")(e.into()))
+        };
+        let (stdin_r, stdin_w) = if piped_stdin {
+            let (r, w) = pipe()?;
+            (r, Some(w))
+        } else {
+            let null =
+                std::fs::File::open("/dev/null").map_err(VmmError::io("opening /dev/null"))?;
+            (OwnedFd::from(null), None)
+        };
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
+        let (status_r, status_w) = pipe()?;
+        let json = serde_json::to_vec(request).expect("agent request serializes");
+        control::send_request(
+            &running.control,
+            &json,
+            &[
+                stdin_r.as_raw_fd(),
+                stdout_w.as_raw_fd(),
+                stderr_w.as_raw_fd(),
+                status_w.as_raw_fd(),
+            ],
+        )
+        .map_err(|e| VmmError::Exec(format!("the sandbox is not running (control socket: {e})")))?;
+        // The agent holds the other ends now; ours close here, so each pipe ends with it.
+        drop((stdin_r, stdout_w, stderr_w, status_w));
+        let receiver = |fd: OwnedFd| {
+            tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
+                .map_err(VmmError::io("reading from the agent"))
+        };
+        Ok(AgentPipes {
+            stdin: stdin_w
+                .map(|fd| {
+                    tokio::net::unix::pipe::Sender::from_owned_fd(fd)
+                        .map_err(VmmError::io("writing to the agent"))
+                })
+                .transpose()?,
+            stdout: receiver(stdout_r)?,
+            stderr: receiver(stderr_r)?,
+            status: receiver(status_r)?,
+        })
     }
 
     /// Runs an agent request; returns the worker's status and everything it wrote.
@@ -512,13 +526,13 @@ impl NamespaceSandbox {
         timeout: Duration,
         sink: OutputSink,
     ) -> Result<(AgentStatus, bool)> {
-        let stdin = if stdin_file.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        };
-        let (mut child, mut status) = self.spawn_agent(&request, stdin)?;
-        let feeder = match (stdin_file, child.stdin.take()) {
+        let AgentPipes {
+            stdin,
+            stdout,
+            stderr,
+            mut status,
+        } = self.spawn_agent(&request, stdin_file.is_some())?;
+        let feeder = match (stdin_file, stdin) {
             (Some(path), Some(mut pipe)) => {
                 let mut file = tokio::fs::File::open(path)
                     .await
@@ -530,16 +544,8 @@ impl NamespaceSandbox {
             }
             _ => None,
         };
-        let out = tokio::spawn(pump(
-            child.stdout.take().expect("stdout"),
-            OutputStream::Stdout,
-            sink.clone(),
-        ));
-        let err = tokio::spawn(pump(
-            child.stderr.take().expect("stderr"),
-            OutputStream::Stderr,
-            sink,
-        ));
+        let out = tokio::spawn(pump(stdout, OutputStream::Stdout, sink.clone()));
+        let err = tokio::spawn(pump(stderr, OutputStream::Stderr, sink));
         let mut text = String::new();
         let timed_out = tokio::time::timeout(timeout, status.read_to_string(&mut text))
             .await
@@ -560,7 +566,8 @@ impl NamespaceSandbox {
         .await
         .expect("kill task");
         self.cgroup = cgroup;
-        let _ = child.wait().await;
+        // The agent is sandbox-init's child and reaped there; its status pipe closed as it
+        // exited, and the kill above waited for every other process of the command.
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
             let _ = out.await;
             let _ = err.await;
