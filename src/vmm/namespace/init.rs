@@ -175,7 +175,9 @@ fn supervise(pid1: libc::pid_t) -> Option<libc::c_int> {
                 }
                 Err(e) => {
                     eprintln!("sandbox-init: dropping a control request: {e}");
-                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    // A malformed request was read whole; any other failure would wake the
+                    // poll again at once, so the socket is given up.
+                    if e.kind() != std::io::ErrorKind::Other {
                         control_open = false;
                         // SAFETY: as above.
                         unsafe { libc::close(CONTROL_FD) };
