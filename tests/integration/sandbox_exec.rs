@@ -215,3 +215,29 @@ fn a_sandbox_outlives_the_thread_that_booted_it() {
         assert_no_trace(&id);
     });
 }
+
+/// A request travels to the sandbox over its control socket, not as an argument of a new
+/// process: a command whose environment is larger than one argument may be (128 KiB), and
+/// larger than the socket's buffer, still runs, and the sandbox takes the next command.
+#[tokio::test]
+async fn a_command_larger_than_an_argument_and_the_socket_buffer_runs() {
+    let backend = backend();
+    let base = busybox(&backend).await;
+    let mut sb = boot(&backend, spec(base)).await;
+    let id = sb.id().to_string();
+    // Each variable under the per-string limit, together over it and over the buffer.
+    let big = "a".repeat(100_000);
+    let out = exec(
+        &mut sb,
+        ExecRequest::shell("echo ${#A} ${#B} ${#C}")
+            .env("A", big.clone())
+            .env("B", big.clone())
+            .env("C", big),
+    )
+    .await;
+    assert_eq!(out.outcome, ExecOutcome::Exited(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "100000 100000 100000\n");
+    assert_eq!(sh(&mut sb, "echo next").await, "next\n");
+    sb.destroy().await.unwrap();
+    assert_no_trace(&id);
+}
