@@ -134,11 +134,21 @@ fn supervise(pid1: libc::pid_t) -> Option<libc::c_int> {
         }
         let mut status = 0;
         if fds[0].revents != 0 {
-            // Nothing is ever written: readable means end-of-file, the holder is gone.
-            // SAFETY: killing and reaping our own child.
+            // Nothing is ever written: readable means end-of-file, the holder is gone. Pid 1's
+            // exit waits until every process of its namespace is reaped, and the agents are
+            // ours to reap: waiting for pid 1 alone would wait for ever.
+            // SAFETY: killing our own child and reaping our own children.
             unsafe {
                 libc::kill(pid1, libc::SIGKILL);
-                libc::waitpid(pid1, &mut status, 0);
+                loop {
+                    let r = libc::waitpid(-1, &mut status, 0);
+                    if r == pid1
+                        || (r < 0
+                            && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
+                    {
+                        break;
+                    }
+                }
             }
             return None;
         }
