@@ -4,6 +4,7 @@
 use anyhow::Context;
 use clap::Args;
 use strata::config::{GcArgs, NodeArgs, StorageArgs};
+use strata::metrics::storage::human_bytes;
 use strata::reconcilers::gc::{self, PassOptions, Report, Usage};
 
 /// Where GC looks and by which rules: shared by `strata gc` and `strata storage`.
@@ -70,7 +71,10 @@ pub async fn run_storage(args: StorageCliArgs) -> anyhow::Result<()> {
     let usage = gc::usage(&env, &env.gc)
         .await
         .context("reading the blob store and its references")?;
-    let node_layers = dir_size(&args.target.storage.data_dir.join("layers"));
+    let node_layers = strata::metrics::storage::usage(&args.target.storage.data_dir)
+        .into_iter()
+        .find(|u| u.kind == "layers")
+        .map_or(0, |u| u.bytes);
     if args.json {
         let classes: serde_json::Map<String, serde_json::Value> = usage
             .iter()
@@ -97,7 +101,7 @@ pub async fn run_storage(args: StorageCliArgs) -> anyhow::Result<()> {
     println!(
         "node {}: extracted layers {}",
         args.target.node.node_id(),
-        human(node_layers)
+        human_bytes(node_layers)
     );
     Ok(())
 }
@@ -106,7 +110,12 @@ fn usage_table(usage: &std::collections::BTreeMap<String, Usage>, budget: Option
     let mut out = format!("{:<24} {:>9} {:>12}\n", "CLASS", "OBJECTS", "SIZE");
     let mut total = Usage::default();
     for (class, u) in usage {
-        out += &format!("{:<24} {:>9} {:>12}\n", class, u.objects, human(u.bytes));
+        out += &format!(
+            "{:<24} {:>9} {:>12}\n",
+            class,
+            u.objects,
+            human_bytes(u.bytes)
+        );
         total.objects += u.objects;
         total.bytes += u.bytes;
     }
@@ -114,12 +123,12 @@ fn usage_table(usage: &std::collections::BTreeMap<String, Usage>, budget: Option
         "{:<24} {:>9} {:>12}\n",
         "total",
         total.objects,
-        human(total.bytes)
+        human_bytes(total.bytes)
     );
     if let Some(b) = budget {
         out += &format!(
             "budget {} ({:.0}% used)\n",
-            human(b),
+            human_bytes(b),
             100.0 * total.bytes as f64 / b.max(1) as f64
         );
     }
@@ -145,7 +154,7 @@ fn report_text(report: &Report, dry_run: bool) -> String {
             out += &format!(
                 "{:<22} {:>10}  {:<71} {}{}\n",
                 p.tier.name(),
-                human(p.size),
+                human_bytes(p.size),
                 p.digest.to_string(),
                 p.why,
                 p.last_referenced_by
@@ -158,11 +167,14 @@ fn report_text(report: &Report, dry_run: bool) -> String {
     let planned: u64 = report.planned.iter().map(|p| p.size).sum();
     out += &format!(
         "store {} before; plan frees {} ({} objects){}\n",
-        human(report.total_before),
-        human(planned),
+        human_bytes(report.total_before),
+        human_bytes(planned),
         report.planned.len(),
         if report.over_budget_by > 0 {
-            format!("; still over budget by {}", human(report.over_budget_by))
+            format!(
+                "; still over budget by {}",
+                human_bytes(report.over_budget_by)
+            )
         } else {
             String::new()
         }
@@ -171,7 +183,7 @@ fn report_text(report: &Report, dry_run: bool) -> String {
         out += &format!(
             "deleted {} objects ({}); kept {}; removed {} stale temporary files\n",
             report.deleted.len(),
-            human(report.deleted_bytes()),
+            human_bytes(report.deleted_bytes()),
             report.kept.len(),
             report.temporary_removed
         );
@@ -204,38 +216,4 @@ fn report_json(report: &Report, dry_run: bool) -> serde_json::Value {
         "kept": report.kept.iter().map(|(d, why)| serde_json::json!({"digest": d.to_string(), "why": why})).collect::<Vec<_>>(),
         "temporary_removed": report.temporary_removed,
     })
-}
-
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
-}
-
-/// Bytes of regular files under `dir` (0 when it does not exist).
-fn dir_size(dir: &std::path::Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            match e.file_type() {
-                Ok(t) if t.is_dir() => stack.push(e.path()),
-                Ok(t) if t.is_file() => total += e.metadata().map(|m| m.len()).unwrap_or(0),
-                _ => {}
-            }
-        }
-    }
-    total
 }

@@ -1,6 +1,6 @@
-//! Bytes on this node's disk, by kind of node state. Storage tiers and GC do not exist yet, so
-//! this is what an operator can see for now: blob (uploaded archives, layer tars) and extracted
-//! layer bytes under the data dir, measured by walking it.
+//! Bytes on this node's disk, by kind of node state: blobs (uploaded archives, layer tars) and
+//! extracted layers under the data dir, measured by walking it. What those bytes are for (roots
+//! and retention tiers) is the GC pass's to say (`strata storage`).
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +31,18 @@ pub fn usage(data_dir: &Path) -> Vec<StorageUsage> {
             }
         })
         .collect()
+}
+
+/// `bytes` in binary units with one decimal (`1.5 MiB`), for tables operators read.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.1} {}", UNITS[i])
 }
 
 /// Sums regular file sizes below `dir` without following symlinks. Unreadable entries (a

@@ -127,20 +127,9 @@ pub async fn show_storage(State(state): State<AppState>) -> Html<String> {
             escape(&u.path.display().to_string()),
             u.files,
             u.bytes,
-            human_bytes(u.bytes)
+            crate::metrics::storage::human_bytes(u.bytes)
         );
     }
     body.push_str("</table>");
     page("storage", &body)
-}
-
-fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    format!("{v:.1} {}", UNITS[i])
 }
