@@ -1,5 +1,6 @@
 //! The Deleting barrier's writes on `object-{digest}` streams: writers and readers reference
-//! the objects they use, readers lease them while they boot on them, and a garbage-collection
+//! the objects they use, readers lease them while they boot on them (a lease lapses at its
+//! time; nothing releases it early), and a garbage-collection
 //! pass marks, confirms or aborts a deletion.
 //!
 //! Rules and events: `domain/object.rs`; read model: none (the pass reads the streams).
@@ -139,38 +140,6 @@ pub async fn lease(
             .map_err(CommandError::Rejected)?;
             events.extend(leased);
             writes.push(ctx.write(&stream, loaded.expected(), &events)?);
-        }
-        Ok(writes)
-    })
-    .await
-}
-
-/// Ends `holder`'s leases on `digests`.
-pub async fn release(
-    store: &EventStore,
-    ctx: &CommandContext,
-    digests: &[Digest],
-    holder: &str,
-) -> Result<AppendOutcome, Error<object::Error>> {
-    let digests = distinct(digests);
-    let digests = &digests;
-    execute_writes(store, MAX_ROUNDS, move || async move {
-        let now = database_now(store.pool()).await?;
-        let mut writes = Vec::new();
-        for digest in digests {
-            let stream = object_stream(digest);
-            let loaded = load::<Object>(store, &stream).await?;
-            let events = object::decide(
-                &loaded.state,
-                &object::Command::Release {
-                    holder: holder.to_owned(),
-                    now,
-                },
-            )
-            .map_err(CommandError::Rejected)?;
-            if !events.is_empty() {
-                writes.push(ctx.write(&stream, loaded.expected(), &events)?);
-            }
         }
         Ok(writes)
     })

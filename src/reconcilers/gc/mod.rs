@@ -33,7 +33,7 @@ use crate::app;
 use crate::domain::ids::Digest;
 use crate::domain::object::Deletion;
 use crate::domain::reachability::{self, Classified, Keep, Standing, Stored};
-use crate::domain::retention::{self, Candidate, Policy, Tier, Why};
+use crate::domain::retention::{self, Candidate, Policy, Tier};
 use crate::events::{Actor, ActorRole, CommandContext, CommandError, Metadata};
 use crate::streams::database_now;
 
@@ -180,7 +180,7 @@ pub async fn pass(
                 digest,
                 size: d.candidate.size,
                 tier: d.candidate.tier,
-                why: why_text(&d.why),
+                why: d.why.to_string(),
                 last_referenced_by: by_digest.get(&digest).and_then(|c| c.referenced_by.clone()),
             }
         })
@@ -434,10 +434,6 @@ fn usage_of(classified: &[Classified]) -> BTreeMap<String, Usage> {
         u.bytes += c.stored.size;
     }
     usage
-}
-
-fn why_text(why: &Why) -> String {
-    why.to_string()
 }
 
 /// A context for one command: every append of the pass is its own command, with its own ids.
