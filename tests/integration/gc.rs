@@ -79,6 +79,18 @@ async fn delete_template(fx: &Fixture, name: &str) {
     .unwrap();
 }
 
+/// Every step of the build came from the cache.
+fn assert_fully_cached(state: &strata::domain::build::State, what: &str) {
+    assert!(
+        state
+            .progress
+            .values()
+            .all(|o| matches!(o, strata::domain::build::StepOutcome::Cached { .. })),
+        "{what}: {:?}",
+        state.progress
+    );
+}
+
 fn busybox_run(cmd: &str) -> serde_json::Value {
     json!({"fromImage": "busybox", "force": false, "steps": [run(cmd)]})
 }
@@ -226,14 +238,7 @@ async fn a_budget_deletes_cache_entries_cheapest_first_and_a_kept_entry_still_hi
         )
         .await;
     assert_ready(&state);
-    assert!(
-        state
-            .progress
-            .values()
-            .all(|o| matches!(o, strata::domain::build::StepOutcome::Cached { .. })),
-        "{:?}",
-        state.progress
-    );
+    assert_fully_cached(&state, "a");
     fx.stop().await;
 }
 
@@ -686,14 +691,7 @@ async fn under_a_small_budget_every_pass_meets_it_or_keeps_only_roots_and_live_t
         // rooted layers, so no pass retired it.
         let (_, state) = fx.build(name, &[], spec(name, 2)).await;
         assert_ready(&state);
-        assert!(
-            state
-                .progress
-                .values()
-                .all(|o| matches!(o, strata::domain::build::StepOutcome::Cached { .. })),
-            "{name}: {:?}",
-            state.progress
-        );
+        assert_fully_cached(&state, name);
     }
     fx.stop().await;
 }
