@@ -94,7 +94,8 @@ pub(super) async fn reference_writes(
     Ok(writes)
 }
 
-/// Leases `digests` to `holder` until `until` (registering any that was never registered, or
+/// Leases `digests` to `holder` for `length` from the database's clock, the clock GC passes
+/// judge leases by (registering any that was never registered, or
 /// that was deleted and is in `restored`: the caller stored its bytes again), in one append.
 /// Refused when one is being deleted (`Deleting`) or was deleted (`NotLive`): the reader must
 /// not boot on it.
@@ -103,7 +104,7 @@ pub async fn lease(
     ctx: &CommandContext,
     digests: &[Digest],
     holder: &str,
-    until: DateTime<Utc>,
+    length: chrono::Duration,
     restored: &[Digest],
 ) -> Result<AppendOutcome, Error<object::Error>> {
     let digests = distinct(digests);
@@ -133,7 +134,7 @@ pub async fn lease(
                 &state,
                 &object::Command::Lease {
                     holder: holder.to_owned(),
-                    until: until.max(now + chrono::Duration::seconds(1)),
+                    until: now + length,
                     now,
                 },
             )

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
-
 use super::attempt::Attempt;
 use super::error::WorkerError;
 use crate::app;
@@ -33,13 +31,12 @@ pub async fn lease(
     layers: &[Digest],
     restored: &[Digest],
 ) -> Result<Held, WorkerError> {
-    let until = Utc::now() + chrono::Duration::from_std(LEASE).expect("the lease fits");
     match app::object::lease(
         &attempt.store,
         &attempt.context(),
         layers,
         &holder(attempt),
-        until,
+        chrono::Duration::from_std(LEASE).expect("the lease fits"),
         restored,
     )
     .await
