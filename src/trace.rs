@@ -82,17 +82,15 @@ pub fn set_parent(span: &tracing::Span, parent: &TraceIds) {
 /// The trace ids recorded on the build's registration (its stream's first event).
 pub async fn of_build(store: &EventStore, build: BuildId) -> Option<TraceIds> {
     let stream = crate::streams::build_stream(&build);
-    let meta: Option<serde_json::Value> =
-        sqlx::query_scalar("SELECT metadata FROM events WHERE stream_id = $1 AND version = 1")
-            .bind(stream.as_str())
-            .fetch_optional(store.pool())
-            .await
-            .ok()
-            .flatten();
-    let meta = meta?;
+    let registration = store
+        .read_stream(&stream, 1, 1)
+        .await
+        .ok()?
+        .into_iter()
+        .next()?;
     Some(TraceIds {
-        trace_id: meta.get("trace_id")?.as_str()?.to_owned(),
-        span_id: meta.get("span_id")?.as_str()?.to_owned(),
+        trace_id: registration.metadata.trace_id?,
+        span_id: registration.metadata.span_id?,
     })
 }
 

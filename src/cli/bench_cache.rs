@@ -142,11 +142,7 @@ async fn timed(
     strata::app::build::start_build(store, &context(), &build, spec, now, queue_deadline).await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let phase: Option<String> =
-            sqlx::query_scalar("SELECT phase FROM builds WHERE build_id = $1")
-                .bind(build.as_uuid())
-                .fetch_optional(store.pool())
-                .await?;
+        let phase = strata::projections::builds::phase_of(store.pool(), &build).await?;
         match phase.as_deref() {
             Some("ready") => break,
             Some("error") => {

@@ -23,6 +23,7 @@ use strata::config::StorageArgs;
 use strata::domain::build_spec::{TemplateBuildStartV2, TemplateName};
 use strata::domain::ids::{BuildId, TeamId};
 use strata::events::{Actor, ActorRole, CommandContext, EventStore, Metadata};
+use strata::projections::builds::{self, Outcomes};
 use uuid::Uuid;
 
 #[derive(Debug, Args)]
@@ -158,11 +159,10 @@ async fn bench(args: &LifecycleBenchArgs, url: &str) -> anyhow::Result<()> {
     let total = started.elapsed();
     let killed_at = killed_at.expect("the worker is killed at half");
 
-    let (ready, failed): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE phase = 'ready'), count(*) FILTER (WHERE phase = 'error') FROM builds",
-    )
-    .fetch_one(&pool)
-    .await?;
+    let Outcomes {
+        ready,
+        error: failed,
+    } = builds::outcomes(&pool, None).await?;
     let healthy = healthy_durations(&pool).await?;
     let lags = reconciler_lags(&pool).await?;
     let before = terminal_at_kill as f64 / killed_at.as_secs_f64();
@@ -204,11 +204,7 @@ async fn bench(args: &LifecycleBenchArgs, url: &str) -> anyhow::Result<()> {
 }
 
 async fn terminal_count(pool: &PgPool) -> anyhow::Result<i64> {
-    Ok(
-        sqlx::query_scalar("SELECT count(*) FROM builds WHERE phase IN ('ready', 'error')")
-            .fetch_one(pool)
-            .await?,
-    )
+    Ok(builds::outcomes(pool, None).await?.terminal())
 }
 
 /// Seconds from acquisition to Ready of the builds a worker finished itself.

@@ -193,15 +193,12 @@ async fn measure(
 }
 
 async fn wait_ready(store: &EventStore, ids: &[BuildId]) -> anyhow::Result<()> {
-    let uuids: Vec<Uuid> = ids.iter().map(|b| b.as_uuid()).collect();
     let deadline = Instant::now() + Duration::from_secs(900);
     loop {
-        let (ready, failed): (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE phase = 'ready'), count(*) FILTER (WHERE phase = 'error') FROM builds WHERE build_id = ANY($1)",
-        )
-        .bind(&uuids)
-        .fetch_one(store.pool())
-        .await?;
+        let strata::projections::builds::Outcomes {
+            ready,
+            error: failed,
+        } = strata::projections::builds::outcomes(store.pool(), Some(ids)).await?;
         if failed > 0 {
             bail!("{failed} of the bench builds failed");
         }

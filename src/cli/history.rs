@@ -71,15 +71,12 @@ pub async fn run(args: HistoryArgs) -> anyhow::Result<()> {
 async fn build_timeline(args: &HistoryArgs, build: uuid::Uuid) -> anyhow::Result<()> {
     let pool = super::connect_database(&args.storage).await?;
     let mut streams = vec![format!("build-{build}")];
-    let promotions: Vec<String> = sqlx::query_scalar(
-        "SELECT stream_id FROM streams WHERE stream_id LIKE $1 ORDER BY stream_id",
-    )
-    .bind(format!("promotion-{build}:%"))
-    .fetch_all(&pool)
-    .await
-    .context("listing the build's promotion streams")?;
-    streams.extend(promotions);
     let store = strata::app::event_store(pool);
+    let promotions = store
+        .streams_with_prefix(&format!("promotion-{build}:"))
+        .await
+        .context("listing the build's promotion streams")?;
+    streams.extend(promotions);
     let mut events = Vec::new();
     for name in &streams {
         let stream = StreamId::parse(name)?;

@@ -160,6 +160,24 @@ impl EventStore {
         rows.iter().map(event_from_row).collect()
     }
 
+    /// Ids of the streams whose id starts with `prefix`, in id order: a build's promotion
+    /// streams (`promotion-{build}:…`) are found this way.
+    pub async fn streams_with_prefix(&self, prefix: &str) -> Result<Vec<String>, ReadError> {
+        let pattern = format!(
+            "{}%",
+            prefix
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_")
+        );
+        Ok(sqlx::query_scalar(
+            "SELECT stream_id FROM streams WHERE stream_id LIKE $1 ORDER BY stream_id",
+        )
+        .bind(pattern)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// The stream's current version: its last event's version, 0 when it has none.
     pub async fn stream_version(&self, stream: &StreamId) -> Result<u64, ReadError> {
         Ok(stream_version(&self.pool, stream).await?)

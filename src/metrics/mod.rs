@@ -420,13 +420,10 @@ pub async fn build_finished_of(
     started: std::time::Instant,
 ) {
     let outcome = if completed {
-        let phase: Option<String> =
-            sqlx::query_scalar("SELECT phase FROM builds WHERE build_id = $1")
-                .bind(build.as_uuid())
-                .fetch_optional(store.pool())
-                .await
-                .ok()
-                .flatten();
+        let phase = crate::projections::builds::phase_of(store.pool(), &build)
+            .await
+            .ok()
+            .flatten();
         match phase.as_deref() {
             Some("ready") => "ready",
             Some("error") => "failed",

@@ -26,7 +26,7 @@ static QUEUE_OLDEST: LazyLock<Gauge> = LazyLock::new(|| {
 static STORAGE: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     register_int_gauge_vec!(
         "strata_node_storage_bytes",
-        "Bytes on this node's disk by kind (blobs, layers). Storage tiers do not exist yet.",
+        "Bytes on this node's disk by kind (blobs, layers); `strata storage` shows them by GC tier.",
         &["kind"]
     )
     .expect("metric registers once")
@@ -75,19 +75,12 @@ impl ScrapeSources {
 }
 
 async fn refresh_builds(pool: &PgPool) -> Result<(), sqlx::Error> {
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT phase, count(*) FROM builds GROUP BY phase")
-            .fetch_all(pool)
-            .await?;
+    let rows = crate::projections::builds::totals_by_phase(pool).await?;
     for phase in PHASES {
         let n = rows.iter().find(|(p, _)| p == phase).map_or(0, |r| r.1);
         BUILDS.with_label_values(&[phase]).set(n);
     }
-    let oldest: Option<f64> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM now() - min(updated_at))::float8 FROM builds WHERE phase = 'queued'",
-    )
-    .fetch_one(pool)
-    .await?;
+    let oldest = crate::projections::builds::oldest_queued_age_seconds(pool).await?;
     QUEUE_OLDEST.set(oldest.unwrap_or(0.0).max(0.0));
     Ok(())
 }

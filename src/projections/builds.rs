@@ -537,3 +537,59 @@ pub async fn list_builds(
     .fetch_all(pool)
     .await
 }
+
+/// The number of builds in each phase over every template (phases without builds left out):
+/// what the `strata_builds` gauge exports.
+pub async fn totals_by_phase(pool: &sqlx::PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    sqlx::query_as("SELECT phase, count(*) FROM builds GROUP BY phase")
+        .fetch_all(pool)
+        .await
+}
+
+/// Seconds since the oldest queued build's row last changed, by the database's clock; `None`
+/// when nothing is queued.
+pub async fn oldest_queued_age_seconds(pool: &sqlx::PgPool) -> Result<Option<f64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - min(updated_at))::float8 FROM builds WHERE phase = 'queued'",
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// The read model's phase of `build` (see [`BuildSummary::phase`]); `None` until its
+/// registration reaches the read model.
+pub async fn phase_of(pool: &sqlx::PgPool, build: &BuildId) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT phase FROM builds WHERE build_id = $1")
+        .bind(build.as_uuid())
+        .fetch_optional(pool)
+        .await
+}
+
+/// How many builds ended, split by outcome.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcomes {
+    pub ready: i64,
+    pub error: i64,
+}
+
+impl Outcomes {
+    pub fn terminal(&self) -> i64 {
+        self.ready + self.error
+    }
+}
+
+/// The outcomes of `builds`, or of every build when `builds` is `None`.
+pub async fn outcomes(
+    pool: &sqlx::PgPool,
+    builds: Option<&[BuildId]>,
+) -> Result<Outcomes, sqlx::Error> {
+    let ids: Option<Vec<Uuid>> = builds.map(|b| b.iter().map(BuildId::as_uuid).collect());
+    let (ready, error): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE phase = 'ready'), count(*) FILTER (WHERE phase = 'error')
+         FROM builds WHERE $1::uuid[] IS NULL OR build_id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_one(pool)
+    .await?;
+    Ok(Outcomes { ready, error })
+}
