@@ -151,6 +151,7 @@ async fn apply_one(
             .bind(at)
             .execute(&mut *conn)
             .await?;
+            destroy_credentials(conn, build_id).await?;
         }
         Event::AttemptExpired { .. } => {
             sqlx::query(

@@ -100,6 +100,15 @@ pub async fn store(pool: &PgPool, build: &BuildId, sealed: &[u8]) -> Result<bool
     Ok(done.rows_affected() == 1)
 }
 
+/// Whether sealed credentials of `build` are still stored: from its start until the event that
+/// ends it.
+pub async fn is_stored(pool: &PgPool, build: &BuildId) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM build_credentials WHERE build_id = $1)")
+        .bind(build.as_uuid())
+        .fetch_one(pool)
+        .await
+}
+
 /// Removes exactly these sealed bytes (a start that stored them and was then refused).
 pub async fn discard(pool: &PgPool, build: &BuildId, sealed: &[u8]) -> Result<(), sqlx::Error> {
     sqlx::query("DELETE FROM build_credentials WHERE build_id = $1 AND sealed = $2")

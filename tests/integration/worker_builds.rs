@@ -735,3 +735,43 @@ fn exported_cmd(layout: &std::path::Path) -> Vec<String> {
     let config = read(manifest["config"]["digest"].as_str().unwrap());
     serde_json::from_value(config["config"]["Cmd"].clone()).unwrap()
 }
+
+/// Sealed registry credentials live from the start until the event that ends the build, whether
+/// it ends ready or in error (ADR 0014): the start handler stores them, the builds projection
+/// deletes them in the terminal event's transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sealed_credentials_are_destroyed_when_the_build_ends_ready_or_in_error() {
+    use strata::domain::build_spec::RegistryCredentials;
+    use strata::registry::sealed;
+    let mut fx = Fixture::new(settings()).await;
+    let seal = sealed::CredentialSeal::from_secret(b"worker-builds-test-secret");
+    let credentials = RegistryCredentials::Registry {
+        username: "builder".into(),
+        password: "s3cret-for-the-test".into(),
+    };
+    for (name, run, ready) in [("creds-ok", "true", true), ("creds-fail", "exit 7", false)] {
+        let (_, build) = fx.api.register(name).await;
+        let stored = sealed::store(&fx.db.pool, &build, &seal.seal(&build, &credentials))
+            .await
+            .unwrap();
+        assert!(stored);
+        fx.api
+            .start(
+                build,
+                json!({"fromImage": "busybox", "force": false, "steps": [step("RUN", &[run])]}),
+            )
+            .await;
+        let state = fx.wait_terminal(build).await;
+        assert_eq!(
+            matches!(state.phase, Phase::Ready { .. }),
+            ready,
+            "{name}: {:?}",
+            state.phase
+        );
+        assert!(
+            !sealed::is_stored(&fx.db.pool, &build).await.unwrap(),
+            "{name}: the credentials outlived the build"
+        );
+    }
+    fx.stop().await;
+}
