@@ -393,7 +393,7 @@ impl Puller {
         let found: PulledImage = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
         let complete = found.layers.iter().all(|l| {
             self.inner.layers.contains(&l.digest)
-                && matches!(self.inner.blobs.size(&l.digest), Ok(Some(_)))
+                && matches!(self.inner.blobs.intact_size(&l.digest), Ok(Some(_)))
         });
         complete.then_some(found)
     }
@@ -492,7 +492,7 @@ impl Puller {
         };
         let lock = self.flight(&diff.hex());
         let _guard = lock.lock().await;
-        if let Some(size) = inner.blobs.size(diff).map_err(store_err)? {
+        if let Some(size) = inner.blobs.intact_size(diff).map_err(store_err)? {
             if !inner.layers.contains(diff) {
                 // Stored (built or imported here) but not extracted yet.
                 let (blobs, layers, d) = (inner.blobs.clone(), inner.layers.clone(), *diff);

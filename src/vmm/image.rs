@@ -523,7 +523,7 @@ pub fn copy_images(from: &Path, to: &Path, blobs: &dyn BlobStore) -> Result<Vec<
             .into_iter()
             .chain(manifest.license_notice);
         for digest in digests {
-            if blobs.size(&digest)?.is_some() {
+            if blobs.intact_size(&digest)?.is_some() {
                 continue;
             }
             let blob = from.join("blobs/sha256").join(digest.hex());

@@ -133,6 +133,45 @@ async fn a_multi_layer_image_is_pulled_verified_and_unpacked_then_pulled_warm_wi
     assert_eq!(node.contents(), before);
 }
 
+/// A layer blob torn after its pull (a host crash, a bad disk) is not taken as pulled: the next
+/// pull of the image downloads that layer again instead of answering from the warm record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_torn_layer_blob_is_downloaded_again_on_the_next_pull() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    let image = registry::push_three_layers(&reg, work.path(), "team/torn:v1", "torn\n");
+    let node = Node::new();
+    let puller = node.puller(RegistrySettings::default());
+    let (pulled, _) = puller
+        .pull(&reference(&reg.addr, "team/torn:v1"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(pulled.digest.to_string(), image.digest);
+
+    let torn = pulled.layers[1].digest;
+    let path = node.blobs.path_of(&torn);
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+
+    let (again, stats) = puller
+        .pull(&reference(&reg.addr, "team/torn:v1"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(again.digest, pulled.digest);
+    assert_eq!(
+        stats.layers_downloaded, 1,
+        "only the torn layer comes again"
+    );
+    for layer in &again.layers {
+        node.blobs.verify(&layer.digest).unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_manifest_list_resolves_to_the_node_platform_or_says_what_it_offers() {
     let work = tempfile::tempdir().unwrap();
