@@ -240,15 +240,18 @@ impl Attempt {
 
     /// Runs one of this attempt's writes, retrying while the store is unavailable
     /// (within the lease, under the same command id, so a reply lost after commit is a replay).
+    /// Each try reads the database's clock afresh: a retry late in the lease is judged by the
+    /// time it is made, never by the time of the first try.
     async fn write<F, Fut>(&self, write: F) -> Result<(), WorkerError>
     where
-        F: Fn(Option<Loaded<build::State>>) -> Fut,
+        F: Fn(Option<Loaded<build::State>>, DateTime<Utc>) -> Fut,
         Fut: std::future::Future<
             Output = Result<Executed<build::State>, CommandError<build::Error>>,
         >,
     {
         self.retrying("recording progress", || async {
-            self.settle(write(self.carried()).await)
+            let now = self.now().await?;
+            self.settle(write(self.carried(), now).await)
         })
         .await
         .map(drop)
@@ -279,11 +282,6 @@ impl Attempt {
         *self.carried.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// The database's clock, read with retries within the lease.
-    async fn now_retrying(&self) -> Result<DateTime<Utc>, WorkerError> {
-        self.retrying("reading the clock", || self.now()).await
-    }
-
     /// Extends the lease to `lease` from now. Tried once: the renewal loop is the retry.
     pub async fn renew(&self, lease: Duration) -> Result<(), WorkerError> {
         let now = self.now().await?;
@@ -309,10 +307,9 @@ impl Attempt {
     /// unavailable store is retried within the lease under the step's command id, so a reply
     /// lost after commit is a replay.
     pub async fn record_outcome(&self, step: u32, outcome: StepOutcome) -> Result<(), WorkerError> {
-        let now = self.now_retrying().await?;
         let (store, build, epoch) = (&self.store, self.build, self.epoch);
         let ctx = self.step_context(step, &outcome);
-        self.write(|carried| {
+        self.write(|carried, now| {
             app::attempt::record_step(
                 store,
                 &ctx,
@@ -332,10 +329,9 @@ impl Attempt {
         &self,
         consultation: CacheConsultation,
     ) -> Result<(), WorkerError> {
-        let now = self.now().await?;
         let (store, build, epoch) = (&self.store, self.build, self.epoch);
         let ctx = self.context();
-        self.write(|carried| {
+        self.write(|carried, now| {
             app::attempt::record_cache_consultation(
                 store,
                 &ctx,
@@ -351,10 +347,9 @@ impl Attempt {
 
     /// Records the digest the base image's tag resolved to, so a later attempt uses the same.
     pub async fn pin_base_image(&self, pin: &BasePin) -> Result<(), WorkerError> {
-        let now = self.now().await?;
         let (store, build, epoch) = (&self.store, self.build, self.epoch);
         let ctx = self.context();
-        self.write(|carried| {
+        self.write(|carried, now| {
             app::attempt::pin_base_image(store, &ctx, build, carried, epoch, pin, now)
         })
         .await
@@ -409,10 +404,9 @@ impl Attempt {
 
     /// Ends the build in `error` with the reason the user sees.
     pub async fn fail(&self, step: FailedStep, message: &str) -> Result<(), WorkerError> {
-        let now = self.now_retrying().await?;
         let (store, build, epoch) = (&self.store, self.build, self.epoch);
         let ctx = self.context();
-        self.write(|carried| {
+        self.write(|carried, now| {
             app::attempt::fail_build(store, &ctx, build, carried, epoch, step, message, now)
         })
         .await

@@ -400,8 +400,11 @@ async fn renew(attempt: Attempt, lease: Duration, every: Duration, cancel: Cance
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
+        // Taken before the renewal reads the database's clock: the lease it grants runs from
+        // no earlier than this instant, so the local estimate never outlives it.
+        let tried = Instant::now();
         match attempt.renew(lease).await {
-            Ok(()) => last_ok = Instant::now(),
+            Ok(()) => last_ok = tried,
             Err(e @ WorkerError::Fenced { .. }) => {
                 tracing::warn!(build = %attempt.build, "lease renewal refused: {e}");
                 cancel.cancel();
