@@ -9,10 +9,27 @@ import json
 import pathlib
 import shutil
 import subprocess
+import urllib.request
 
+from conftest import HELPER_IMAGES, free_port
+from test_base_image import packages  # noqa: F401 (a fixture)
 from test_sdk_build import exec_in
+from test_sdk_cache import admin
 
 JS_DIR = pathlib.Path(__file__).resolve().parent / "js"
+
+
+def generations_per_files_stream(strata, team_name):
+    """Generations published on each of the team's files streams (one per upload that landed)."""
+    streams = [
+        s["stream_id"]
+        for s in admin(strata, "/admin/streams?category=files&limit=1000")["streams"]
+        if s["stream_id"].startswith(f"files-{team_name}:")
+    ]
+    return {
+        s: sum(1 for e in admin(strata, f"/admin/streams/{s}/events?limit=1000")["events"] if e["type"] == "GenerationPublished.v1")
+        for s in streams
+    }
 
 
 def test_the_js_sdk_builds_a_template_with_a_copy(strata, team, context_dir):
@@ -133,3 +150,74 @@ def test_every_js_builder_method_has_its_effect(strata, team, context_dir):
 
     assert got["alpineError"] and "alpine" in got["alpineError"], got
     assert got["gitError"] and "git" in got["gitError"], got
+
+
+def test_js_methods_that_reach_registries_package_servers_and_ports(strata, team, context_dir, registries, packages):
+    """js/sweep_network.mjs: the image helpers through the docker.io mirror, a private registry
+    with credentials, the package and clone helpers against loopback servers (as in
+    test_base_image.py), port and URL ready commands, forceUpload and the build's resources."""
+    team_name, opts = team
+    reg = registries.private
+    registries.push_image(reg, "private/js:1", "private-js")
+    port, url_port = free_port(), free_port()
+    out = subprocess.run(
+        [
+            "node", str(JS_DIR / "sweep_network.mjs"), str(context_dir), f"{reg.addr}/private/js:1",
+            registries.PASSWORD, packages, str(port), str(url_port),
+        ],
+        env={**strata.env, "E2B_API_KEY": opts["api_key"], "E2B_API_URL": opts["api_url"]},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, f"node failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+
+    for name, reference in {
+        "debian": "debian:stable", "ubuntu": "ubuntu:latest", "fedora": "fedora:44", "alpine": "alpine:3.24",
+        "arch": "archlinux:latest", "python": "python:3", "node": "node:lts", "bun": "oven/bun:latest",
+    }.items():
+        assert any(m.startswith(f"[base] {reference} resolved to sha256:") for m in got["helpers"][name]), got["helpers"]
+        marker = HELPER_IMAGES[reference if "/" in reference else "library/" + reference]
+        assert exec_in(strata, team_name, f"js-helper-{name}", "cat /home/user/seen") == marker + "\n", name
+    # bunInstall (a stand-in `bun`: no bun installs offline): as the default user, -g as root.
+    assert exec_in(strata, team_name, "js-helper-bun", "cat /var/log/bun.calls") == (
+        "user /home/user bun install left-pad zod\n"
+        "root /home/user bun install -g tsx\n"
+        "user /home/user bun install --dev\n"
+    )
+
+    assert any(m.startswith(f"[base] {reg.addr}/private/js:1 resolved to") for m in got["private"]), got
+    assert exec_in(strata, team_name, "js-private", "cat /home/user/seen") == "private-js\n"
+    assert "refused access" in got["privateWrong"], got
+
+    tools = exec_in(
+        strata,
+        team_name,
+        "js-tools",
+        "tree --version | cut -d' ' -f1; python3 -c 'import stratacheck; print(stratacheck.VALUE)'; "
+        "cd /home/user && node -e 'console.log(require(\"strata-check\"))'; "
+        "cat /home/user/repo/README; git -C /home/user/repo branch --show-current; stat -c %U /home/user/repo",
+    )
+    assert tools == "tree\nwheel-ok\nnpm-ok\ncloned-ok\nmain\nuser\n", tools
+
+    assert f'[finalize] READY [ -n "$(ss -Htuln sport = :{port})" ]' in got["port"], got
+    assert (
+        f'[finalize] READY curl -s -o /dev/null -w "%{{http_code}}" http://localhost:{url_port}/ | grep -q "200"' in got["url"]
+    ), got
+    assert exec_in(strata, team_name, "js-port", "head -n1 /home/user/http.log").startswith("Serving HTTP")
+    assert '"GET / HTTP/1.1" 200' in exec_in(strata, team_name, "js-url", "cat /home/user/http.log")
+
+    # cpuCount and memoryMB: the sandbox had 512 MiB for a 300 MiB buffer; 256 MiB killed it.
+    assert exec_in(strata, team_name, "js-sized", "cat /home/user/sized") == "sized\n"
+    assert "killed by signal 9" in got["starved"], got
+    listing = urllib.request.Request(f"{strata.url}/templates", headers={"X-API-Key": opts["api_key"]})
+    with urllib.request.urlopen(listing, timeout=10) as r:
+        sized = [t for t in json.load(r) if t["names"] == ["js-sized"]]
+    assert [(t["cpuCount"], t["memoryMB"]) for t in sized] == [(1, 512)], sized
+
+    # forceUpload: the SDK uploaded again, and the server took a second generation of those files.
+    assert got["force"] == [1, 1], got
+    assert exec_in(strata, team_name, "js-force", "cat /opt/nested/deep/data.txt") == "deep data\n"
+    per_stream = generations_per_files_stream(strata, team_name)
+    assert sorted(per_stream.values()).count(2) == 1 and max(per_stream.values()) == 2, per_stream

@@ -156,7 +156,7 @@ try {
   )
 
   // What needs a network fails at its step with the reason.
-  out.alpineError = await failure(Template().fromAlpineImage(), 'js-alpine')
+  out.alpineError = await failure(Template().fromAlpineImage('edge'), 'js-alpine')
   out.gitError = await failure(
     Template().fromImage('busybox').gitClone('https://example.invalid/r.git', '/tmp/r'),
     'js-git',
