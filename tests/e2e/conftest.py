@@ -238,11 +238,15 @@ class Registries:
     busybox root filesystem every pushed image starts from."""
 
     PASSWORD = "reg-Pa55word-e2e"
+    # A GCP service-account key as the Python SDK serializes a dict of it (`json.dumps`). It is
+    # the password of user `_json_key`, the basic auth Google's registries take for a key.
+    GCP_KEY = '{"type": "service_account", "project_id": "e2e"}'
 
     def __init__(self, root: pathlib.Path, node_images: pathlib.Path):
         self.root = root
         self.open = Registry(root / "open")
         self.private = Registry(root / "private", ("builder", self.PASSWORD))
+        self.gcp = Registry(root / "gcp", ("_json_key", self.GCP_KEY))
         manifest = json.loads((node_images / "images" / "busybox.json").read_text())
         hexdigest = manifest["layers"][0]["digest"].split(":")[1]
         self.busybox_tar = (node_images / "blobs" / "sha256" / hexdigest).read_bytes()
@@ -264,6 +268,7 @@ class Registries:
     def stop(self):
         self.open.stop()
         self.private.stop()
+        self.gcp.stop()
 
 
 @pytest.fixture(scope="session")

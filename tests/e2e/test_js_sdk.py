@@ -1,8 +1,10 @@
-"""A template build with a COPY through the unmodified E2B JS SDK (pinned in tests/e2e/js).
+"""The unmodified E2B JS SDK (pinned in tests/e2e/js): a build with a COPY, and the sweep of
+every public builder method and build function (js/sweep.mjs, js/sweep_network.mjs).
 
 The JS SDK differs from Python where a server can trip: it validates the key format, sends no
-`limit` on status polls, forwards no upload headers, hashes differently and names directories
-in the tar with a trailing `/`. The result is checked inside a sandbox on the template.
+`limit` on status polls, forwards no upload headers, hashes differently, names directories in
+the tar with a trailing `/` and serializes a GCP key without spaces. Every result is checked
+inside a sandbox on the template.
 """
 
 import json
@@ -58,9 +60,9 @@ def test_the_js_sdk_builds_a_template_with_a_copy(strata, team, context_dir):
 
 
 def test_every_js_builder_method_has_its_effect(strata, team, context_dir):
-    """js/sweep.mjs calls every public builder method and build function of the JS SDK (the
-    ones that need a network excepted, as listed in test_sdk_sweep.py); each effect is checked
-    here inside the built templates."""
+    """js/sweep.mjs calls every public builder method and build function of the JS SDK that
+    needs nothing past the build context (js/sweep_network.mjs the others); each effect is
+    checked here inside the built templates."""
     team_name, opts = team
     out = subprocess.run(
         ["node", str(JS_DIR / "sweep.mjs"), str(context_dir)],
@@ -159,11 +161,13 @@ def test_js_methods_that_reach_registries_package_servers_and_ports(strata, team
     team_name, opts = team
     reg = registries.private
     registries.push_image(reg, "private/js:1", "private-js")
+    registries.push_image(registries.gcp, "project/js:1", "gcp-js")
+    (context_dir / "sa.json").write_text(registries.GCP_KEY)
     port, url_port = free_port(), free_port()
     out = subprocess.run(
         [
             "node", str(JS_DIR / "sweep_network.mjs"), str(context_dir), f"{reg.addr}/private/js:1",
-            registries.PASSWORD, packages, str(port), str(url_port),
+            registries.PASSWORD, f"{registries.gcp.addr}/project/js:1", packages, str(port), str(url_port),
         ],
         env={**strata.env, "E2B_API_KEY": opts["api_key"], "E2B_API_URL": opts["api_url"]},
         capture_output=True,
@@ -190,6 +194,9 @@ def test_js_methods_that_reach_registries_package_servers_and_ports(strata, team
     assert any(m.startswith(f"[base] {reg.addr}/private/js:1 resolved to") for m in got["private"]), got
     assert exec_in(strata, team_name, "js-private", "cat /home/user/seen") == "private-js\n"
     assert "refused access" in got["privateWrong"], got
+    # fromGCPRegistry with a key file: the key, as read, is the password of `_json_key`.
+    assert any(m.startswith(f"[base] {registries.gcp.addr}/project/js:1 resolved to") for m in got["gcp"]), got
+    assert exec_in(strata, team_name, "js-gcp", "cat /home/user/seen") == "gcp-js\n"
 
     tools = exec_in(
         strata,

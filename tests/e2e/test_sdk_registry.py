@@ -4,6 +4,7 @@ private registry; images are pushed with skopeo. Each result is checked inside t
 (`strata template exec`)."""
 
 import http.server
+import json
 import re
 import threading
 import urllib.request
@@ -55,7 +56,6 @@ def test_sdk_image_helpers_resolve_through_the_docker_io_mirror(strata, team):
     )
     lines = resolved(messages)
     assert len(lines) == 1 and lines[0].group(1) == "debian:stable", messages
-    assert any(m.startswith("[base] pulling ") for m in messages), messages
     assert exec_in(strata, team_name, "deb", "cat /home/user/seen").strip() == "debian-stable"
     # E2B applies the image's ENV to the build (build-time, as every ENV: ADR 0012), not its
     # USER or WORKDIR (the image says nobody and /srv).
@@ -196,6 +196,26 @@ def test_private_registry_with_right_and_wrong_passwords(strata, team, registrie
         assert wrong not in body and registries.PASSWORD not in body
 
 
+def test_a_gcp_registry_takes_the_service_account_key(strata, team, registries):
+    """`from_gcp_registry` sends the key; strata presents it as the password of `_json_key`,
+    the basic auth gcr.io and Artifact Registry accept. A loopback registry with that user
+    stands in for Google's (the key is never exchanged, so nothing else differs)."""
+    team_name, opts = team
+    registries.push_image(registries.gcp, "project/app:1", "gcp-app")
+    image = f"{registries.gcp.addr}/project/app:1"
+    key = json.loads(registries.GCP_KEY)
+    build(Template().from_gcp_registry(image, service_account_json=key).run_cmd("cat /etc/image-marker > /home/user/m"), "gcp", opts)
+    assert exec_in(strata, team_name, "gcp", "cat /home/user/m") == "gcp-app\n"
+
+    message, _ = build_error(
+        Template().from_gcp_registry(image, service_account_json={**key, "project_id": "other"}).run_cmd("true"),
+        "gcp-bad",
+        opts,
+    )
+    assert "refused access" in message, message
+    assert registries.GCP_KEY not in (strata.data_dir / "strata.log").read_text(errors="replace")
+
+
 def test_a_moved_tag_misses_the_cache_and_an_unchanged_one_hits(strata, team, registries):
     team_name, opts = team
     dest = f"moving/app:{uuid.uuid4().hex[:6]}"
@@ -227,6 +247,8 @@ def test_two_concurrent_builds_of_one_new_image_pull_it_once(strata, team, regis
             )
         )
     downloaded = [int(resolved(m)[0].group(4)) for m in runs]
+    # The build that downloads shows its progress.
+    assert any(m.startswith("[base] pulling ") for messages in runs for m in messages), runs
     # The busybox layer is on the node already; the marker layer is new and crosses once.
     assert sum(downloaded) == 1, (downloaded, runs)
 

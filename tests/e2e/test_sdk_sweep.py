@@ -1,17 +1,17 @@
 """Every public builder method and build-related function of the stock Python SDK, each checked
 by its effect inside the built template (`strata template exec`), a few builds combining many
-methods. The JS SDK's sweep is tests/e2e/js/sweep.mjs, driven by test_js_sdk.py.
+methods. The JS SDK's sweep is tests/e2e/js/sweep.mjs and js/sweep_network.mjs, driven by
+test_js_sdk.py.
 
-Not run here, because they need what this machine cannot reach (ADR 0012 lists them):
-`from_ubuntu_image`, `from_fedora_image`, `from_alpine_image`, `from_arch_image`,
-`from_python_image`, `from_node_image`, `from_bun_image` and `from_image` of any image not in the
-node's catalog (a public registry pull); `from_image` with credentials, `from_aws_registry`,
-`from_gcp_registry` (a private or cloud registry); `apt_install`, `pip_install`, `npm_install`,
-`bun_install`, `git_clone` (package indexes and remote repositories, and tools the built-in
-images lack); `wait_for_port` and `wait_for_url` (`ss` and `curl`, which the built-in images
-lack; `wait_for_process` runs here on a `pgrep` stand-in). The methods that need a team template of a given name (`add_mcp_server` on
-`mcp-gateway`, `beta_dev_container_*` on `devcontainer`) are built on such a template here,
-whose tool is a shell script that records how it was called: the real tools pull from networks.
+The methods that reach past the build context are covered elsewhere against loopback stand-ins
+for the networks they need: the image helpers (`from_ubuntu_image` ... `from_bun_image`), digest
+references and `from_image` with credentials or `from_gcp_registry` in test_sdk_registry.py (a
+real registry serving as the docker.io mirror and as private registries), and `apt_install`,
+`pip_install`, `npm_install`, `git_clone` in test_base_image.py (loopback package servers).
+`bun_install` runs on a stand-in `bun` (no bun installs offline), `add_mcp_server` and
+`beta_dev_container_*` on team templates named `mcp-gateway` and `devcontainer` whose tools
+are stand-ins recording how they were called: the real tools pull from networks. Only
+`from_aws_registry` is not run (it needs AWS's ECR API): ADR 0012 says why.
 """
 
 import asyncio

@@ -1,5 +1,6 @@
-// Every public builder method and build-related function of the stock E2B JS SDK, in a few
-// builds. Usage: node sweep.mjs CONTEXT_DIR (E2B_API_KEY and E2B_API_URL in the environment).
+// Every public builder method and build-related function of the stock E2B JS SDK that needs
+// nothing past the build context, in a few builds (sweep_network.mjs has the others).
+// Usage: node sweep.mjs CONTEXT_DIR (E2B_API_KEY and E2B_API_URL in the environment).
 // Prints one JSON object on the last line: what each call returned and which steps each build
 // executed. The effects inside the templates are checked by test_js_sdk.py.
 import {

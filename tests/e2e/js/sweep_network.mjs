@@ -1,12 +1,13 @@
 // The JS SDK's methods that reach past the build context: image helpers through the docker.io
 // mirror, a private registry with credentials, the package and clone helpers against loopback
 // servers, port and URL ready commands, forceUpload, and the build's resources.
-// Usage: node sweep_network.mjs CONTEXT_DIR PRIVATE_IMAGE PASSWORD PACKAGES_URL PORT URL_PORT
+// Usage: node sweep_network.mjs CONTEXT_DIR PRIVATE_IMAGE PASSWORD GCP_IMAGE PACKAGES_URL PORT URL_PORT
+// (CONTEXT_DIR/sa.json holds the GCP service-account key)
 // (E2B_API_KEY and E2B_API_URL in the environment). Prints one JSON object on the last line;
 // the effects inside the templates are checked by test_js_sdk.py.
 import { Template, waitForPort, waitForURL } from 'e2b'
 
-const [contextDir, privateImage, password, packages, port, urlPort] = process.argv.slice(2)
+const [contextDir, privateImage, password, gcpImage, packages, port, urlPort] = process.argv.slice(2)
 const opts = { apiKey: process.env.E2B_API_KEY, apiUrl: process.env.E2B_API_URL }
 const out = {}
 
@@ -63,6 +64,12 @@ try {
       Template().fromImage(privateImage, { username: 'builder', password: 'wrong-Pa55word-js' }).runCmd('true'),
       'js-private-bad',
     ),
+    gcp: build(
+      Template({ fileContextPath: contextDir })
+        .fromGCPRegistry(gcpImage, { serviceAccountJSON: 'sa.json' })
+        .runCmd(SEEN),
+      'js-gcp',
+    ),
     tools: build(
       Template()
         .fromBaseImage()
@@ -99,6 +106,7 @@ try {
   out.url = out.url.filter((m) => m.startsWith('[finalize]'))
   out.sized = out.sized.length
   out.private = out.private.filter((m) => m.startsWith('[base] '))
+  out.gcp = out.gcp.filter((m) => m.startsWith('[base] '))
 } catch (err) {
   console.error(`${err.name}: ${err.message}`)
   console.error(JSON.stringify(out))
