@@ -202,11 +202,13 @@ def test_js_methods_that_reach_registries_package_servers_and_ports(strata, team
         strata,
         team_name,
         "js-tools",
-        "tree --version | cut -d' ' -f1; python3 -c 'import stratacheck; print(stratacheck.VALUE)'; "
-        "cd /home/user && node -e 'console.log(require(\"strata-check\"))'; "
+        "tree --version | cut -d' ' -f1; "
+        "python3 -c 'import stratacheck; print(stratacheck.VALUE, stratacheck.__file__.startswith(\"/home/user/.local/\"))'; "
+        "NODE_PATH=$(npm root -g) node -e 'console.log(require(\"strata-check\"))'; test -e /home/user/node_modules || echo not-local; "
         "cat /home/user/repo/README; git -C /home/user/repo branch --show-current; stat -c %U /home/user/repo",
     )
-    assert tools == "tree\nwheel-ok\nnpm-ok\ncloned-ok\nmain\nuser\n", tools
+    # pipInstall {g: false} installed for the user, npmInstall {g: true} globally.
+    assert tools == "tree\nwheel-ok True\nnpm-ok\nnot-local\ncloned-ok\nmain\nuser\n", tools
 
     assert f'[finalize] READY [ -n "$(ss -Htuln sport = :{port})" ]' in got["port"], got
     assert (
@@ -215,7 +217,9 @@ def test_js_methods_that_reach_registries_package_servers_and_ports(strata, team
     assert exec_in(strata, team_name, "js-port", "head -n1 /home/user/http.log").startswith("Serving HTTP")
     assert '"GET / HTTP/1.1" 200' in exec_in(strata, team_name, "js-url", "cat /home/user/http.log")
 
-    # cpuCount and memoryMB: the sandbox had 512 MiB for a 300 MiB buffer; 256 MiB killed it.
+    # Template.build({alias, cpuCount, memoryMB, minFreeDiskMb}): named by the alias; the sandbox
+    # had 512 MiB for a 300 MiB buffer, where 256 MiB killed it.
+    assert got["sized"] == "js-sized", got
     assert exec_in(strata, team_name, "js-sized", "cat /home/user/sized") == "sized\n"
     assert "killed by signal 9" in got["starved"], got
     listing = urllib.request.Request(f"{strata.url}/templates", headers={"X-API-Key": opts["api_key"]})

@@ -74,8 +74,9 @@ try {
       Template()
         .fromBaseImage()
         .aptInstall(['tree'], { noInstallRecommends: true })
-        .pipInstall([`${packages}/stratacheck-1.0-py3-none-any.whl`])
-        .npmInstall(['--no-audit', '--no-fund', `${packages}/strata-check-1.0.0.tgz`])
+        // The options the Python test leaves at their defaults: for the user, and globally.
+        .pipInstall([`${packages}/stratacheck-1.0-py3-none-any.whl`], { g: false })
+        .npmInstall(['--no-audit', '--no-fund', `${packages}/strata-check-1.0.0.tgz`], { g: true })
         .gitClone(`${packages}/repo.git`, '/home/user/repo', { branch: 'main' }),
       'js-tools',
     ),
@@ -84,11 +85,14 @@ try {
       Template().fromBaseImage().setStartCmd(serve(urlPort), waitForURL(`http://localhost:${urlPort}/`)),
       'js-url',
     ),
-    sized: build(
-      Template().fromImage('busybox').runCmd(`${FILL_300_MIB} && echo sized > /home/user/sized`),
-      'js-sized',
-      { cpuCount: 1, memoryMB: 512 },
-    ),
+    // The deprecated options-object form names the template by `alias`.
+    sized: Template.build(Template().fromImage('busybox').runCmd(`${FILL_300_MIB} && echo sized > /home/user/sized`), {
+      ...opts,
+      alias: 'js-sized',
+      cpuCount: 1,
+      memoryMB: 512,
+      minFreeDiskMb: 256,
+    }),
     starved: failure(Template().fromImage('busybox').runCmd(FILL_300_MIB), 'js-starved', { memoryMB: 256 }),
     // forceUpload: the second build uploads the unchanged files again.
     force: build(copyTemplate(false), 'js-force').then(async (first) => [
@@ -104,7 +108,7 @@ try {
   out.tools = out.tools.length
   out.port = out.port.filter((m) => m.startsWith('[finalize]'))
   out.url = out.url.filter((m) => m.startsWith('[finalize]'))
-  out.sized = out.sized.length
+  out.sized = out.sized.name
   out.private = out.private.filter((m) => m.startsWith('[base] '))
   out.gcp = out.gcp.filter((m) => m.startsWith('[base] '))
 } catch (err) {
