@@ -228,7 +228,8 @@ def test_js_methods_that_reach_registries_package_servers_and_ports(strata, team
     assert [(t["cpuCount"], t["memoryMB"]) for t in sized] == [(1, 512)], sized
 
     # forceUpload: the SDK uploaded again, and the server took a second generation of those files.
-    assert got["force"] == [1, 1], got
+    assert got["force"]["uploads"] == [1, 1, 0], got
+    assert [m.split(" ")[:2] for m in got["force"]["skippedSteps"]] == [["[1/1]", "COPY"]], got
     assert exec_in(strata, team_name, "js-force", "cat /opt/nested/deep/data.txt") == "deep data\n"
     per_stream = generations_per_files_stream(strata, team_name)
     assert sorted(per_stream.values()).count(2) == 1 and max(per_stream.values()) == 2, per_stream

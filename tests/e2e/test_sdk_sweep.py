@@ -309,9 +309,12 @@ def test_port_and_url_ready_commands_alias_and_resources(strata, team):
         )
         return build(tpl, "sweep-url", opts)[1]
 
-    def alias_build():
+    def alias_build(disk=256, logs=None):
         tpl = Template().from_image("busybox").run_cmd(f"{FILL_300_MIB} && echo aliased > /home/user/aliased")
-        return Template.build(tpl, alias="sweep-alias", cpu_count=1, memory_mb=512, min_free_disk_mb=256, **opts)
+        return Template.build(
+            tpl, alias="sweep-alias", cpu_count=1, memory_mb=512, min_free_disk_mb=disk,
+            on_build_logs=(logs if logs is not None else []).append, **opts,
+        )
 
     def starved_build():
         # The same step under 256 MiB (and no swap) is killed.
@@ -342,3 +345,8 @@ def test_port_and_url_ready_commands_alias_and_resources(strata, team):
         by_id = {t["templateID"]: t for t in json.load(r)}
     assert (by_id[aliased.template_id]["cpuCount"], by_id[aliased.template_id]["memoryMB"]) == (1, 512)
     assert "killed by signal 9" in starved, starved
+    # min_free_disk_mb keys the cache: the same value reuses the result, another does not.
+    for disk, hit in ((256, True), (512, False)):
+        logs = []
+        alias_build(disk, logs)
+        assert ("[cache] final result: cache hit" in [e.message for e in logs]) == hit, (disk, logs)

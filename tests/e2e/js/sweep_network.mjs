@@ -94,11 +94,16 @@ try {
       minFreeDiskMb: 256,
     }),
     starved: failure(Template().fromImage('busybox').runCmd(FILL_300_MIB), 'js-starved', { memoryMB: 256 }),
-    // forceUpload: the second build uploads the unchanged files again.
-    force: build(copyTemplate(false), 'js-force').then(async (first) => [
-      uploads(first),
-      uploads(await build(copyTemplate(true), 'js-force')),
-    ]),
+    // forceUpload: the second build uploads the unchanged files again. The build option
+    // skipCache: the third runs its COPY again, from the files already uploaded.
+    force: build(copyTemplate(false), 'js-force').then(async (first) => {
+      const forced = await build(copyTemplate(true), 'js-force')
+      const skipped = await build(copyTemplate(false), 'js-force', { skipCache: true })
+      return {
+        uploads: [uploads(first), uploads(forced), uploads(skipped)],
+        skippedSteps: skipped.filter((m) => /^\[\d+\/\d+\] /.test(m)),
+      }
+    }),
   }
   const results = await Promise.all(Object.values(jobs))
   Object.keys(jobs).forEach((key, i) => (out[key] = results[i]))
