@@ -234,8 +234,9 @@ HELPER_FILES = {
 
 
 class Registries:
-    """The open registry (the docker.io mirror) and the password-protected one, plus the
-    busybox root filesystem every pushed image starts from."""
+    """The open registry (the docker.io mirror), the password-protected one, the one standing in
+    for a GCP registry (user `_json_key`, the key as password), plus the busybox root
+    filesystem every pushed image starts from."""
 
     PASSWORD = "reg-Pa55word-e2e"
     # A GCP service-account key as the Python SDK serializes a dict of it (`json.dumps`). It is
