@@ -34,3 +34,12 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Er
 pub async fn migrate(pool: &PgPool) -> Result<(), sqlx::migrate::MigrateError> {
     MIGRATOR.run(pool).await
 }
+
+/// This database's identity (migration 0018): a random UUID made once, when the schema was
+/// created. The blob store records the identity of the database that owns it, so a garbage
+/// collection pass never weighs a store against another database's references (docs/adr/0019).
+pub async fn store_identity(pool: &PgPool) -> Result<uuid::Uuid, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM store_identity")
+        .fetch_one(pool)
+        .await
+}

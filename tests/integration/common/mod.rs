@@ -143,6 +143,12 @@ pub async fn test_db() -> TestDb {
     let pool = strata::db::connect(&url, 40)
         .await
         .expect("connect to the test database");
+    // A clone carries its template's identity (migration 0018); every test database is a
+    // database of its own, as one made by running the migrations would be.
+    sqlx::query("UPDATE store_identity SET id = gen_random_uuid()")
+        .execute(&pool)
+        .await
+        .expect("give the test database an identity of its own");
     TestDb { pool, url, name }
 }
 
