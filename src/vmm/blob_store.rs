@@ -100,6 +100,17 @@ pub trait BlobStore: Send + Sync {
     /// Removes temporary files or objects written before `before` by writers that never
     /// published (a crashed process); answers how many went.
     fn sweep_temporary(&self, before: std::time::SystemTime) -> Result<usize>;
+    /// Where the owner marker is (a path or an object URL, never credentials): what an operator
+    /// removes to hand the store to another database.
+    fn owner_marker(&self) -> String;
+    /// The identity recorded as this store's owner: the one database whose references decide
+    /// what garbage collection deletes here (docs/adr/0019). `None` when no database has
+    /// claimed it. The marker is not a blob: [`list`](Self::list) never shows it.
+    fn owner(&self) -> Result<Option<String>>;
+    /// Records `owner` as the store's owner unless one is recorded already (create-if-absent,
+    /// durable), and answers the owner recorded after the call: `owner` itself, or whoever
+    /// claimed the store first. Two claims of the same identity at once both answer it.
+    fn claim_owner(&self, owner: &str) -> Result<String>;
     /// Stores a byte slice.
     fn put_bytes(&self, bytes: &[u8]) -> Result<(Digest, u64)> {
         let mut w = self.writer()?;
@@ -163,6 +174,11 @@ impl LocalBlobStore {
             root,
             verified: Default::default(),
         })
+    }
+
+    /// `<root>/owner`: beside `sha256/`, so no listing of blobs meets it.
+    pub fn owner_path(&self) -> PathBuf {
+        self.root.join("owner")
     }
 
     pub fn path_of(&self, digest: &Digest) -> PathBuf {
@@ -316,6 +332,46 @@ impl BlobStore for LocalBlobStore {
 
     fn as_local(&self) -> Option<&LocalBlobStore> {
         Some(self)
+    }
+
+    fn owner_marker(&self) -> String {
+        self.owner_path().display().to_string()
+    }
+
+    fn owner(&self) -> Result<Option<String>> {
+        let path = self.owner_path();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ok(Some(text.trim().to_owned())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(VmmError::io(format!("reading {}", path.display()))(e)),
+        }
+    }
+
+    /// Writes the marker to a temporary file, fsyncs it and links it under `owner`: `link(2)`
+    /// fails if the name exists, so exactly one claim creates the marker and every other one
+    /// reads it. The directory is fsynced so the claim survives a host crash.
+    fn claim_owner(&self, owner: &str) -> Result<String> {
+        let path = self.owner_path();
+        let mut tmp = tempfile::Builder::new()
+            .prefix("owner-")
+            .tempfile_in(self.staging_dir())
+            .map_err(VmmError::io("creating a temporary owner marker"))?;
+        tmp.write_all(format!("{owner}\n").as_bytes())
+            .and_then(|()| tmp.as_file().sync_all())
+            .map_err(VmmError::io("writing a temporary owner marker"))?;
+        match std::fs::hard_link(tmp.path(), &path) {
+            Ok(()) => {
+                sync_dir(&self.root)?;
+                Ok(owner.to_owned())
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self.owner()?.ok_or_else(|| {
+                VmmError::io(format!("reading {}", path.display()))(io::Error::other(
+                    "the owner marker vanished while it was claimed",
+                ))
+            }),
+            Err(e) => Err(VmmError::io(format!("creating {}", path.display()))(e)),
+        }
+        // Dropping `tmp` removes the temporary name; the marker keeps its own link.
     }
 
     fn open_verified(&self, digest: &Digest) -> Result<VerifyingReader<BlobRead>> {

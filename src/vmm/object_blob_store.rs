@@ -96,6 +96,13 @@ impl ObjectBlobStore {
         self.key("sha256", &digest.hex())
     }
 
+    /// `<prefix>/owner`: beside `sha256/`, so no listing of blobs meets it.
+    pub fn owner_key(&self) -> ObjectPath {
+        let mut parts: Vec<_> = self.inner.prefix.parts().collect();
+        parts.push("owner".into());
+        ObjectPath::from_iter(parts)
+    }
+
     /// The object store underneath, for tests that inspect or damage objects directly.
     pub fn raw(&self) -> Arc<dyn ObjectStore> {
         self.inner.store.clone()
@@ -328,6 +335,63 @@ impl BlobStore for ObjectBlobStore {
 
     fn as_object(&self) -> Option<&ObjectBlobStore> {
         Some(self)
+    }
+
+    fn owner_marker(&self) -> String {
+        format!("{}/owner", self.inner.described.trim_end_matches('/'))
+    }
+
+    fn owner(&self) -> Result<Option<String>> {
+        let store = self.inner.store.clone();
+        let key = self.owner_key();
+        let read = self.run(async move {
+            match store.get(&key).await {
+                Ok(got) => got.bytes().await.map(Some),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        let read = read.map_err(|e| self.store_error("reading the owner marker", e))?;
+        Ok(read.map(|b| String::from_utf8_lossy(&b).trim().to_owned()))
+    }
+
+    /// One conditional put (`If-None-Match: *`): exactly one claim creates the marker, every
+    /// other one reads it. A store without conditional puts is looked at first, then written:
+    /// two databases claiming such a store in the same instant could both believe they won,
+    /// which the object stores strata supports (S3 and compatible servers) rule out.
+    fn claim_owner(&self, owner: &str) -> Result<String> {
+        let store = self.inner.store.clone();
+        let key = self.owner_key();
+        let body = Bytes::from(format!("{owner}\n"));
+        let created = self.run(async move {
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                ..Default::default()
+            };
+            match store.put_opts(&key, body.clone().into(), opts).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+                Err(
+                    object_store::Error::NotSupported { .. } | object_store::Error::NotImplemented,
+                ) => match store.head(&key).await {
+                    Ok(_) => Ok(false),
+                    Err(object_store::Error::NotFound { .. }) => {
+                        store.put(&key, body.into()).await.map(|_| true)
+                    }
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            }
+        });
+        let created = created.map_err(|e| self.store_error("claiming the store", e))?;
+        if created {
+            return Ok(owner.to_owned());
+        }
+        self.owner()?.ok_or_else(|| {
+            VmmError::io(format!("reading {}", self.owner_marker()))(io::Error::other(
+                "the owner marker vanished while it was claimed",
+            ))
+        })
     }
 }
 

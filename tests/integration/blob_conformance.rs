@@ -473,3 +473,92 @@ fn listing_deleting_and_sweeping_temporaries_behave_alike_on_both_stores() {
         );
     }
 }
+
+#[test]
+fn the_first_claim_of_a_store_wins_every_claim_answers_the_winner_and_the_marker_is_no_blob() {
+    for backend in Backend::both() {
+        let store = backend.store();
+        let name = backend.name();
+        let (blob, _) = store.put_bytes(b"a blob beside the marker").unwrap();
+        assert_eq!(store.owner().unwrap(), None, "{name}: unclaimed at first");
+
+        // Sixteen claims at once, two identities: one wins and every claim answers it.
+        let handles: Vec<_> = (0..16)
+            .map(|i| {
+                let store = store.clone();
+                let id = if i % 2 == 0 {
+                    "database-a"
+                } else {
+                    "database-b"
+                };
+                std::thread::spawn(move || (id, store.claim_owner(id).unwrap()))
+            })
+            .collect();
+        let answers: Vec<(&str, String)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let winner = answers[0].1.clone();
+        assert!(
+            winner == "database-a" || winner == "database-b",
+            "{name}: {winner}"
+        );
+        assert!(
+            answers.iter().all(|(_, a)| *a == winner),
+            "{name}: {answers:?}"
+        );
+        let loser = if winner == "database-a" {
+            "database-b"
+        } else {
+            "database-a"
+        };
+        assert_eq!(store.owner().unwrap().as_deref(), Some(winner.as_str()));
+        assert_eq!(
+            store.claim_owner(loser).unwrap(),
+            winner,
+            "{name}: no takeover"
+        );
+
+        // The marker is not a blob, and sweeping temporaries leaves it.
+        let listed: Vec<Digest> = store
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|b| b.digest)
+            .collect();
+        assert_eq!(listed, vec![blob], "{name}");
+        let later = std::time::SystemTime::now() + Duration::from_secs(5);
+        store.sweep_temporary(later).unwrap();
+        assert_eq!(store.owner().unwrap().as_deref(), Some(winner.as_str()));
+
+        // It is stored, not remembered: a fresh handle on the same store reads it.
+        let reopened: Arc<dyn BlobStore> = match &backend {
+            Backend::Local { dir, .. } => strata::vmm::open_blob_store(None, dir.path()).unwrap(),
+            Backend::S3 { server, bucket, .. } => server.blob_store(bucket, "strata/test").unwrap(),
+        };
+        assert_eq!(
+            reopened.owner().unwrap().as_deref(),
+            Some(winner.as_str()),
+            "{name}"
+        );
+
+        // Removing the marker, where it says it is, hands the store to the next claim.
+        let marker = store.owner_marker();
+        match &backend {
+            Backend::Local { .. } => {
+                assert!(marker.ends_with("/blobs/owner"), "{marker}");
+                std::fs::remove_file(&marker).unwrap();
+            }
+            Backend::S3 { .. } => {
+                assert_eq!(marker, "s3://blobs/strata/test/owner");
+                let object = backend.object();
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(object.raw().delete(&object.owner_key()))
+                    .unwrap();
+            }
+        }
+        assert_eq!(store.owner().unwrap(), None, "{name}");
+        assert_eq!(store.claim_owner(loser).unwrap(), loser, "{name}");
+        assert_eq!(store.owner().unwrap().as_deref(), Some(loser));
+    }
+}

@@ -293,6 +293,15 @@ impl BlobStore for Faulty {
     fn sweep_temporary(&self, before: std::time::SystemTime) -> strata::vmm::error::Result<usize> {
         self.inner.sweep_temporary(before)
     }
+    fn owner_marker(&self) -> String {
+        self.inner.owner_marker()
+    }
+    fn owner(&self) -> strata::vmm::error::Result<Option<String>> {
+        self.inner.owner()
+    }
+    fn claim_owner(&self, owner: &str) -> strata::vmm::error::Result<String> {
+        self.inner.claim_owner(owner)
+    }
 }
 
 fn orphans(blobs: &dyn BlobStore, n: usize) -> BTreeSet<Digest> {
