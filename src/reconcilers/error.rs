@@ -16,6 +16,13 @@ pub enum ReconcileError {
     Blobs(#[from] crate::vmm::VmmError),
     #[error("promotion: {0}")]
     Promotion(#[from] PromoteError),
+    #[error("blob store {store} belongs to database {owner}, and this is database {this}: a GC pass here would delete what that database references, so the pass deleted nothing. Point strata at the owning database (DATABASE_URL) or give this one a store of its own (STRATA_DATA_DIR, STRATA_BLOB_URL); if that database is gone for good, remove {marker} and the next pass adopts the store")]
+    NotOwner {
+        store: String,
+        marker: String,
+        owner: String,
+        this: String,
+    },
     #[error("invalid schedule {expression:?}: {message}; use six fields, seconds first (\"*/2 * * * * *\")")]
     Schedule { expression: String, message: String },
 }

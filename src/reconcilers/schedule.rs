@@ -77,6 +77,10 @@ pub async fn run_scheduled(
                 tracing::info!(%reconciler, ?pass, "pass")
             }
             Ok(pass) => tracing::trace!(%reconciler, ?pass, "pass"),
+            // Deletes nothing, ever, until an operator acts: say so loudly on every pass.
+            Err(e @ ReconcileError::NotOwner { .. }) => {
+                tracing::error!(%reconciler, error = %e, "pass refused")
+            }
             Err(e) => {
                 tracing::warn!(%reconciler, error = %e, "pass failed; retrying at the next tick")
             }

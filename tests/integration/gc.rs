@@ -764,3 +764,203 @@ async fn a_link_does_not_call_deleted_content_present_and_the_upload_comes_again
     assert_eq!(state.lifecycle, Lifecycle::Live);
     assert_eq!(state.generation, 2, "registered, deleted, registered again");
 }
+
+/// The reconcile environment of a database of its own, on `blobs`.
+async fn env_on(db: &common::TestDb, blobs: Arc<dyn BlobStore>) -> ReconcileEnv {
+    ReconcileEnv {
+        store: strata::app::event_store(db.pool.clone()),
+        node: "gc-test".into(),
+        blobs,
+        gc: eager(),
+        catalog: None,
+    }
+}
+
+/// Two databases share one store: the first pass claims it for its database and deletes that
+/// database's orphans; passes of the other database (dry run included) refuse before touching
+/// anything and name both databases; once the marker is removed the other database adopts it.
+async fn one_store_one_database(blobs: Arc<dyn BlobStore>) {
+    let (a, b) = (common::test_db().await, common::test_db().await);
+    let (id_a, id_b) = (
+        strata::db::store_identity(&a.pool).await.unwrap(),
+        strata::db::store_identity(&b.pool).await.unwrap(),
+    );
+    assert_ne!(id_a, id_b, "every database has an identity of its own");
+    let (env_a, env_b) = (
+        env_on(&a, blobs.clone()).await,
+        env_on(&b, blobs.clone()).await,
+    );
+    let name = blobs.describe();
+    let dry = PassOptions {
+        dry_run: true,
+        ..Default::default()
+    };
+
+    let first = orphans(blobs.as_ref(), 3);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(blobs.owner().unwrap(), None, "{name}");
+    let report = gc::pass(&env_a, &env_a.gc, &PassOptions::default())
+        .await
+        .unwrap();
+    let deleted: BTreeSet<Digest> = report.deleted.iter().map(|p| p.digest).collect();
+    assert_eq!(deleted, first, "{name}: the owner deletes its orphans");
+    assert_eq!(blobs.owner().unwrap(), Some(id_a.to_string()), "{name}");
+
+    // What the owner's database holds now is, to the other database, all unreferenced.
+    let held = orphans(blobs.as_ref(), 3);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for options in [&dry, &PassOptions::default()] {
+        let err = gc::pass(&env_b, &env_b.gc, options).await.unwrap_err();
+        assert!(
+            matches!(&err, strata::reconcilers::ReconcileError::NotOwner { owner, this, .. }
+                if *owner == id_a.to_string() && *this == id_b.to_string()),
+            "{name}: {err:?}"
+        );
+        let text = err.to_string();
+        for said in [
+            id_a.to_string(),
+            id_b.to_string(),
+            blobs.owner_marker(),
+            "gone for good".into(),
+        ] {
+            assert!(text.contains(&said), "{name}: {said} not in {text}");
+        }
+        assert_eq!(stored(blobs.as_ref()), held, "{name}: nothing deleted");
+        for d in &held {
+            let events = env_b
+                .store
+                .read_stream_all(&object_stream(d))
+                .await
+                .unwrap();
+            assert!(events.is_empty(), "{name}: {d} was marked: {events:?}");
+        }
+    }
+    let usage = gc::usage(&env_b, &env_b.gc).await.unwrap_err();
+    assert!(
+        matches!(usage, strata::reconcilers::ReconcileError::NotOwner { .. }),
+        "{usage:?}"
+    );
+    assert_eq!(blobs.owner().unwrap(), Some(id_a.to_string()), "{name}");
+
+    // The operator removes the marker: the other database's next pass adopts the store, and
+    // from then on the first database's passes are the ones refused.
+    match blobs.as_local() {
+        Some(local) => std::fs::remove_file(local.owner_path()).unwrap(),
+        None => {
+            let object = blobs.as_object().unwrap();
+            let (raw, key) = (object.raw(), object.owner_key());
+            raw.delete(&key).await.unwrap();
+        }
+    }
+    let report = gc::pass(&env_b, &env_b.gc, &PassOptions::default())
+        .await
+        .unwrap();
+    let deleted: BTreeSet<Digest> = report.deleted.iter().map(|p| p.digest).collect();
+    assert_eq!(deleted, held, "{name}: adopted");
+    assert_eq!(blobs.owner().unwrap(), Some(id_b.to_string()), "{name}");
+    let err = gc::pass(&env_a, &env_a.gc, &dry).await.unwrap_err();
+    assert!(
+        matches!(&err, strata::reconcilers::ReconcileError::NotOwner { owner, .. } if *owner == id_b.to_string()),
+        "{name}: {err:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_store_belongs_to_one_database_and_another_databases_passes_delete_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    one_store_one_database(local(dir.path())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_s3_bucket_belongs_to_one_database_and_another_databases_passes_delete_nothing() {
+    let server = tokio::task::spawn_blocking(strata::vmm::local_s3::LocalS3::start)
+        .await
+        .unwrap()
+        .expect("the S3 test server");
+    let blobs = server.blob_store("shared", "strata").unwrap();
+    one_store_one_database(blobs).await;
+}
+
+/// What an operator meets: `strata gc` and `strata gc --dry-run` against another database's
+/// store print the refusal and exit non-zero; `strata reconcile` logs it at error level on
+/// every pass and deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn strata_gc_and_the_gc_reconciler_refuse_a_store_another_database_owns() {
+    let node = common::data_dir();
+    let (owner, other) = (common::test_db().await, common::test_db().await);
+    let blobs = local(node.path());
+    let env_owner = env_on(&owner, blobs.clone()).await;
+    gc::pass(&env_owner, &env_owner.gc, &PassOptions::default())
+        .await
+        .unwrap();
+    let (id_owner, id_other) = (
+        strata::db::store_identity(&owner.pool).await.unwrap(),
+        strata::db::store_identity(&other.pool).await.unwrap(),
+    );
+    let held = orphans(blobs.as_ref(), 2);
+    let strata = |args: &[&str]| {
+        std::process::Command::new(common::strata_bin())
+            .args(args)
+            .env("DATABASE_URL", &other.url)
+            .env("STRATA_DATA_DIR", node.path())
+            .env("STRATA_GC_GRACE", "0s")
+            .env("STRATA_LOG_FORMAT", "json")
+            .env("RUST_LOG", "strata=info")
+            .output()
+            .unwrap()
+    };
+    for args in [&["gc"][..], &["gc", "--dry-run"]] {
+        let out = strata(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        for said in [
+            id_owner.to_string(),
+            id_other.to_string(),
+            node.path().join("blobs/owner").display().to_string(),
+        ] {
+            assert!(stderr.contains(&said), "{args:?}: {said} not in {stderr}");
+        }
+    }
+    assert_eq!(stored(blobs.as_ref()), held);
+
+    let log = node.path().join("reconcile.log");
+    let mut child = common::http_build::ChildGuard(Some(
+        std::process::Command::new(common::strata_bin())
+            .args(["reconcile", "--only", "gc", "--gc-schedule", "* * * * * *"])
+            .env("DATABASE_URL", &other.url)
+            .env("STRATA_DATA_DIR", node.path())
+            .env("STRATA_GC_GRACE", "0s")
+            .env("STRATA_LOG_FORMAT", "json")
+            .env("RUST_LOG", "strata=info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    ));
+    let refused = |text: &str| {
+        text.lines()
+            .filter(|l| {
+                l.contains("\"level\":\"ERROR\"")
+                    && l.contains("pass refused")
+                    && l.contains(&id_owner.to_string())
+                    && l.contains(&id_other.to_string())
+            })
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while refused(&std::fs::read_to_string(&log).unwrap()) < 2 {
+        assert!(child.try_wait().is_none(), "strata reconcile exited");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no two refusals logged: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        stored(blobs.as_ref()),
+        held,
+        "the reconciler deleted nothing"
+    );
+    assert!(child.terminate().success());
+}

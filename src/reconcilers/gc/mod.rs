@@ -2,6 +2,8 @@
 //! policy and deletes it through the per-object Deleting barrier (docs/adr/0019).
 //!
 //! Order of a pass, and why it never loses a live object:
+//! 0. **Own** the store ([`ownership`]): a store another database owns is refused whole, since
+//!    that database's references are invisible here. An unclaimed store is claimed.
 //! 1. **List** the store and **read** the inventory (every referencing stream, one statement).
 //!    Any error here ends the pass before anything is marked: fail closed.
 //! 2. **Classify** ([`crate::domain::reachability`]) and **plan** ([`crate::domain::retention`]).
@@ -20,6 +22,7 @@
 //! second pass's mark of an object another pass owns is refused, so each object is deleted once.
 
 pub mod inventory;
+pub mod ownership;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -129,6 +132,7 @@ pub async fn usage(
     env: &ReconcileEnv,
     policy: &GcPolicy,
 ) -> Result<BTreeMap<String, Usage>, ReconcileError> {
+    ownership::ensure(env, ownership::Claim::ReadOnly).await?;
     let survey = survey(env, policy).await?;
     Ok(usage_of(&survey.classified))
 }
@@ -139,6 +143,7 @@ pub async fn pass(
     policy: &GcPolicy,
     options: &PassOptions,
 ) -> Result<Report, ReconcileError> {
+    ownership::ensure(env, ownership::Claim::Adopt).await?;
     let pass_id = format!("gc-{}", uuid::Uuid::now_v7().simple());
     let Survey {
         classified,
