@@ -106,6 +106,10 @@ fn spawn(args: &LifecycleBenchArgs, url: &str, role: &[&str], node: &str) -> any
         .env("STRATA_MAX_BUILDS", args.max_builds.to_string())
         .env("STRATA_QUEUE_POLL_MS", "200")
         .env("RUST_LOG", "warn")
+        // The throwaway database references none of the node's objects: GC on the node's data
+        // dir would weigh the node's store against it (and, before the store carried its owner,
+        // deleted everything). Only the expiry and promotion reconcilers are measured here.
+        .env("STRATA_GC_SCHEDULE", "off")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
