@@ -53,13 +53,16 @@ use crate::domain::ids::Digest;
 pub struct NamespaceConfig {
     /// Node data directory: `blobs/`, `layers/`, `sandboxes/`.
     pub data_dir: PathBuf,
-    /// The strata binary, started as `sandbox-init`.
+    /// The strata binary. Sandboxes start the small [`init::SMALL_BINARY`] beside it when that
+    /// was built from the same sources, else this binary as `strata sandbox-init`.
     pub agent_binary: PathBuf,
     pub depth: DepthBudget,
 }
 
 struct Shared {
     config: NamespaceConfig,
+    /// What a sandbox's first process runs: see [`init_program`].
+    init_program: PathBuf,
     blobs: Arc<dyn BlobStore>,
     layers: LayerCache,
     cgroups: CgroupDriver,
@@ -95,8 +98,10 @@ impl NamespaceBackend {
         let owner = SandboxOwner::register(&sandboxes)?;
         let cgroups = CgroupDriver::detect();
         sweep::sweep_dead_owners(&sandboxes, &cgroups, owner.id());
+        let init_program = init_program(&config.agent_binary);
         Ok(NamespaceBackend {
             shared: Arc::new(Shared {
+                init_program,
                 config,
                 blobs,
                 layers,
@@ -109,6 +114,11 @@ impl NamespaceBackend {
     /// The owner id in this backend's sandbox ids (`sbx-<owner>-…`) and lock file.
     pub fn owner_id(&self) -> &str {
         self.shared.owner.id()
+    }
+
+    /// The program each sandbox's first process runs (`… sandbox-init SPEC`).
+    pub fn init_program(&self) -> &Path {
+        &self.shared.init_program
     }
 
     /// Where sandbox `id`'s directories live on the host.
@@ -144,6 +154,38 @@ impl NamespaceBackend {
         })
         .await
         .expect("layer extraction task")
+    }
+}
+
+/// The program a sandbox starts as: [`init::SMALL_BINARY`] beside `strata` when it reports the
+/// sources this process was built from (asked once, when the backend starts), else `strata`
+/// itself. Exec'ing strata maps and relocates the whole service (about 97,000 relocations and
+/// 300 page faults in the dynamic loader) at every boot; the small binary links only the
+/// sandbox side. A `cargo build --bin strata` leaves an older small binary in place: its
+/// fingerprint differs, and strata is used.
+fn init_program(strata: &Path) -> PathBuf {
+    let small = strata.with_file_name(init::SMALL_BINARY);
+    let reported = std::process::Command::new(&small)
+        .arg("source-id")
+        .env_clear()
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    match reported {
+        Ok(out)
+            if out.status.success() && out.stdout.trim_ascii() == init::SOURCE_ID.as_bytes() =>
+        {
+            small
+        }
+        Ok(_) => {
+            tracing::warn!(
+                path = %small.display(),
+                "{} was built from other sources than this strata; sandboxes start strata itself (run `cargo build`)",
+                init::SMALL_BINARY
+            );
+            strata.to_path_buf()
+        }
+        Err(_) => strata.to_path_buf(),
     }
 }
 
@@ -360,7 +402,7 @@ impl NamespaceSandbox {
         if spec.network_none {
             flags |= libc::CLONE_NEWNET;
         }
-        let mut cmd = Command::new(&self.shared().config.agent_binary);
+        let mut cmd = Command::new(&self.shared().init_program);
         cmd.arg("sandbox-init")
             .arg(&spec_json)
             // The host's root: pid 1's pivot moves sandbox-init's working directory with it.
