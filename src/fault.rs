@@ -13,6 +13,11 @@
 //! Stop points: a process that reaches the point named by `STRATA_FAULT_STOP_AT` stops itself
 //! with SIGSTOP, once, so a test can change the world at exactly that moment (take the database
 //! away, delete a template) and then resume it with SIGCONT.
+//!
+//! Stop points: `worker:before-checkpoint-record` (a step's checkpoint sealed, its snapshot and
+//! step record not yet written), `worker:before-publishing` (the result recorded, Publishing
+//! not yet entered), `promotion:before-visible` (layers committed, the template's flip not yet
+//! made; in the worker's drive and the promotion reconciler's alike).
 
 /// The environment variable naming the one crash point that fires.
 pub const CRASH_AT_ENV: &str = "STRATA_FAULT_CRASH_AT";

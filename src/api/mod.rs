@@ -14,6 +14,14 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 
+/// The build gauges' reader: the builds read model, queried at each scrape.
+fn build_counts_reader(pool: sqlx::PgPool) -> crate::metrics::scrape::BuildCountsReader {
+    std::sync::Arc::new(move || {
+        let pool = pool.clone();
+        Box::pin(async move { crate::projections::builds::build_counts(&pool).await })
+    })
+}
+
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health))
@@ -21,7 +29,7 @@ pub fn router(state: AppState) -> Router {
         .merge(ui::routes(state.clone()))
         .merge(crate::metrics::server::routes(
             crate::metrics::scrape::ScrapeSources {
-                pool: Some(state.pool.clone()),
+                builds: Some(build_counts_reader(state.pool.clone())),
                 data_dir: Some(state.data_dir.clone()),
             },
         ))

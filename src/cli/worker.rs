@@ -23,7 +23,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     if let Some(addr) = args.metrics_listen {
         let sources = strata::metrics::scrape::ScrapeSources {
-            pool: None,
+            builds: None,
             data_dir: Some(args.storage.data_dir.clone()),
         };
         strata::metrics::server::serve(addr, sources, shutdown.clone())

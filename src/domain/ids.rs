@@ -508,7 +508,7 @@ mod tests {
     }
 
     #[test]
-    fn stream_names_match_the_design_table() {
+    fn stream_names_are_spelled_as_adr_0009_writes_them() {
         let team = TeamId::parse("team-1").unwrap();
         let hash = FilesHash::parse(&"a".repeat(64)).unwrap();
         let build = BuildId::parse("f161152a-580a-4ee8-9038-73dd65665234").unwrap();

@@ -43,4 +43,10 @@ impl EventStore {
             .expect("not poisoned")
             .push(category.to_owned());
     }
+
+    /// Fault injection, for tests only: how many armed lost replies have not fired yet (a test
+    /// checks that the fault it armed was met).
+    pub fn lost_replies_pending(&self) -> usize {
+        self.faults.lose_reply.lock().expect("not poisoned").len()
+    }
 }

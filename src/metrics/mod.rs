@@ -412,25 +412,13 @@ pub async fn queue_wait_of(store: &crate::events::EventStore, build: crate::doma
 }
 
 /// Records a build's end on this worker: `abandoned` when the attempt stopped without a terminal
-/// write, otherwise the phase the build reached (`ready`, or `failed` for error).
-pub async fn build_finished_of(
-    store: &crate::events::EventStore,
-    build: crate::domain::ids::BuildId,
-    completed: bool,
-    started: std::time::Instant,
-) {
-    let outcome = if completed {
-        let phase = crate::projections::builds::phase_of(store.pool(), &build)
-            .await
-            .ok()
-            .flatten();
-        match phase.as_deref() {
-            Some("ready") => "ready",
-            Some("error") => "failed",
-            _ => "abandoned",
-        }
-    } else {
-        "abandoned"
+/// write, otherwise the phase the build reached (`ready`, or `failed` for error), as the builds
+/// read model (`phase`, read by the caller) shows it.
+pub fn build_finished_in(phase: Option<&str>, completed: bool, started: std::time::Instant) {
+    let outcome = match (completed, phase) {
+        (true, Some("ready")) => "ready",
+        (true, Some("error")) => "failed",
+        _ => "abandoned",
     };
     build_finished(outcome, started.elapsed());
 }

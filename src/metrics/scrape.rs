@@ -2,10 +2,10 @@
 //! model) or owned by the node (its data dir), so no process keeps them in memory.
 
 use std::path::PathBuf;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
+use futures::future::BoxFuture;
 use prometheus::{register_gauge, register_int_gauge_vec, Gauge, IntGaugeVec};
-use sqlx::PgPool;
 
 static BUILDS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     register_int_gauge_vec!(
@@ -41,11 +41,26 @@ const PHASES: [&str; 6] = [
     "error",
 ];
 
+/// What the build gauges show, read from the `builds` read model at scrape time.
+#[derive(Clone, Debug, Default)]
+pub struct BuildCounts {
+    /// Builds per read-model phase; phases without builds may be left out.
+    pub by_phase: Vec<(String, i64)>,
+    /// Age of the oldest queued build, `None` when nothing is queued.
+    pub oldest_queued_seconds: Option<f64>,
+}
+
+/// Reads [`BuildCounts`]. The API supplies one over `projections::builds`: telemetry sits
+/// beside the event store, below the read models, so it is handed the query rather than
+/// importing it.
+pub type BuildCountsReader =
+    Arc<dyn Fn() -> BoxFuture<'static, Result<BuildCounts, sqlx::Error>> + Send + Sync>;
+
 /// What this process reports at scrape time besides its own counters.
 #[derive(Clone, Default)]
 pub struct ScrapeSources {
-    /// The database, for the build gauges (the API reports them; workers need not).
-    pub pool: Option<PgPool>,
+    /// The build gauges' reader (the API reports them; workers need not).
+    pub builds: Option<BuildCountsReader>,
     /// The node's data dir, for storage bytes.
     pub data_dir: Option<PathBuf>,
 }
@@ -55,9 +70,10 @@ impl ScrapeSources {
     /// last value and says so in a comment line rather than failing the scrape.
     pub async fn render(&self) -> String {
         let mut notes = String::new();
-        if let Some(pool) = &self.pool {
-            if let Err(e) = refresh_builds(pool).await {
-                notes.push_str(&format!("# reading the builds read model failed: {e}\n"));
+        if let Some(read) = &self.builds {
+            match read().await {
+                Ok(counts) => set_builds(&counts),
+                Err(e) => notes.push_str(&format!("# reading the builds read model failed: {e}\n")),
             }
         }
         if let Some(dir) = self.data_dir.clone() {
@@ -74,13 +90,14 @@ impl ScrapeSources {
     }
 }
 
-async fn refresh_builds(pool: &PgPool) -> Result<(), sqlx::Error> {
-    let rows = crate::projections::builds::totals_by_phase(pool).await?;
+fn set_builds(counts: &BuildCounts) {
     for phase in PHASES {
-        let n = rows.iter().find(|(p, _)| p == phase).map_or(0, |r| r.1);
+        let n = counts
+            .by_phase
+            .iter()
+            .find(|(p, _)| p == phase)
+            .map_or(0, |r| r.1);
         BUILDS.with_label_values(&[phase]).set(n);
     }
-    let oldest = crate::projections::builds::oldest_queued_age_seconds(pool).await?;
-    QUEUE_OLDEST.set(oldest.unwrap_or(0.0).max(0.0));
-    Ok(())
+    QUEUE_OLDEST.set(counts.oldest_queued_seconds.unwrap_or(0.0).max(0.0));
 }

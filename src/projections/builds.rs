@@ -539,22 +539,23 @@ pub async fn list_builds(
     .await
 }
 
-/// The number of builds in each phase over every template (phases without builds left out):
-/// what the `strata_builds` gauge exports.
-pub async fn totals_by_phase(pool: &sqlx::PgPool) -> Result<Vec<(String, i64)>, sqlx::Error> {
-    sqlx::query_as("SELECT phase, count(*) FROM builds GROUP BY phase")
+/// What the `strata_builds` and queue-age gauges export: builds per phase over every template,
+/// and the seconds since the oldest queued build's row last changed (by the database's clock).
+pub async fn build_counts(
+    pool: &sqlx::PgPool,
+) -> Result<crate::metrics::scrape::BuildCounts, sqlx::Error> {
+    let by_phase = sqlx::query_as("SELECT phase, count(*) FROM builds GROUP BY phase")
         .fetch_all(pool)
-        .await
-}
-
-/// Seconds since the oldest queued build's row last changed, by the database's clock; `None`
-/// when nothing is queued.
-pub async fn oldest_queued_age_seconds(pool: &sqlx::PgPool) -> Result<Option<f64>, sqlx::Error> {
-    sqlx::query_scalar(
+        .await?;
+    let oldest_queued_seconds = sqlx::query_scalar(
         "SELECT extract(epoch FROM now() - min(updated_at))::float8 FROM builds WHERE phase = 'queued'",
     )
     .fetch_one(pool)
-    .await
+    .await?;
+    Ok(crate::metrics::scrape::BuildCounts {
+        by_phase,
+        oldest_queued_seconds,
+    })
 }
 
 /// The read model's phase of `build` (see [`BuildSummary::phase`]); `None` until its

@@ -870,6 +870,7 @@ impl Executor<'_> {
             epoch: self.attempt.epoch,
         };
         let id = SnapshotId::from_uuid(uuid::Uuid::now_v7());
+        crate::fault::stop_point("worker:before-checkpoint-record");
         layer_hold::record_recreating(self.attempt, self.backend, id, &record, Some(number))
             .await?;
         Ok(id)

@@ -246,8 +246,15 @@ impl Worker {
         crate::metrics::queue_wait_of(&self.store, attempt.build).await;
         let started = Instant::now();
         let result = self.execute(&attempt, &log, &cancel).await;
-        crate::metrics::build_finished_of(&self.store, attempt.build, result.is_ok(), started)
-            .await;
+        let phase = match result {
+            // Best effort: a failed read counts the build as abandoned.
+            Ok(()) => crate::projections::builds::phase_of(self.store.pool(), &attempt.build)
+                .await
+                .ok()
+                .flatten(),
+            Err(_) => None,
+        };
+        crate::metrics::build_finished_in(phase.as_deref(), result.is_ok(), started);
         match result {
             Ok(()) => {}
             Err(e @ (WorkerError::Fenced { .. } | WorkerError::TemplateDeleted { .. })) => {

@@ -200,36 +200,66 @@ class Layout:
 
 
 def tar_of(files: dict) -> bytes:
-    """An uncompressed layer tar holding `files` (path -> text)."""
+    """An uncompressed layer tar holding `files` (path -> text, or path -> (text, mode))."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
-        for path, text in files.items():
+        for path, content in files.items():
+            text, mode = content if isinstance(content, tuple) else (content, 0o644)
             data = text.encode()
             info = tarfile.TarInfo(path)
-            info.size, info.mode, info.mtime = len(data), 0o644, 1700000000
+            info.size, info.mode, info.mtime = len(data), mode, 1700000000
             t.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 
+# The images the SDK helpers name, by default variant, as the mirror path and marker.
+HELPER_IMAGES = {
+    "library/debian:stable": "debian-stable",
+    "library/python:3": "python-3",
+    "library/ubuntu:latest": "ubuntu-latest",
+    "library/fedora:44": "fedora-44",
+    "library/alpine:3.24": "alpine-3.24",
+    "library/archlinux:latest": "archlinux-latest",
+    "library/node:lts": "node-lts",
+    "oven/bun:latest": "bun-latest",
+}
+# No bun installs offline: the bun image carries a stand-in `bun` that records who ran it,
+# where, with what arguments, so `bun_install` can be checked by the call it makes.
+HELPER_FILES = {
+    "oven/bun:latest": {
+        "usr/local/bin/bun": ("#!/bin/sh\necho \"$(id -un) $(pwd) bun $*\" >> /var/log/bun.calls\n", 0o755),
+        "var/log/bun.calls": ("", 0o666),
+    },
+}
+
+
 class Registries:
-    """The open registry (the docker.io mirror) and the password-protected one, plus the
-    busybox root filesystem every pushed image starts from."""
+    """The open registry (the docker.io mirror), the password-protected one, the one standing in
+    for a GCP registry (user `_json_key`, the key as password), plus the busybox root
+    filesystem every pushed image starts from."""
 
     PASSWORD = "reg-Pa55word-e2e"
+    # A GCP service-account key as the Python SDK serializes a dict of it (`json.dumps`). It is
+    # the password of user `_json_key`, the basic auth Google's registries take for a key.
+    GCP_KEY = '{"type": "service_account", "project_id": "e2e"}'
 
     def __init__(self, root: pathlib.Path, node_images: pathlib.Path):
         self.root = root
         self.open = Registry(root / "open")
         self.private = Registry(root / "private", ("builder", self.PASSWORD))
+        self.gcp = Registry(root / "gcp", ("_json_key", self.GCP_KEY))
         manifest = json.loads((node_images / "images" / "busybox.json").read_text())
         hexdigest = manifest["layers"][0]["digest"].split(":")[1]
         self.busybox_tar = (node_images / "blobs" / "sha256" / hexdigest).read_bytes()
+        # What `push_image` returned, by registry path, for the images pushed at the start.
+        self.pushed = {}
 
-    def push_image(self, registry: Registry, dest: str, marker: str, env=None):
-        """Pushes busybox plus a layer with /etc/image-marker = marker; returns its digests."""
+    def push_image(self, registry: Registry, dest: str, marker: str, env=None, files=None):
+        """Pushes busybox plus a layer with /etc/image-marker = marker and `files` (as for
+        `tar_of`); returns its digests."""
         layout = Layout(self.root / f"layout-{uuid.uuid4().hex[:8]}")
         image = layout.image(
-            [self.busybox_tar, tar_of({"etc/image-marker": marker})],
+            [self.busybox_tar, tar_of({"etc/image-marker": marker, **(files or {})})],
             env or ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "IMAGE_VAR=from-image"],
             "img",
         )
@@ -239,6 +269,7 @@ class Registries:
     def stop(self):
         self.open.stop()
         self.private.stop()
+        self.gcp.stop()
 
 
 @pytest.fixture(scope="session")
@@ -252,10 +283,11 @@ def registries(tmp_path_factory):
             [BIN, "image", "build-base", "--busybox-only", "--data-dir", str(node)], check=True
         )
     regs = Registries(root, node)
-    # What Docker Hub would serve, through the mirror: from_debian_image() and
-    # from_python_image() resolve to these.
-    regs.push_image(regs.open, "library/debian:stable", "debian-stable")
-    regs.push_image(regs.open, "library/python:3", "python-3")
+    # What Docker Hub would serve, through the mirror: the SDKs' image helpers with their
+    # default variants (from_debian_image() is `debian:stable`, from_bun_image()
+    # `oven/bun:latest`, ...) resolve to these. Each carries its name as its marker.
+    for dest in HELPER_IMAGES:
+        regs.pushed[dest] = regs.push_image(regs.open, dest, HELPER_IMAGES[dest], files=HELPER_FILES.get(dest))
     yield regs
     regs.stop()
 

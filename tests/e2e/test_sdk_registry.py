@@ -4,6 +4,7 @@ private registry; images are pushed with skopeo. Each result is checked inside t
 (`strata template exec`)."""
 
 import http.server
+import json
 import re
 import threading
 import urllib.request
@@ -55,7 +56,6 @@ def test_sdk_image_helpers_resolve_through_the_docker_io_mirror(strata, team):
     )
     lines = resolved(messages)
     assert len(lines) == 1 and lines[0].group(1) == "debian:stable", messages
-    assert any(m.startswith("[base] pulling ") for m in messages), messages
     assert exec_in(strata, team_name, "deb", "cat /home/user/seen").strip() == "debian-stable"
     # E2B applies the image's ENV to the build (build-time, as every ENV: ADR 0012), not its
     # USER or WORKDIR (the image says nobody and /srv).
@@ -70,11 +70,92 @@ def test_sdk_image_helpers_resolve_through_the_docker_io_mirror(strata, team):
     assert len(pins) == 1 and lines[0].group(2) in pins[0], history.stdout
 
 
+# Every other image helper of the SDK, with the reference it asks for; the mirror serves each
+# (conftest.py HELPER_IMAGES). `oven/bun` carries a stand-in `bun` (no bun installs offline)
+# that records its calls, so `bun_install` is checked by the call it makes.
+HELPERS = {
+    "ubuntu": (lambda t: t.from_ubuntu_image(), "ubuntu:latest", "ubuntu-latest"),
+    "fedora": (lambda t: t.from_fedora_image(), "fedora:44", "fedora-44"),
+    "alpine": (lambda t: t.from_alpine_image(), "alpine:3.24", "alpine-3.24"),
+    "arch": (lambda t: t.from_arch_image(), "archlinux:latest", "archlinux-latest"),
+    "node": (lambda t: t.from_node_image(), "node:lts", "node-lts"),
+    "bun": (
+        lambda t: t.from_bun_image().bun_install(["left-pad", "zod"]).bun_install("tsx", g=True).bun_install(dev=True),
+        "oven/bun:latest",
+        "bun-latest",
+    ),
+}
+
+
+def test_every_image_helper_resolves_through_the_docker_io_mirror(strata, team):
+    team_name, opts = team
+
+    def one(name):
+        make, _, _ = HELPERS[name]
+        return build(make(Template()).run_cmd("cat /etc/image-marker > /home/user/seen"), f"helper-{name}", opts)
+
+    with ThreadPoolExecutor(3) as pool:
+        runs = dict(zip(HELPERS, pool.map(one, HELPERS)))
+    for name, (_, reference, marker) in HELPERS.items():
+        lines = resolved(runs[name])
+        assert len(lines) == 1 and lines[0].group(1) == reference, (name, runs[name])
+        assert exec_in(strata, team_name, f"helper-{name}", "cat /home/user/seen") == marker + "\n", name
+    # bun_install: as the default user in its home, globally (-g) as root, --dev with no names.
+    assert exec_in(strata, team_name, "helper-bun", "cat /var/log/bun.calls") == (
+        "user /home/user bun install left-pad zod\n"
+        "root /home/user bun install -g tsx\n"
+        "user /home/user bun install --dev\n"
+    )
+
+
 def test_default_and_fully_qualified_spellings_name_catalog_images(strata, team):
     team_name, opts = team
     build(Template().from_base_image().run_cmd("true"), "base-latest", opts)
-    build(Template().from_image("docker.io/library/busybox:latest").run_cmd("true"), "bb-fq", opts)
+    with ThreadPoolExecutor(3) as pool:
+        runs = list(pool.map(
+            lambda args: build_info(Template().from_image(args[0]).run_cmd("echo built > /home/user/b"), args[1], opts)[1],
+            [
+                ("docker.io/library/busybox:latest", "bb-fq"),
+                ("e2bdev/base:latest", "base-tagged"),
+                ("docker.io/library/debian:bookworm", "deb-fq"),
+            ],
+        ))
+    # Catalog images: nothing is resolved in a registry.
+    assert all(resolved(messages) == [] for messages in runs), runs
     assert exec_in(strata, team_name, "bb-fq", "echo ok") == "ok\n"
+    assert exec_in(strata, team_name, "base-tagged", "cat /home/user/b; for t in curl ss git; do command -v $t; done") == (
+        "built\n/usr/bin/curl\n/usr/bin/ss\n/usr/bin/git\n"
+    )
+    assert exec_in(strata, team_name, "deb-fq", ". /etc/os-release && echo $VERSION_CODENAME") == "bookworm\n"
+
+
+def test_digest_references_pull_exactly_that_manifest(strata, team, registries):
+    team_name, opts = team
+    dest = f"pinned/app:{uuid.uuid4().hex[:6]}"
+    first = registries.push_image(registries.open, dest, "pinned-v1")
+    registries.push_image(registries.open, dest, "pinned-v2")
+    python = registries.pushed["library/python:3"]["digest"]
+    refs = [
+        # The tag has moved on; the digest still names the first push.
+        (f"{registries.open.addr}/{dest.split(':')[0]}@{first['digest']}", "by-digest"),
+        # Docker Hub spelling with tag and digest, through the mirror.
+        (f"python:3@{python}", "py-digest"),
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(
+            lambda args: build_info(Template().from_image(args[0]).run_cmd("cat /etc/image-marker > /home/user/m"), args[1], opts)[1],
+            refs,
+        ))
+    assert [resolved(m)[0].group(2) for m in runs] == [first["digest"], python], runs
+    assert exec_in(strata, team_name, "by-digest", "cat /home/user/m") == "pinned-v1\n"
+    assert exec_in(strata, team_name, "py-digest", "cat /home/user/m") == "python-3\n"
+
+    # A digest the registry does not have fails the build and names it.
+    missing = "sha256:" + "0" * 64
+    message, _ = build_error(
+        Template().from_image(f"{registries.open.addr}/{dest.split(':')[0]}@{missing}").run_cmd("true"), "no-digest", opts
+    )
+    assert missing in message, message
 
 
 def test_private_registry_with_right_and_wrong_passwords(strata, team, registries):
@@ -115,6 +196,26 @@ def test_private_registry_with_right_and_wrong_passwords(strata, team, registrie
         assert wrong not in body and registries.PASSWORD not in body
 
 
+def test_a_gcp_registry_takes_the_service_account_key(strata, team, registries):
+    """`from_gcp_registry` sends the key; strata presents it as the password of `_json_key`,
+    the basic auth gcr.io and Artifact Registry accept. A loopback registry with that user
+    stands in for Google's (the key is never exchanged, so nothing else differs)."""
+    team_name, opts = team
+    registries.push_image(registries.gcp, "project/app:1", "gcp-app")
+    image = f"{registries.gcp.addr}/project/app:1"
+    key = json.loads(registries.GCP_KEY)
+    build(Template().from_gcp_registry(image, service_account_json=key).run_cmd("cat /etc/image-marker > /home/user/m"), "gcp", opts)
+    assert exec_in(strata, team_name, "gcp", "cat /home/user/m") == "gcp-app\n"
+
+    message, _ = build_error(
+        Template().from_gcp_registry(image, service_account_json={**key, "project_id": "other"}).run_cmd("true"),
+        "gcp-bad",
+        opts,
+    )
+    assert "refused access" in message, message
+    assert registries.GCP_KEY not in (strata.data_dir / "strata.log").read_text(errors="replace")
+
+
 def test_a_moved_tag_misses_the_cache_and_an_unchanged_one_hits(strata, team, registries):
     team_name, opts = team
     dest = f"moving/app:{uuid.uuid4().hex[:6]}"
@@ -146,6 +247,8 @@ def test_two_concurrent_builds_of_one_new_image_pull_it_once(strata, team, regis
             )
         )
     downloaded = [int(resolved(m)[0].group(4)) for m in runs]
+    # The build that downloads shows its progress.
+    assert any(m.startswith("[base] pulling ") for messages in runs for m in messages), runs
     # The busybox layer is on the node already; the marker layer is new and crosses once.
     assert sum(downloaded) == 1, (downloaded, runs)
 

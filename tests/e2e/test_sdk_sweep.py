@@ -1,22 +1,24 @@
 """Every public builder method and build-related function of the stock Python SDK, each checked
 by its effect inside the built template (`strata template exec`), a few builds combining many
-methods. The JS SDK's sweep is tests/e2e/js/sweep.mjs, driven by test_js_sdk.py.
+methods. The JS SDK's sweep is tests/e2e/js/sweep.mjs and js/sweep_network.mjs, driven by
+test_js_sdk.py.
 
-Not run here, because they need what this machine cannot reach (ADR 0012 lists them):
-`from_ubuntu_image`, `from_fedora_image`, `from_alpine_image`, `from_arch_image`,
-`from_python_image`, `from_node_image`, `from_bun_image` and `from_image` of any image not in the
-node's catalog (a public registry pull); `from_image` with credentials, `from_aws_registry`,
-`from_gcp_registry` (a private or cloud registry); `apt_install`, `pip_install`, `npm_install`,
-`bun_install`, `git_clone` (package indexes and remote repositories, and tools the built-in
-images lack); `wait_for_port` and `wait_for_url` (`ss` and `curl`, which the built-in images
-lack; `wait_for_process` runs here on a `pgrep` stand-in). The methods that need a team template of a given name (`add_mcp_server` on
-`mcp-gateway`, `beta_dev_container_*` on `devcontainer`) are built on such a template here,
-whose tool is a shell script that records how it was called: the real tools pull from networks.
+The methods that reach past the build context are covered elsewhere against loopback stand-ins
+for the networks they need: the image helpers (`from_ubuntu_image` ... `from_bun_image`), digest
+references and `from_image` with credentials or `from_gcp_registry` in test_sdk_registry.py (a
+real registry serving as the docker.io mirror and as private registries), and `apt_install`,
+`pip_install`, `npm_install`, `git_clone` in test_base_image.py (loopback package servers).
+`bun_install` runs on a stand-in `bun` (no bun installs offline), `add_mcp_server` and
+`beta_dev_container_*` on team templates named `mcp-gateway` and `devcontainer` whose tools
+are stand-ins recording how they were called: the real tools pull from networks. Only
+`from_aws_registry` is not run (it needs AWS's ECR API): ADR 0012 says why.
 """
 
 import asyncio
 import json
 import re
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from e2b import (
@@ -25,11 +27,14 @@ from e2b import (
     TemplateBase,
     default_build_logger,
     wait_for_file,
+    wait_for_port,
     wait_for_process,
     wait_for_timeout,
+    wait_for_url,
 )
 from e2b.exceptions import BuildException
 
+from conftest import free_port
 from test_sdk_build import exec_in
 
 STEP = re.compile(r"^\[(\d+)/(\d+)\] (CACHED )?(RUN|COPY|ENV|WORKDIR|USER) ")
@@ -274,8 +279,74 @@ def test_methods_that_need_a_network_fail_at_their_step_with_the_reason(strata, 
     naming the image or the missing tool, instead of hanging or half-building."""
     _, opts = team
     with pytest.raises(BuildException) as err:
-        Template.build(Template().from_alpine_image(), "sweep-alpine", **opts)
+        Template.build(Template().from_alpine_image("edge"), "sweep-alpine", **opts)
     assert "alpine" in str(err.value), str(err.value)
     with pytest.raises(BuildException) as err:
         Template.build(Template().from_image("busybox").git_clone("https://example.invalid/r.git", "/tmp/r"), "sweep-git", **opts)
     assert "git" in str(err.value), str(err.value)
+
+
+# One 300 MiB buffer, filled.
+FILL_300_MIB = "dd if=/dev/zero of=/dev/null bs=300M count=1"
+
+
+def test_port_and_url_ready_commands_alias_and_resources(strata, team):
+    """`wait_for_port` (`ss`) and `wait_for_url` (`curl`) on e2bdev/base, with a start command
+    that serves HTTP; and `Template.build` with the deprecated `alias=` and every resource
+    option. The three builds are independent and run at once."""
+    team_name, opts = team
+    # Build sandboxes share the host's network: free ports, not fixed ones.
+    port, url_port = free_port(), free_port()
+    serve = "cd /home/user && exec python3 -u -m http.server {} > /home/user/http.log 2>&1"
+
+    def port_build():
+        tpl = Template().from_base_image().set_start_cmd(serve.format(port), wait_for_port(port))
+        return build(tpl, "sweep-port", opts)[1]
+
+    def url_build():
+        tpl = Template().from_base_image().set_start_cmd(
+            serve.format(url_port), wait_for_url(f"http://localhost:{url_port}/")
+        )
+        return build(tpl, "sweep-url", opts)[1]
+
+    def alias_build(disk=256, logs=None):
+        tpl = Template().from_image("busybox").run_cmd(f"{FILL_300_MIB} && echo aliased > /home/user/aliased")
+        return Template.build(
+            tpl, alias="sweep-alias", cpu_count=1, memory_mb=512, min_free_disk_mb=disk,
+            on_build_logs=(logs if logs is not None else []).append, **opts,
+        )
+
+    def starved_build():
+        # The same step under 256 MiB (and no swap) is killed.
+        tpl = Template().from_image("busybox").run_cmd(FILL_300_MIB)
+        with pytest.raises(BuildException) as err:
+            Template.build(tpl, "sweep-starved", memory_mb=256, **opts)
+        return str(err.value)
+
+    with ThreadPoolExecutor(4) as pool:
+        jobs = [pool.submit(f) for f in (port_build, url_build, alias_build, starved_build)]
+        port_logs, url_logs, aliased, starved = [f.result() for f in jobs]
+
+    assert f'[finalize] READY [ -n "$(ss -Htuln sport = :{port})" ]' in port_logs, port_logs
+    assert (
+        f'[finalize] READY curl -s -o /dev/null -w "%{{http_code}}" http://localhost:{url_port}/ | grep -q "200"'
+        in url_logs
+    ), url_logs
+    # The server each start command ran was up; the URL check's request reached it.
+    assert exec_in(strata, team_name, "sweep-port", "head -n1 /home/user/http.log").startswith("Serving HTTP")
+    assert '"GET / HTTP/1.1" 200' in exec_in(strata, team_name, "sweep-url", "cat /home/user/http.log")
+
+    # alias= names the template as name= does; the build ran with the resources asked for
+    # (min_free_disk_mb is accepted and keys the cache only: ADR 0012).
+    assert aliased.alias == "sweep-alias" and Template.exists("sweep-alias", **opts)
+    assert exec_in(strata, team_name, "sweep-alias", "cat /home/user/aliased") == "aliased\n"
+    listing = urllib.request.Request(f"{strata.url}/templates", headers={"X-API-Key": opts["api_key"]})
+    with urllib.request.urlopen(listing, timeout=10) as r:
+        by_id = {t["templateID"]: t for t in json.load(r)}
+    assert (by_id[aliased.template_id]["cpuCount"], by_id[aliased.template_id]["memoryMB"]) == (1, 512)
+    assert "killed by signal 9" in starved, starved
+    # min_free_disk_mb keys the cache: the same value reuses the result, another does not.
+    for disk, hit in ((256, True), (512, False)):
+        logs = []
+        alias_build(disk, logs)
+        assert ("[cache] final result: cache hit" in [e.message for e in logs]) == hit, (disk, logs)

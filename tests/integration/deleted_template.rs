@@ -266,3 +266,124 @@ async fn a_publishing_build_of_a_deleted_template_is_ended_by_the_promotion_reco
     let again = strata::reconcilers::promotion::pass(&env).await.unwrap();
     assert_eq!(again.candidates, 0, "{again:?}");
 }
+
+/// The worker is the promotion driver of its own build: it entered Publishing and stops (a
+/// `STRATA_FAULT_STOP_AT` point) inside its drive, just before the flip that makes the build
+/// visible. The template is deleted then, and the worker resumed: its own drive meets the
+/// deletion, abandons the outbox and ends the build in `error`. No reconciler runs, and the
+/// abandonment's metadata names the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_driving_its_promotion_when_the_template_is_deleted_abandons_it_itself() {
+    let fx = Fixture::with_worker(None).await;
+    let http = Http::new(&fx).await;
+    let (template, build) = fx.api.register("driving-then-deleted").await;
+    fx.api
+        .start(build, recipe(vec![run("echo hi > /tmp/hi")]))
+        .await;
+    // A lease far longer than the pause: the attempt holds the build throughout.
+    let mut worker = Proc::worker(
+        &fx.db.url,
+        "driving-node",
+        30,
+        &[(strata::fault::STOP_AT_ENV, "promotion:before-visible")],
+    );
+    worker.wait_stopped(Duration::from_secs(120)).await;
+    assert!(matches!(
+        fx.state(build).await.phase,
+        Phase::Publishing { .. }
+    ));
+
+    http.delete(&template).await;
+    // The deletion leaves a publishing build to its promotion: the worker's.
+    assert_eq!(http.status(&template, build).await["status"], "building");
+    worker.resume();
+
+    wait_for(
+        "the worker to end the build",
+        Duration::from_secs(60),
+        || async { fx.state(build).await.phase.is_terminal() },
+    )
+    .await;
+    assert_ended_for_deletion(&fx, &http, &template, build).await;
+    let promotion = fx
+        .store
+        .read_stream_all(&common::build_api::stream(ids::stream::promotion(
+            &build,
+            Epoch(1),
+        )))
+        .await
+        .unwrap();
+    let last = promotion.last().unwrap();
+    assert_eq!(last.event_type, "PromotionAbandoned.v1");
+    let by_worker = strata::events::Actor::new(strata::events::ActorRole::Worker, "driving-node");
+    assert_eq!(last.metadata.actor, by_worker, "the worker abandoned it");
+    let ended = events(&fx, build).await;
+    let failed = ended
+        .iter()
+        .find(|e| e.event_type == "BuildFailed.v1")
+        .unwrap_or_else(|| panic!("{ended:#?}"));
+    assert_eq!(
+        failed.metadata.actor, by_worker,
+        "the worker ended the build"
+    );
+    let log = worker.stderr();
+    assert!(
+        log.contains("the template was deleted before the build was published"),
+        "{log}"
+    );
+}
+
+/// The moment before the worker enters Publishing: its build is still running, so the deletion
+/// itself ends it (as for any running build). The resumed worker's Publishing is refused, so it
+/// stages no promotion and writes nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_template_deleted_just_before_the_worker_enters_publishing_ends_the_build_and_stages_nothing(
+) {
+    let fx = Fixture::with_worker(None).await;
+    let http = Http::new(&fx).await;
+    let (template, build) = fx.api.register("deleted-before-publishing").await;
+    fx.api
+        .start(build, recipe(vec![run("echo hi > /tmp/hi")]))
+        .await;
+    let mut worker = Proc::worker(
+        &fx.db.url,
+        "about-to-publish",
+        30,
+        &[(strata::fault::STOP_AT_ENV, "worker:before-publishing")],
+    );
+    worker.wait_stopped(Duration::from_secs(120)).await;
+    assert!(matches!(fx.state(build).await.phase, Phase::Active { .. }));
+
+    http.delete(&template).await;
+    assert_ended_for_deletion(&fx, &http, &template, build).await;
+    let before = events(&fx, build).await.len();
+    worker.resume();
+
+    wait_for(
+        "the worker to give the attempt up",
+        Duration::from_secs(30),
+        || {
+            let log = worker.stderr();
+            async move { log.contains("is closed") }
+        },
+    )
+    .await;
+    assert_eq!(
+        events(&fx, build).await.len(),
+        before,
+        "the worker wrote nothing more"
+    );
+    let promotion = fx
+        .store
+        .read_stream_all(&common::build_api::stream(ids::stream::promotion(
+            &build,
+            Epoch(1),
+        )))
+        .await
+        .unwrap();
+    assert!(
+        promotion.is_empty(),
+        "no promotion was staged: {promotion:#?}"
+    );
+    assert_ended_for_deletion(&fx, &http, &template, build).await;
+}

@@ -1,15 +1,17 @@
 //! Issue 9, item 5: a reply lost after the commit of a worker's write. The store commits and
 //! then answers with a connection error; that interleaving is produced with the store's fault
 //! hook (`EventStore::lose_next_reply`, a fake for exactly this one fault, which no outside
-//! signal can place between COMMIT and the reply). Real Postgres, real commands otherwise.
+//! signal can place between COMMIT and the reply). Real Postgres, real commands otherwise, and
+//! for a checkpointed step's record a real build on a real sandbox.
 
 use crate::common;
 
 use std::time::Duration;
 
 use common::build_api::{stream, Api};
+use common::worker_fixture::{assert_ready, settings, step, Fixture};
 use serde_json::json;
-use strata::domain::build::Phase;
+use strata::domain::build::{Phase, StepOutcome};
 use strata::domain::ids::{self, BuildId, Epoch, TeamId};
 use strata::events::command::load;
 use strata::events::EventStore;
@@ -108,4 +110,76 @@ async fn a_lost_step_completion_reply_is_a_replay() {
         "{:?}",
         state.phase
     );
+}
+
+/// A checkpointed step's record (its snapshot, its completion and its layers' references, in one
+/// append named by the step) commits and its reply is lost, in a real build on a real sandbox.
+/// The retry is a replay: one completion, one snapshot record, one reference per layer, and the
+/// attempt goes on to Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_to_a_checkpointed_steps_record_is_a_replay() {
+    let mut fx = Fixture::new(settings()).await;
+    // The first append that writes a snapshot stream is step 1's checkpoint record.
+    fx.store.lose_next_reply("snapshot");
+    let (build, state) = fx
+        .build(
+            "lost-checkpoint-reply",
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                step("RUN", &["echo one > /tmp/lost-reply-one"]),
+                step("RUN", &["echo two > /tmp/lost-reply-two"]),
+            ]}),
+        )
+        .await;
+    assert_eq!(fx.store.lost_replies_pending(), 0, "the reply was lost");
+    assert_ready(&state);
+    assert!(
+        matches!(state.phase, Phase::Ready { epoch } if epoch == Epoch::FIRST),
+        "the attempt that lost the reply finished the build: {:?}",
+        state.phase
+    );
+
+    let types = event_types(&fx.store, build).await;
+    let completed = types.iter().filter(|t| *t == "StepCompleted.v1").count();
+    assert_eq!(completed, 2, "one StepCompleted per step: {types:?}");
+    let Some(StepOutcome::Checkpointed { snapshot }) = state.progress.get(&1) else {
+        panic!("step 1 is checkpointed: {:?}", state.progress)
+    };
+    let recorded = fx
+        .store
+        .read_stream_all(&stream(ids::stream::snapshot(snapshot)))
+        .await
+        .unwrap();
+    assert_eq!(
+        recorded
+            .iter()
+            .map(|e| e.event_type.as_str())
+            .collect::<Vec<_>>(),
+        ["SnapshotRecorded.v1"],
+        "one snapshot record"
+    );
+    let layers =
+        load::<strata::streams::Snapshot>(&fx.store, &stream(ids::stream::snapshot(snapshot)))
+            .await
+            .unwrap()
+            .state
+            .record
+            .unwrap()
+            .layers;
+    let by = format!("build {build} attempt 1 snapshot {snapshot}");
+    for layer in &layers {
+        let references = fx
+            .store
+            .read_stream_all(&stream(ids::stream::object(layer)))
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.data["by"] == by.as_str())
+            .count();
+        assert_eq!(
+            references, 1,
+            "layer {layer} is referenced once by the record"
+        );
+    }
+    fx.stop().await;
 }

@@ -459,3 +459,234 @@ fn strata_image_pull_pulls_into_the_data_dir_and_image_ls_lists_it() {
         "{listing}"
     );
 }
+
+/// The `WWW-Authenticate: Bearer` flow against a token front (common/registry.rs `token_front`,
+/// which stands in for a token server because none installs here): the front's `/token` gives a
+/// token only for the right basic credentials and the repository's pull scope, and only requests
+/// bearing that token reach the registry behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bearer_token_registry_grants_a_pull_scoped_token_for_the_right_credentials_only() {
+    use registry::{token_front, FrontMode, FRONT_SERVICE};
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    let image = registry::push_three_layers(&reg, work.path(), "team/bearer:1", "bearer\n");
+    let password = "t0ken-Pa55word";
+    let front = token_front(&reg.addr, "builder", password, FrontMode::Token).await;
+    let r = reference(&front.addr, "team/bearer:1");
+    let node = Node::new();
+    let puller = node.puller(RegistrySettings::default());
+    let auth = |password: &str| {
+        Some(BasicAuth {
+            username: "builder".into(),
+            password: password.into(),
+        })
+    };
+
+    let anonymous = puller.pull(&r, None, None).await.unwrap_err();
+    assert!(
+        matches!(anonymous, PullError::Unauthorized { .. }),
+        "{anonymous}"
+    );
+    let wrong = "wrong-t0ken-Pa55word";
+    let err = puller.pull(&r, auth(wrong), None).await.unwrap_err();
+    assert!(matches!(err, PullError::Unauthorized { .. }), "{err}");
+    assert!(err.to_string().contains("refused access"), "{err}");
+    let shown = format!("{anonymous} {anonymous:?} {err} {err:?}");
+    assert!(
+        !shown.contains(wrong) && !shown.contains(password),
+        "{shown}"
+    );
+    assert_eq!(
+        front.forwarded.load(Ordering::SeqCst),
+        0,
+        "nothing reached the registry without a token"
+    );
+    assert_eq!(node.contents(), (0, 0, 0), "nothing stored without a token");
+
+    let (pulled, _) = puller.pull(&r, auth(password), None).await.unwrap();
+    assert_eq!(pulled.digest.to_string(), image.digest);
+    assert_eq!(
+        std::fs::read_to_string(node.layer_dir(&image.diff_ids[1]).join("etc/marker")).unwrap(),
+        "bearer\n"
+    );
+    // Manifest, config and three layers, all with the token earned once.
+    assert_eq!(front.forwarded.load(Ordering::SeqCst), 5);
+    let asked = front.token_requests.lock().unwrap().clone();
+    assert_eq!(asked.len(), 3, "one token request per pull: {asked:?}");
+    for query in &asked {
+        assert!(
+            query.contains(&("scope".into(), "repository:team/bearer:pull".into()))
+                && query.contains(&("service".into(), FRONT_SERVICE.into())),
+            "{query:?}"
+        );
+    }
+
+    // A challenge without a scope: the client asks for the repository's pull scope itself.
+    let bare = token_front(&reg.addr, "builder", password, FrontMode::TokenWithoutScope).await;
+    let other = Node::new();
+    let (pulled, _) = other
+        .puller(RegistrySettings::default())
+        .pull(
+            &reference(&bare.addr, "team/bearer:1"),
+            auth(password),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(pulled.digest.to_string(), image.digest);
+    let asked = bare.token_requests.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(
+        asked[0].contains(&("scope".into(), "repository:team/bearer:pull".into())),
+        "{asked:?}"
+    );
+}
+
+/// A registry that answers `429` with its error body: the pull fails as rate-limited, saying
+/// what the registry said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_limited_pull_fails_with_the_registrys_message() {
+    use registry::{token_front, FrontMode, RATE_LIMIT_MESSAGE};
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    registry::push_three_layers(&reg, work.path(), "team/limited:1", "limited\n");
+    let front = token_front(&reg.addr, "builder", "pw", FrontMode::RateLimited).await;
+    let node = Node::new();
+    let err = node
+        .puller(RegistrySettings::default())
+        .pull(&reference(&front.addr, "team/limited:1"), None, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PullError::RateLimited { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("TOOMANYREQUESTS: {RATE_LIMIT_MESSAGE}")),
+        "{text}"
+    );
+    assert!(
+        text.contains("rate-limiting") && text.contains("team/limited:1"),
+        "{text}"
+    );
+    assert_eq!(node.contents(), (0, 0, 0));
+}
+
+/// Images in Docker's formats (not OCI): a v2 schema 2 manifest and a Docker manifest list,
+/// converted and pushed by skopeo (`--format v2s2`), read back with `skopeo inspect --raw`, and
+/// pulled through a proxy that records the media types the registry served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn docker_schema2_manifests_and_manifest_lists_are_pulled() {
+    use strata::registry::manifest::{DOCKER_LIST, DOCKER_MANIFEST};
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    let mut layout = Layout::create(&work.path().join("layout")).unwrap();
+    let gz = |entries| registry::layer(Compression::Gzip, entries);
+    let mine = layout
+        .image(
+            &[
+                gz(vec![
+                    registry::dir("etc"),
+                    registry::file("etc/removed", "x\n"),
+                ]),
+                gz(vec![
+                    registry::dir("etc"),
+                    registry::whiteout("etc/removed"),
+                    registry::file("etc/marker", "docker\n"),
+                ]),
+            ],
+            &["FORMAT=docker"],
+            &registry::node_arch(),
+        )
+        .unwrap();
+    let other_arch = if registry::node_arch() == "amd64" {
+        "arm64"
+    } else {
+        "amd64"
+    };
+    let other = layout
+        .image(
+            &[gz(vec![registry::file("arch", "other")])],
+            &[],
+            other_arch,
+        )
+        .unwrap();
+    let both = layout.index(&[&other, &mine]).unwrap();
+    layout.tag("single", &mine).unwrap();
+    layout.tag("multi", &both).unwrap();
+    registry::push_docker(&reg, layout.dir(), "single", "docker/app:1", false);
+    registry::push_docker(&reg, layout.dir(), "multi", "docker/multi:1", true);
+
+    let (single, single_digest) = registry::inspect_raw(&reg, "docker/app:1");
+    assert_eq!(single["mediaType"], DOCKER_MANIFEST, "{single}");
+    assert_eq!(
+        single["config"]["mediaType"],
+        "application/vnd.docker.container.image.v1+json"
+    );
+    for layer in single["layers"].as_array().unwrap() {
+        assert_eq!(
+            layer["mediaType"], "application/vnd.docker.image.rootfs.diff.tar.gzip",
+            "{single}"
+        );
+    }
+    let (list, list_digest) = registry::inspect_raw(&reg, "docker/multi:1");
+    assert_eq!(list["mediaType"], DOCKER_LIST, "{list}");
+    let entries = list["manifests"].as_array().unwrap();
+    assert_eq!(entries.len(), 2);
+    let node_entry = entries
+        .iter()
+        .find(|e| e["platform"]["architecture"] == registry::node_arch().as_str())
+        .unwrap();
+    assert!(
+        entries.iter().all(|e| e["mediaType"] == DOCKER_MANIFEST),
+        "{list}"
+    );
+
+    let relay = proxy(&reg.addr).await;
+    let node = Node::new();
+    let puller = node.puller(RegistrySettings::default());
+    let (pulled, _) = puller
+        .pull(&reference(&relay.addr, "docker/app:1"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(pulled.digest.to_string(), single_digest);
+    assert_eq!(
+        relay.manifest_types.lock().unwrap().clone(),
+        vec![DOCKER_MANIFEST.to_owned()]
+    );
+    let diff_ids: Vec<String> = pulled.layers.iter().map(|l| l.digest.to_string()).collect();
+    assert_eq!(
+        diff_ids, mine.diff_ids,
+        "the layer contents survived conversion"
+    );
+    let top = node.layer_dir(&mine.diff_ids[1]);
+    assert_eq!(
+        std::fs::read_to_string(top.join("etc/marker")).unwrap(),
+        "docker\n"
+    );
+    let wh = std::fs::symlink_metadata(top.join("etc/removed")).unwrap();
+    assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
+    assert_eq!(
+        pulled.config.env,
+        vec![("FORMAT".to_owned(), "docker".to_owned())]
+    );
+
+    relay.manifest_types.lock().unwrap().clear();
+    let fresh = Node::new();
+    let (pulled, _) = fresh
+        .puller(RegistrySettings::default())
+        .pull(&reference(&relay.addr, "docker/multi:1"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(pulled.digest.to_string(), list_digest, "pinned to the list");
+    assert_eq!(
+        pulled.manifest_digest.to_string(),
+        node_entry["digest"].as_str().unwrap()
+    );
+    assert_eq!(
+        relay.manifest_types.lock().unwrap().clone(),
+        vec![DOCKER_LIST.to_owned(), DOCKER_MANIFEST.to_owned()]
+    );
+    assert_eq!(
+        std::fs::read_to_string(fresh.layer_dir(&mine.diff_ids[1]).join("etc/marker")).unwrap(),
+        "docker\n"
+    );
+}

@@ -99,6 +99,67 @@ async fn a_brief_store_outage_while_publishing_does_not_abandon_the_build() {
     );
 }
 
+/// The same outage at a checkpointed step's record: the snapshot, the step's completion and
+/// the layers' references in one multi-stream append. It is retried within the lease (logged),
+/// lands once, and the attempt goes on to Ready; nothing takes the outage for fencing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_brief_store_outage_while_recording_a_checkpoint_does_not_abandon_the_build() {
+    let db = common::test_db().await;
+    let store = strata::app::event_store(db.pool.clone());
+    let api = api(&store);
+    let (_, build) = api.register("outage-checkpoint").await;
+    api.start(build, recipe()).await;
+    let mut worker = Proc::worker(
+        &db.url,
+        "outage-checkpoint-node",
+        15,
+        &[(STOP_AT_ENV, "worker:before-checkpoint-record")],
+    );
+    let _reconciler = Proc::reconciler(&db.url, "outage-checkpoint-reconciler", &[], &[]);
+    worker.wait_stopped(Duration::from_secs(120)).await;
+    let before = step_completions(&store, build).await;
+    assert_eq!(before, 0, "stopped before the step was recorded");
+
+    let outage = Outage::begin(&db.name).await;
+    worker.resume();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    outage.end().await;
+
+    let phase = wait_terminal(&store, build, Duration::from_secs(60)).await;
+    assert!(
+        matches!(phase, Phase::Ready { epoch: Epoch(1) }),
+        "the attempt that rode out the outage finishes the build: {phase:?}\n{}",
+        worker.stderr()
+    );
+    assert_eq!(
+        step_completions(&store, build).await,
+        1,
+        "the step is recorded once"
+    );
+    let log = worker.stderr();
+    assert!(
+        log.lines().any(
+            |l| l.contains("the store is unavailable; retrying within the lease")
+                && l.contains("recording a snapshot")
+        ),
+        "the outage at the checkpoint's record is logged as an error and retried:\n{log}"
+    );
+    assert!(
+        !log.contains("is closed"),
+        "nothing was taken for fencing:\n{log}"
+    );
+}
+
+async fn step_completions(store: &EventStore, build: BuildId) -> usize {
+    store
+        .read_stream_all(&stream(ids::stream::build(&build)))
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.event_type == "StepCompleted.v1")
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_outage_in_a_promotion_pass_is_a_failed_pass_not_a_skip() {
     let db = common::test_db().await;

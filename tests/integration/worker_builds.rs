@@ -282,6 +282,73 @@ async fn from_template_builds_on_the_previous_templates_result() {
     fx.stop().await;
 }
 
+/// A derived template extends the parent's build-base checkpoint, the stack before its start
+/// command ran (DESIGN.md, RFC): the child's steps see the parent's step files, not the file the
+/// parent's start command wrote, though the parent's result holds it. The child inherits the
+/// start command, so its own finalize writes that file again, with a token of its own run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn from_template_extends_the_parents_build_base_not_what_its_start_command_wrote() {
+    let mut fx = Fixture::new(settings()).await;
+    let (_, first) = fx.api.register("served-parent").await;
+    // A token unique to each run of the start command.
+    let start_cmd = "od -An -N8 -tx8 /dev/urandom > /home/user/started.txt; sleep 1000";
+    fx.api
+        .start(
+            first,
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                step("RUN", &["echo from-step > /home/user/step.txt"]),
+            ],
+            "startCmd": start_cmd,
+            "readyCmd": "[ -s /home/user/started.txt ]"}),
+        )
+        .await;
+    let parent_state = fx.wait_terminal(first).await;
+    assert_ready(&parent_state);
+    let parent = fx.result("served-parent").await;
+    let mut sb = boot_on(&parent.record.layers).await;
+    assert_eq!(sh(&mut sb, "cat /home/user/step.txt").await, "from-step\n");
+    let parent_token = sh(&mut sb, "cat /home/user/started.txt").await;
+    assert!(
+        !parent_token.trim().is_empty(),
+        "the parent's result holds what its start command wrote"
+    );
+    sb.destroy().await.unwrap();
+    assert!(
+        parent_state.result.unwrap().build_base_checkpoint.is_some(),
+        "a started parent records its build base"
+    );
+
+    let (_, second) = fx.api.register("served-child").await;
+    fx.api
+        .start(
+            second,
+            json!({"fromTemplate": "served-parent", "force": false, "steps": [
+                step("RUN", &["cd /home/user; cat step.txt > child.txt; if [ -e started.txt ]; then echo start-file-seen; else echo no-start-file; fi >> child.txt"]),
+            ]}),
+        )
+        .await;
+    assert_ready(&fx.wait_terminal(second).await);
+    let child = fx.result("served-child").await;
+    assert_eq!(child.record.start_cmd.as_deref(), Some(start_cmd));
+    let mut sb = boot_on(&child.record.layers).await;
+    assert_eq!(
+        sh(&mut sb, "cat /home/user/child.txt").await,
+        "from-step\nno-start-file\n",
+        "the child's steps see the parent's steps, not its start command's side effects"
+    );
+    let child_token = sh(&mut sb, "cat /home/user/started.txt").await;
+    assert_ne!(
+        child_token, parent_token,
+        "the child's file is its own finalize's, not the parent's baked in"
+    );
+    sb.destroy().await.unwrap();
+    assert!(
+        !child.record.layers.starts_with(&parent.record.layers[..]),
+        "the child's stack does not extend the parent's final snapshot"
+    );
+    fx.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_start_command_whose_ready_command_succeeds_is_ready() {
     let mut fx = Fixture::new(settings()).await;

@@ -1,5 +1,6 @@
-// Every public builder method and build-related function of the stock E2B JS SDK, in a few
-// builds. Usage: node sweep.mjs CONTEXT_DIR (E2B_API_KEY and E2B_API_URL in the environment).
+// Every public builder method and build-related function of the stock E2B JS SDK that needs
+// nothing past the build context, in a few builds (sweep_network.mjs has the others).
+// Usage: node sweep.mjs CONTEXT_DIR (E2B_API_KEY and E2B_API_URL in the environment).
 // Prints one JSON object on the last line: what each call returned and which steps each build
 // executed. The effects inside the templates are checked by test_js_sdk.py.
 import {
@@ -156,7 +157,7 @@ try {
   )
 
   // What needs a network fails at its step with the reason.
-  out.alpineError = await failure(Template().fromAlpineImage(), 'js-alpine')
+  out.alpineError = await failure(Template().fromAlpineImage('edge'), 'js-alpine')
   out.gitError = await failure(
     Template().fromImage('busybox').gitClone('https://example.invalid/r.git', '/tmp/r'),
     'js-git',
