@@ -18,8 +18,15 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
+
+/// A use of a Live object recorded this recently is not recorded again: the write is a guard on
+/// the stream's version instead (it still loses to a pass's mark), so an object every build
+/// uses (a common base layer) gains an event per window, not one per build. The recorded last
+/// use may therefore trail the real one by up to this much; grace periods are judged against the
+/// recorded time.
+pub const USE_REFRESH: Duration = Duration::minutes(5);
 
 /// Where an object is in its life.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,6 +214,9 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
     };
     match command {
         Command::Register { by, now } => match state.lifecycle {
+            Lifecycle::Live if state.last_used.is_some_and(|at| *now - at < USE_REFRESH) => {
+                Ok(vec![])
+            }
             Lifecycle::Live => Ok(vec![Event::Referenced {
                 by: by.clone(),
                 at: *now,
@@ -229,6 +239,17 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             }
             match state.lifecycle {
                 Lifecycle::Live if state.leases.get(holder) == Some(until) => Ok(vec![]),
+                // Another holder's unexpired lease already pins the object for at least two
+                // thirds of what this one asks: sharing it keeps a common layer's stream from
+                // growing by one lease per build.
+                Lifecycle::Live
+                    if state
+                        .leased_at(*now)
+                        .iter()
+                        .any(|(_, other)| *other - *now >= (*until - *now) * 2 / 3) =>
+                {
+                    Ok(vec![])
+                }
                 Lifecycle::Live => Ok(vec![Event::Leased {
                     holder: holder.clone(),
                     until: *until,
@@ -402,6 +423,46 @@ mod tests {
         .unwrap()
     }
 
+    /// A common base layer is used by every build: its stream gains one reference per
+    /// [`USE_REFRESH`] window and shares leases, instead of growing by one event per build.
+    #[test]
+    fn recent_uses_and_covering_leases_add_no_event() {
+        let s = live();
+        let register = |by: &str, now| Command::Register { by: by.into(), now };
+        let within = t(0) + USE_REFRESH - Duration::seconds(1);
+        assert_eq!(decide(&s, &register("build b2", within)), Ok(vec![]));
+        assert_eq!(
+            decide(&s, &register("build b2", t(0) + USE_REFRESH)),
+            Ok(vec![Event::Referenced {
+                by: "build b2".into(),
+                at: t(0) + USE_REFRESH,
+            }])
+        );
+
+        let lease = |holder: &str, now: DateTime<Utc>, minutes| Command::Lease {
+            holder: holder.into(),
+            until: now + Duration::minutes(minutes),
+            now,
+        };
+        let s = apply(s, &lease("attempt a1", t(1), 15)).unwrap();
+        // a1's lease runs 15 min from t(1): at t(1) + 5 min it still covers 10 of 15 asked.
+        let later = t(1) + Duration::minutes(5);
+        assert_eq!(decide(&s, &lease("attempt a2", later, 15)), Ok(vec![]));
+        // Past that, the remaining cover is under two thirds of the ask: a2 takes its own.
+        let much_later = t(1) + Duration::minutes(6);
+        assert!(matches!(
+            decide(&s, &lease("attempt a2", much_later, 15)).unwrap().as_slice(),
+            [Event::Leased { holder, .. }] if holder == "attempt a2"
+        ));
+        // A shared lease still holds the object against a pass until it lapses.
+        let mark = Command::MarkDeleting {
+            deletion: deletion("p1"),
+            unused_since: later,
+            now: later,
+        };
+        assert!(matches!(decide(&s, &mark), Err(Error::Leased { .. })));
+    }
+
     #[test]
     fn a_leased_object_is_not_marked_until_the_lease_lapses_or_is_released() {
         let s = apply(
@@ -493,11 +554,13 @@ mod tests {
 
     #[test]
     fn a_mark_refuses_an_object_used_within_the_grace_period() {
+        // Past the refresh window of the registration at t(0), so the use is recorded.
+        let used = t(40) + USE_REFRESH;
         let s = apply(
             live(),
             &Command::Register {
                 by: "build b2 step 3".into(),
-                now: t(40),
+                now: used,
             },
         )
         .unwrap();
@@ -505,23 +568,25 @@ mod tests {
             s.generation, 1,
             "a live object's use is a reference, not a generation"
         );
-        assert_eq!(s.last_used, Some(t(40)));
+        assert_eq!(s.last_used, Some(used));
         let mark = |unused_since| Command::MarkDeleting {
             deletion: deletion("p1"),
             unused_since,
-            now: t(50),
+            now: used + Duration::seconds(10),
         };
         assert!(matches!(
-            decide(&s, &mark(t(39))),
-            Err(Error::RecentlyUsed { at, .. }) if at == t(40)
+            decide(&s, &mark(used - Duration::seconds(1))),
+            Err(Error::RecentlyUsed { at, .. }) if at == used
         ));
         assert_eq!(
-            apply(s, &mark(t(40))).unwrap().lifecycle,
+            apply(s, &mark(used)).unwrap().lifecycle,
             Lifecycle::Deleting
         );
         // Bytes no writer registered are marked on their store age alone.
         assert_eq!(
-            apply(State::default(), &mark(t(39))).unwrap().lifecycle,
+            apply(State::default(), &mark(used - Duration::seconds(1)))
+                .unwrap()
+                .lifecycle,
             Lifecycle::Deleting
         );
     }

@@ -176,10 +176,18 @@ async fn a_lost_reply_to_a_checkpointed_steps_record_is_a_replay() {
             .into_iter()
             .filter(|e| e.data["by"] == by.as_str())
             .count();
-        assert_eq!(
-            references, 1,
-            "layer {layer} is referenced once by the record"
+        // Layers used within the last few minutes (the base, by other builds) are guarded, not
+        // referenced again (`object::USE_REFRESH`); none is referenced twice by the retry.
+        assert!(
+            references <= 1,
+            "layer {layer} is referenced {references} times by the record"
         );
+        if Some(layer) == layers.last() {
+            assert_eq!(
+                references, 1,
+                "the step's own new layer is registered by the record"
+            );
+        }
     }
     fx.stop().await;
 }
