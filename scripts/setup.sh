@@ -73,7 +73,7 @@ if [ "$(id -u)" = 0 ]; then
   ls /var/lib/apt/lists/*_Packages >/dev/null 2>&1 || apt-get update -qq
   (
     cd "$(dirname "$0")/.."
-    cargo build --quiet --bin strata
+    cargo build --quiet --bins
     STRATA_DATA_DIR="${STRATA_DATA_DIR:-/var/lib/strata}" ./target/debug/strata image build-base
   )
 else

@@ -63,9 +63,11 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     // The sandbox side forks, so it runs before any runtime thread exists.
-    let mut args = std::env::args_os();
-    if args.nth(1).is_some_and(|a| a == "sandbox-init") {
-        return cli::sandbox::init(args.next());
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "sandbox-init")
+    {
+        return cli::sandbox::init();
     }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -241,3 +241,58 @@ async fn a_command_larger_than_an_argument_and_the_socket_buffer_runs() {
     sb.destroy().await.unwrap();
     assert_no_trace(&id);
 }
+
+fn backend_with_strata_at(strata: &std::path::Path) -> strata::vmm::NamespaceBackend {
+    strata::vmm::NamespaceBackend::new(strata::vmm::NamespaceConfig {
+        data_dir: common::sandbox::node_dir(),
+        agent_binary: strata.to_path_buf(),
+        depth: Default::default(),
+    })
+    .unwrap()
+}
+
+/// Sandboxes start the small `strata-sandbox-init` that `cargo build` puts beside strata, and
+/// strata itself (`strata sandbox-init`) when there is none beside it or the one there was
+/// built from other sources (a `cargo build --bin strata` leaves an older one in place): every
+/// way boots a working sandbox.
+#[tokio::test]
+async fn sandboxes_start_the_small_init_built_from_the_same_sources_else_strata() {
+    let beside = common::strata_bin().with_file_name("strata-sandbox-init");
+    let backend = backend();
+    assert_eq!(backend.init_program(), beside);
+    let base = busybox(&backend).await;
+
+    let lone = tempfile::tempdir().unwrap();
+    let strata = lone.path().join("strata");
+    std::os::unix::fs::symlink(common::strata_bin(), &strata).unwrap();
+    let without = backend_with_strata_at(&strata);
+    assert_eq!(without.init_program(), strata, "no small init beside it");
+
+    let stale = tempfile::tempdir().unwrap();
+    let strata_too = stale.path().join("strata");
+    std::os::unix::fs::symlink(common::strata_bin(), &strata_too).unwrap();
+    let older = stale.path().join("strata-sandbox-init");
+    std::fs::write(&older, "#!/bin/sh\necho 0123456789abcdef\n").unwrap();
+    std::fs::set_permissions(&older, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let with_stale = backend_with_strata_at(&strata_too);
+    assert_eq!(with_stale.init_program(), strata_too, "a stale small init");
+
+    for (backend, program) in [
+        (&backend, "strata-sandbox-init"),
+        (&without, "strata"),
+        (&with_stale, "strata"),
+    ] {
+        let mut sb = boot(backend, spec(base.clone())).await;
+        let id = sb.id().to_string();
+        let cmdline = sh(&mut sb, "cat /proc/1/cmdline | tr '\\0' ' '").await;
+        let first = cmdline.split(' ').next().unwrap();
+        assert!(
+            first.rsplit('/').next() == Some(program),
+            "pid 1 runs {program}: {cmdline}"
+        );
+        assert!(cmdline.contains("sandbox-init"), "{cmdline}");
+        assert_eq!(sh(&mut sb, "echo ok").await, "ok\n");
+        sb.destroy().await.unwrap();
+        assert_no_trace(&id);
+    }
+}

@@ -37,7 +37,40 @@ pub struct InitSpec {
     pub tmpfs_tmp: bool,
 }
 
-/// Entry point of the hidden subcommand; returns the exit code.
+/// The sources this code was built from (see `build.rs`): the host starts a sandbox with the
+/// small [`SMALL_BINARY`] only when it reports the host's own fingerprint.
+pub const SOURCE_ID: &str = env!("STRATA_SOURCE_ID");
+
+/// The binary installed beside `strata` that runs only this side of the library.
+pub const SMALL_BINARY: &str = "strata-sandbox-init";
+
+/// `… sandbox-init SPEC` (run a sandbox) or `… source-id` (print [`SOURCE_ID`]), as both
+/// `strata` and [`SMALL_BINARY`] take them; `args` is the whole command line. Returns the exit
+/// code.
+pub fn main(mut args: impl Iterator<Item = std::ffi::OsString>) -> u8 {
+    let command = args.nth(1);
+    match command.as_ref().and_then(|c| c.to_str()) {
+        Some("sandbox-init") => match args.next().and_then(|s| s.into_string().ok()) {
+            Some(spec) => run(&spec) as u8,
+            None => {
+                eprintln!(
+                    "usage: sandbox-init SPEC-JSON (started by the strata worker, not by hand)"
+                );
+                2
+            }
+        },
+        Some("source-id") => {
+            println!("{SOURCE_ID}");
+            0
+        }
+        _ => {
+            eprintln!("usage: {SMALL_BINARY} sandbox-init SPEC-JSON | source-id (started by the strata worker)");
+            2
+        }
+    }
+}
+
+/// Runs sandbox-init on `spec_json`; returns the exit code.
 pub fn run(spec_json: &str) -> i32 {
     let spec: InitSpec = match serde_json::from_str(spec_json) {
         Ok(s) => s,

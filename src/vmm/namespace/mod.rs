@@ -53,13 +53,16 @@ use crate::domain::ids::Digest;
 pub struct NamespaceConfig {
     /// Node data directory: `blobs/`, `layers/`, `sandboxes/`.
     pub data_dir: PathBuf,
-    /// The strata binary, started as `sandbox-init`.
+    /// The strata binary. Sandboxes start the small [`init::SMALL_BINARY`] beside it when that
+    /// was built from the same sources, else this binary as `strata sandbox-init`.
     pub agent_binary: PathBuf,
     pub depth: DepthBudget,
 }
 
 struct Shared {
     config: NamespaceConfig,
+    /// What a sandbox's first process runs: see [`init_program`].
+    init_program: PathBuf,
     blobs: Arc<dyn BlobStore>,
     layers: LayerCache,
     cgroups: CgroupDriver,
@@ -95,8 +98,10 @@ impl NamespaceBackend {
         let owner = SandboxOwner::register(&sandboxes)?;
         let cgroups = CgroupDriver::detect();
         sweep::sweep_dead_owners(&sandboxes, &cgroups, owner.id());
+        let init_program = init_program(&config.agent_binary);
         Ok(NamespaceBackend {
             shared: Arc::new(Shared {
+                init_program,
                 config,
                 blobs,
                 layers,
@@ -109,6 +114,11 @@ impl NamespaceBackend {
     /// The owner id in this backend's sandbox ids (`sbx-<owner>-…`) and lock file.
     pub fn owner_id(&self) -> &str {
         self.shared.owner.id()
+    }
+
+    /// The program each sandbox's first process runs (`… sandbox-init SPEC`).
+    pub fn init_program(&self) -> &Path {
+        &self.shared.init_program
     }
 
     /// Where sandbox `id`'s directories live on the host.
@@ -144,6 +154,38 @@ impl NamespaceBackend {
         })
         .await
         .expect("layer extraction task")
+    }
+}
+
+/// The program a sandbox starts as: [`init::SMALL_BINARY`] beside `strata` when it reports the
+/// sources this process was built from (asked once, when the backend starts), else `strata`
+/// itself. Exec'ing strata relocates the whole service at every boot (in a release build 34k
+/// relocations and 257 page faults in the dynamic loader, against 1.2k and 77 for the small
+/// binary, which links only the sandbox side; ADR 0018). A `cargo build --bin strata` leaves an older small binary in place: its
+/// fingerprint differs, and strata is used.
+fn init_program(strata: &Path) -> PathBuf {
+    let small = strata.with_file_name(init::SMALL_BINARY);
+    let reported = std::process::Command::new(&small)
+        .arg("source-id")
+        .env_clear()
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    match reported {
+        Ok(out)
+            if out.status.success() && out.stdout.trim_ascii() == init::SOURCE_ID.as_bytes() =>
+        {
+            small
+        }
+        Ok(_) => {
+            tracing::warn!(
+                path = %small.display(),
+                "{} was built from other sources than this strata; sandboxes start strata itself (run `cargo build`)",
+                init::SMALL_BINARY
+            );
+            strata.to_path_buf()
+        }
+        Err(_) => strata.to_path_buf(),
     }
 }
 
@@ -255,6 +297,67 @@ fn open_fds(paths: &[PathBuf], write: bool) -> Result<Vec<OwnedFd>> {
         .collect()
 }
 
+/// Kills every process of a sandbox and waits for them to exit: pid 1 and the rest first, then
+/// sandbox-init (`outer`), their parent. Killed together, pid 1 could outlive sandbox-init and
+/// be left for the host's init to reap, which can be slow (seconds on the machine of ADR 0018),
+/// and a v1 cgroup lists it until then; sandbox-init reaps it at once and exits by itself.
+fn kill_sandbox(cgroup: &SandboxCgroup, outer: i32) {
+    cgroup.kill_all_except(&[outer]);
+    cgroup.kill_all();
+}
+
+/// SIGKILLs every process of `cgroup` but `keep` and waits until they have exited, on the
+/// runtime: each exit is awaited on a pidfd, and reading the member list of a cgroup does not
+/// block. Usually the only one listed is the agent of the command that just ended, on its way
+/// out (its status pipe closes before it leaves the cgroup).
+async fn kill_leftovers(cgroup: &SandboxCgroup, keep: &[i32]) {
+    // Rounds, because a process may fork between a listing and its kill; a process that
+    // survives SIGKILL this long (stuck in the kernel) is left to the sandbox's teardown.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let mut exited: Vec<i32> = Vec::new();
+    let mut pause = Duration::from_micros(20);
+    loop {
+        let listed: Vec<i32> = cgroup
+            .members()
+            .into_iter()
+            .filter(|p| !keep.contains(p))
+            .collect();
+        if listed.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(dirs = ?cgroup.dirs(), ?listed, "processes of a sandbox cgroup outlived SIGKILL");
+            return;
+        }
+        let victims: Vec<i32> = listed.into_iter().filter(|p| !exited.contains(p)).collect();
+        if victims.is_empty() {
+            // Every process listed has exited and is not yet reaped (see
+            // `SandboxCgroup::kill_all_except`).
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(1));
+            continue;
+        }
+        for pid in victims {
+            // SAFETY: the AsyncFd owns the pidfd, which stays open and unchanged until it drops.
+            let exit = cgroup::kill(pid).map(|fd| unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            });
+            match exit {
+                Some(Ok(exit)) => {
+                    if tokio::time::timeout_at(deadline, exit.readable())
+                        .await
+                        .is_ok()
+                    {
+                        exited.push(pid);
+                    }
+                }
+                // No pidfd (already gone, or an old kernel): look again shortly.
+                _ => tokio::time::sleep(Duration::from_micros(100)).await,
+            }
+        }
+    }
+}
+
 /// Splits a stream into lines (at most 64 KiB each) and sends them with a timestamp.
 async fn pump(mut reader: impl AsyncRead + Unpin, stream: OutputStream, sink: OutputSink) {
     const MAX: usize = 64 * 1024;
@@ -360,7 +463,7 @@ impl NamespaceSandbox {
         if spec.network_none {
             flags |= libc::CLONE_NEWNET;
         }
-        let mut cmd = Command::new(&self.shared().config.agent_binary);
+        let mut cmd = Command::new(&self.shared().init_program);
         cmd.arg("sandbox-init")
             .arg(&spec_json)
             // The host's root: pid 1's pivot moves sandbox-init's working directory with it.
@@ -556,16 +659,9 @@ impl NamespaceSandbox {
             .as_ref()
             .map(|r| vec![r.outer, r.pid1])
             .unwrap_or_default();
-        let cgroup = self.cgroup.take();
-        let cgroup = tokio::task::spawn_blocking(move || {
-            if let Some(c) = &cgroup {
-                c.kill_all_except(&keep);
-            }
-            cgroup
-        })
-        .await
-        .expect("kill task");
-        self.cgroup = cgroup;
+        if let Some(cgroup) = &self.cgroup {
+            kill_leftovers(cgroup, &keep).await;
+        }
         // The agent is sandbox-init's child and reaped there; its status pipe closed as it
         // exited, and the kill above waited for every other process of the command.
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
@@ -583,9 +679,10 @@ impl NamespaceSandbox {
     async fn stop(&mut self) {
         if let Some(mut running) = self.running.take() {
             let cgroup = self.cgroup.take();
+            let outer = running.outer;
             let cgroup = tokio::task::spawn_blocking(move || {
                 if let Some(c) = &cgroup {
-                    c.kill_all();
+                    kill_sandbox(c, outer);
                 }
                 cgroup
             })
@@ -597,17 +694,28 @@ impl NamespaceSandbox {
         }
     }
 
+    /// Stops every process and removes the cgroup and the directories, in one trip to a
+    /// blocking thread: the removal kills every member of the cgroup (sandbox-init included)
+    /// and waits for them to exit; sandbox-init is reaped after.
     async fn teardown(&mut self) {
-        self.stop().await;
+        let running = self.running.take();
         let cgroup = self.cgroup.take();
         let dir = self.dir.clone();
+        let outer = running.as_ref().map(|r| r.outer);
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(mut c) = cgroup {
+                if let Some(outer) = outer {
+                    kill_sandbox(&c, outer);
+                }
                 c.remove();
             }
             let _ = std::fs::remove_dir_all(&dir);
         })
         .await;
+        if let Some(mut running) = running {
+            let _ = running.child.start_kill();
+            let _ = running.child.wait().await;
+        }
     }
 }
 
