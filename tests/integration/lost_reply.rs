@@ -191,3 +191,50 @@ async fn a_lost_reply_to_a_checkpointed_steps_record_is_a_replay() {
     }
     fx.stop().await;
 }
+
+/// Entering Publishing (the build's `PublishingStarted` and the staged promotion, in one append
+/// to the build and `promotion-…` streams) commits and its reply is lost, in a real build: the
+/// attempt still finishes the build, and no promotion event is stored twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_on_entering_publishing_still_finishes_the_build_once() {
+    let mut fx = Fixture::new(settings()).await;
+    // The first append that writes a promotion stream is the one entering Publishing.
+    fx.store.lose_next_reply("promotion");
+    let (build, state) = fx
+        .build(
+            "lost-publish-reply",
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                step("RUN", &["echo published > /tmp/lost-publish"]),
+            ]}),
+        )
+        .await;
+    assert_eq!(fx.store.lost_replies_pending(), 0, "the reply was lost");
+    assert_ready(&state);
+    assert!(
+        matches!(state.phase, Phase::Ready { epoch } if epoch == Epoch::FIRST),
+        "the attempt that lost the reply finished the build: {:?}",
+        state.phase
+    );
+    let types = event_types(&fx.store, build).await;
+    let started = types
+        .iter()
+        .filter(|t| *t == "PublishingStarted.v1")
+        .count();
+    assert_eq!(started, 1, "Publishing entered once: {types:?}");
+    let promotion = fx
+        .store
+        .read_stream_all(&stream(ids::stream::promotion(&build, Epoch::FIRST)))
+        .await
+        .unwrap();
+    let types: Vec<&str> = promotion.iter().map(|e| e.event_type.as_str()).collect();
+    let mut distinct = types.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        types.len(),
+        "a promotion event stored twice: {types:?}"
+    );
+    fx.stop().await;
+}
