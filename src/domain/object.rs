@@ -412,6 +412,19 @@ mod tests {
         }
     }
 
+    /// A live object that pass `p1` marked at t(5).
+    fn marked_by_p1_at_5() -> State {
+        apply(
+            live(),
+            &Command::MarkDeleting {
+                deletion: deletion("p1"),
+                unused_since: t(5),
+                now: t(5),
+            },
+        )
+        .unwrap()
+    }
+
     fn live() -> State {
         apply(
             State::default(),
@@ -504,15 +517,7 @@ mod tests {
 
     #[test]
     fn deleting_admits_no_lease_and_no_registration_and_a_writer_recreates_after() {
-        let s = apply(
-            live(),
-            &Command::MarkDeleting {
-                deletion: deletion("p1"),
-                unused_since: t(5),
-                now: t(5),
-            },
-        )
-        .unwrap();
+        let s = marked_by_p1_at_5();
         let lease = Command::Lease {
             holder: "sandbox s2".into(),
             until: t(100),
@@ -593,15 +598,7 @@ mod tests {
 
     #[test]
     fn only_a_stale_mark_is_abandoned_by_another_pass_and_the_bytes_stay() {
-        let s = apply(
-            live(),
-            &Command::MarkDeleting {
-                deletion: deletion("p1"),
-                unused_since: t(5),
-                now: t(5),
-            },
-        )
-        .unwrap();
+        let s = marked_by_p1_at_5();
         let abandon = |marked_before| Command::AbandonStaleMark {
             pass: "p2".into(),
             marked_before,
@@ -622,15 +619,7 @@ mod tests {
 
     #[test]
     fn only_the_marking_pass_confirms_or_aborts_and_replays_converge() {
-        let s = apply(
-            live(),
-            &Command::MarkDeleting {
-                deletion: deletion("p1"),
-                unused_since: t(5),
-                now: t(5),
-            },
-        )
-        .unwrap();
+        let s = marked_by_p1_at_5();
         let mark_p2 = Command::MarkDeleting {
             deletion: deletion("p2"),
             unused_since: t(6),

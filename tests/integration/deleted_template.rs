@@ -276,18 +276,13 @@ async fn a_publishing_build_of_a_deleted_template_is_ended_by_the_promotion_reco
 async fn a_worker_driving_its_promotion_when_the_template_is_deleted_abandons_it_itself() {
     let fx = Fixture::with_worker(None).await;
     let http = Http::new(&fx).await;
-    let (template, build) = fx.api.register("driving-then-deleted").await;
-    fx.api
-        .start(build, recipe(vec![run("echo hi > /tmp/hi")]))
-        .await;
-    // A lease far longer than the pause: the attempt holds the build throughout.
-    let mut worker = Proc::worker(
-        &fx.db.url,
+    let (template, build, worker) = build_stopped_at(
+        &fx,
+        "driving-then-deleted",
         "driving-node",
-        30,
-        &[(strata::fault::STOP_AT_ENV, "promotion:before-visible")],
-    );
-    worker.wait_stopped(Duration::from_secs(120)).await;
+        "promotion:before-visible",
+    )
+    .await;
     assert!(matches!(
         fx.state(build).await.phase,
         Phase::Publishing { .. }
@@ -341,17 +336,13 @@ async fn a_template_deleted_just_before_the_worker_enters_publishing_ends_the_bu
 ) {
     let fx = Fixture::with_worker(None).await;
     let http = Http::new(&fx).await;
-    let (template, build) = fx.api.register("deleted-before-publishing").await;
-    fx.api
-        .start(build, recipe(vec![run("echo hi > /tmp/hi")]))
-        .await;
-    let mut worker = Proc::worker(
-        &fx.db.url,
+    let (template, build, worker) = build_stopped_at(
+        &fx,
+        "deleted-before-publishing",
         "about-to-publish",
-        30,
-        &[(strata::fault::STOP_AT_ENV, "worker:before-publishing")],
-    );
-    worker.wait_stopped(Duration::from_secs(120)).await;
+        "worker:before-publishing",
+    )
+    .await;
     assert!(matches!(fx.state(build).await.phase, Phase::Active { .. }));
 
     http.delete(&template).await;
@@ -386,4 +377,27 @@ async fn a_template_deleted_just_before_the_worker_enters_publishing_ends_the_bu
         "no promotion was staged: {promotion:#?}"
     );
     assert_ended_for_deletion(&fx, &http, &template, build).await;
+}
+
+/// Registers and starts a one-step build named `name`, and a worker process on `node` that
+/// stops itself at `stop_at`; waits until it has stopped. Its lease is far longer than the
+/// pause: the attempt holds the build throughout.
+async fn build_stopped_at(
+    fx: &Fixture,
+    name: &str,
+    node: &str,
+    stop_at: &str,
+) -> (TemplateId, BuildId, Proc) {
+    let (template, build) = fx.api.register(name).await;
+    fx.api
+        .start(build, recipe(vec![run("echo hi > /tmp/hi")]))
+        .await;
+    let mut worker = Proc::worker(
+        &fx.db.url,
+        node,
+        30,
+        &[(strata::fault::STOP_AT_ENV, stop_at)],
+    );
+    worker.wait_stopped(Duration::from_secs(120)).await;
+    (template, build, worker)
 }

@@ -121,23 +121,15 @@ async fn a_lost_reply_to_a_checkpointed_steps_record_is_a_replay() {
     let mut fx = Fixture::new(settings()).await;
     // The first append that writes a snapshot stream is step 1's checkpoint record.
     fx.store.lose_next_reply("snapshot");
-    let (build, state) = fx
-        .build(
-            "lost-checkpoint-reply",
-            &[],
-            json!({"fromImage": "busybox", "force": false, "steps": [
-                step("RUN", &["echo one > /tmp/lost-reply-one"]),
-                step("RUN", &["echo two > /tmp/lost-reply-two"]),
-            ]}),
-        )
-        .await;
-    assert_eq!(fx.store.lost_replies_pending(), 0, "the reply was lost");
-    assert_ready(&state);
-    assert!(
-        matches!(state.phase, Phase::Ready { epoch } if epoch == Epoch::FIRST),
-        "the attempt that lost the reply finished the build: {:?}",
-        state.phase
-    );
+    let (build, state) = build_losing_the_armed_reply(
+        &fx,
+        "lost-checkpoint-reply",
+        vec![
+            step("RUN", &["echo one > /tmp/lost-reply-one"]),
+            step("RUN", &["echo two > /tmp/lost-reply-two"]),
+        ],
+    )
+    .await;
 
     let types = event_types(&fx.store, build).await;
     let completed = types.iter().filter(|t| *t == "StepCompleted.v1").count();
@@ -200,22 +192,12 @@ async fn a_lost_reply_on_entering_publishing_still_finishes_the_build_once() {
     let mut fx = Fixture::new(settings()).await;
     // The first append that writes a promotion stream is the one entering Publishing.
     fx.store.lose_next_reply("promotion");
-    let (build, state) = fx
-        .build(
-            "lost-publish-reply",
-            &[],
-            json!({"fromImage": "busybox", "force": false, "steps": [
-                step("RUN", &["echo published > /tmp/lost-publish"]),
-            ]}),
-        )
-        .await;
-    assert_eq!(fx.store.lost_replies_pending(), 0, "the reply was lost");
-    assert_ready(&state);
-    assert!(
-        matches!(state.phase, Phase::Ready { epoch } if epoch == Epoch::FIRST),
-        "the attempt that lost the reply finished the build: {:?}",
-        state.phase
-    );
+    let (build, _) = build_losing_the_armed_reply(
+        &fx,
+        "lost-publish-reply",
+        vec![step("RUN", &["echo published > /tmp/lost-publish"])],
+    )
+    .await;
     let types = event_types(&fx.store, build).await;
     let started = types
         .iter()
@@ -237,4 +219,28 @@ async fn a_lost_reply_on_entering_publishing_still_finishes_the_build_once() {
         "a promotion event stored twice: {types:?}"
     );
     fx.stop().await;
+}
+
+/// Builds `steps` on busybox with a lost reply armed, and checks the reply was lost and the
+/// attempt that lost it still finished the build.
+async fn build_losing_the_armed_reply(
+    fx: &Fixture,
+    name: &str,
+    steps: Vec<serde_json::Value>,
+) -> (BuildId, strata::domain::build::State) {
+    let (build, state) = fx
+        .build(
+            name,
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": steps}),
+        )
+        .await;
+    assert_eq!(fx.store.lost_replies_pending(), 0, "the reply was lost");
+    assert_ready(&state);
+    assert!(
+        matches!(state.phase, Phase::Ready { epoch } if epoch == Epoch::FIRST),
+        "the attempt that lost the reply finished the build: {:?}",
+        state.phase
+    );
+    (build, state)
 }

@@ -66,37 +66,54 @@ async fn a_brief_store_outage_while_publishing_does_not_abandon_the_build() {
     let api = api(&store);
     let (_, build) = api.register("outage").await;
     api.start(build, recipe()).await;
-    // A lease far longer than the outage: the attempt holds the build throughout.
+    let (worker, _reconciler) = worker_stopped_at(&db, "outage", "worker:before-publishing").await;
+    let log = resume_through_an_outage(&db, &store, build, worker).await;
+    assert!(
+        log.contains("the store is unavailable; retrying within the lease"),
+        "the outage is logged as an error and retried:\n{log}"
+    );
+}
+
+/// Starts a worker that stops itself at `stop_at`, with a reconciler beside it, and waits until
+/// it has stopped. The lease is far longer than the outage: the attempt holds the build
+/// throughout. Expiry and promotion run as in production, to end whatever the worker leaves.
+async fn worker_stopped_at(db: &common::TestDb, node: &str, stop_at: &str) -> (Proc, Proc) {
     let mut worker = Proc::worker(
         &db.url,
-        "outage-node",
+        &format!("{node}-node"),
         15,
-        &[(STOP_AT_ENV, "worker:before-publishing")],
+        &[(STOP_AT_ENV, stop_at)],
     );
-    // Expiry and promotion run as they would in production, to end whatever the worker leaves.
-    let _reconciler = Proc::reconciler(&db.url, "outage-reconciler", &[], &[]);
+    let reconciler = Proc::reconciler(&db.url, &format!("{node}-reconciler"), &[], &[]);
     worker.wait_stopped(Duration::from_secs(120)).await;
+    (worker, reconciler)
+}
 
+/// Takes the database away, resumes the stopped worker into the outage, brings the database back
+/// after 2 s, and waits for the build to end: the attempt that rode out the outage must finish it,
+/// and nothing may take the outage for fencing. Returns the worker's log.
+async fn resume_through_an_outage(
+    db: &common::TestDb,
+    store: &EventStore,
+    build: BuildId,
+    worker: Proc,
+) -> String {
     let outage = Outage::begin(&db.name).await;
     worker.resume();
     tokio::time::sleep(Duration::from_secs(2)).await;
     outage.end().await;
 
-    let phase = wait_terminal(&store, build, Duration::from_secs(60)).await;
-    assert!(
-        matches!(phase, Phase::Ready { epoch: Epoch(1) }),
-        "the attempt that rode out the outage finishes the build: {phase:?}\n{}",
-        worker.stderr()
-    );
+    let phase = wait_terminal(store, build, Duration::from_secs(60)).await;
     let log = worker.stderr();
     assert!(
-        log.contains("the store is unavailable; retrying within the lease"),
-        "the outage is logged as an error and retried:\n{log}"
+        matches!(phase, Phase::Ready { epoch: Epoch(1) }),
+        "the attempt that rode out the outage finishes the build: {phase:?}\n{log}"
     );
     assert!(
         !log.contains("is closed"),
         "nothing was taken for fencing:\n{log}"
     );
+    log
 }
 
 /// The same outage at a checkpointed step's record: the snapshot, the step's completion and
@@ -109,44 +126,23 @@ async fn a_brief_store_outage_while_recording_a_checkpoint_does_not_abandon_the_
     let api = api(&store);
     let (_, build) = api.register("outage-checkpoint").await;
     api.start(build, recipe()).await;
-    let mut worker = Proc::worker(
-        &db.url,
-        "outage-checkpoint-node",
-        15,
-        &[(STOP_AT_ENV, "worker:before-checkpoint-record")],
-    );
-    let _reconciler = Proc::reconciler(&db.url, "outage-checkpoint-reconciler", &[], &[]);
-    worker.wait_stopped(Duration::from_secs(120)).await;
+    let (worker, _reconciler) =
+        worker_stopped_at(&db, "outage-checkpoint", "worker:before-checkpoint-record").await;
     let before = step_completions(&store, build).await;
     assert_eq!(before, 0, "stopped before the step was recorded");
 
-    let outage = Outage::begin(&db.name).await;
-    worker.resume();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    outage.end().await;
-
-    let phase = wait_terminal(&store, build, Duration::from_secs(60)).await;
-    assert!(
-        matches!(phase, Phase::Ready { epoch: Epoch(1) }),
-        "the attempt that rode out the outage finishes the build: {phase:?}\n{}",
-        worker.stderr()
-    );
+    let log = resume_through_an_outage(&db, &store, build, worker).await;
     assert_eq!(
         step_completions(&store, build).await,
         1,
         "the step is recorded once"
     );
-    let log = worker.stderr();
     assert!(
         log.lines().any(
             |l| l.contains("the store is unavailable; retrying within the lease")
                 && l.contains("recording a snapshot")
         ),
         "the outage at the checkpoint's record is logged as an error and retried:\n{log}"
-    );
-    assert!(
-        !log.contains("is closed"),
-        "nothing was taken for fencing:\n{log}"
     );
 }
 
