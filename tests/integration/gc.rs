@@ -557,29 +557,20 @@ async fn the_readme_storage_examples_run() {
     let blobs = local(node.path());
     let (orphan, size) = blobs.put_bytes(b"an object nothing refers to").unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let path = format!(
-        "{}:{}",
-        common::strata_bin().parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let grace_zero = ("STRATA_GC_GRACE", "0s");
+    let object = orphan.hex();
     let mut outputs = Vec::new();
     for line in &examples {
-        let out = tokio::process::Command::new("sh")
-            .args(["-c", line])
-            .env("PATH", &path)
-            .env("DATABASE_URL", &db.url)
-            .env("STRATA_DATA_DIR", node.path())
-            .env("STRATA_GC_GRACE", "0s")
-            .env("OBJECT", orphan.hex())
-            .output()
-            .await
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success() && !stdout.trim().is_empty(),
-            "{line}\nstdout: {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stdout = common::run_readme_line(
+            line,
+            &[
+                ("DATABASE_URL", &db.url),
+                ("STRATA_DATA_DIR", &node.path().display().to_string()),
+                grace_zero,
+                ("OBJECT", &object),
+            ],
+        )
+        .await;
         outputs.push(stdout);
         if outputs.len() == 2 {
             // After `--dry-run`: nothing was deleted.

@@ -76,30 +76,18 @@ async fn the_readme_operator_examples_run() {
         .await;
     assert_eq!(status["status"], "error");
 
-    let bin_dir = common::strata_bin().parent().unwrap().to_owned();
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let mut outputs = Vec::new();
     for line in &examples {
         let line = line.replace("http://127.0.0.1:3000", &base);
-        let out = tokio::process::Command::new("sh")
-            .args(["-c", &line])
-            .env("PATH", &path)
-            .env("BUILD_ID", &failed)
-            .env("STRATA_ADMIN_TOKEN", TOKEN)
-            .env("DATABASE_URL", &db.url)
-            .output()
-            .await
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success() && !stdout.trim().is_empty(),
-            "{line}\nstdout: {stdout}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stdout = common::run_readme_line(
+            &line,
+            &[
+                ("BUILD_ID", &failed),
+                ("STRATA_ADMIN_TOKEN", TOKEN),
+                ("DATABASE_URL", &db.url),
+            ],
+        )
+        .await;
         outputs.push(stdout);
     }
     // What each example printed.

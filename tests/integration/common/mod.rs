@@ -198,6 +198,30 @@ pub async fn test_db_at_migration(version: i64) -> TestDb {
     TestDb { pool, url, name }
 }
 
+/// Runs one README line with `sh -c`, the strata binary under test first on `PATH` and `env`
+/// set, and returns what it printed: it must succeed and print something.
+pub async fn run_readme_line(line: &str, env: &[(&str, &str)]) -> String {
+    let path = format!(
+        "{}:{}",
+        strata_bin().parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = tokio::process::Command::new("sh")
+        .args(["-c", line])
+        .env("PATH", &path)
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && !stdout.trim().is_empty(),
+        "{line}\nstdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// The shell lines (comments and blank lines left out) of the first `sh` block in README.md's
 /// section whose heading starts with `heading`: README examples are run as written.
 pub fn readme_sh_block(heading: &str) -> Vec<String> {
