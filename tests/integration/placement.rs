@@ -30,6 +30,22 @@ struct Nodes {
 const RUN_STAMP: &str = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n' > stamp";
 
 impl Nodes {
+    /// Builds the two-step "warm" template to ready on `node`, so that its first step's
+    /// checkpoint is resident there.
+    async fn warm(&self, node: &Proc) {
+        let warm = self
+            .start(
+                "warm",
+                json!([{"type": "RUN", "args": [RUN_STAMP], "force": false},
+                       {"type": "RUN", "args": ["echo one > one"], "force": false}]),
+            )
+            .await;
+        assert_eq!(
+            self.wait_phase(warm, &["ready", "error"], &[node]).await,
+            "ready"
+        );
+    }
+
     async fn new() -> Nodes {
         let db = common::test_db().await;
         let s3 = tokio::task::spawn_blocking(|| {
@@ -230,17 +246,7 @@ async fn a_build_whose_checkpoint_is_resident_on_a_node_is_claimed_there() {
     // A long wait: if placement did not hold B back, B would take some of these builds; with
     // it, B never may within the test.
     let a = nodes.worker("node-a", 120_000, port_a).await;
-    let warm = nodes
-        .start(
-            "warm",
-            json!([{"type": "RUN", "args": [RUN_STAMP], "force": false},
-                   {"type": "RUN", "args": ["echo one > one"], "force": false}]),
-        )
-        .await;
-    assert_eq!(
-        nodes.wait_phase(warm, &["ready", "error"], &[&a]).await,
-        "ready"
-    );
+    nodes.warm(&a).await;
     let b = nodes.worker("node-b", 120_000, port_b).await;
 
     // Both free, both live: each build resumes from the first step's checkpoint, which only A
@@ -282,17 +288,7 @@ async fn a_build_left_to_a_busy_node_is_taken_by_another_after_the_wait() {
     let (port_a, port_b) = (free_port(), free_port());
     const WAIT_MS: u64 = 3_000;
     let a = nodes.worker("node-a", WAIT_MS, port_a).await;
-    let warm = nodes
-        .start(
-            "warm",
-            json!([{"type": "RUN", "args": [RUN_STAMP], "force": false},
-                   {"type": "RUN", "args": ["echo one > one"], "force": false}]),
-        )
-        .await;
-    assert_eq!(
-        nodes.wait_phase(warm, &["ready", "error"], &[&a]).await,
-        "ready"
-    );
+    nodes.warm(&a).await;
     // A's only slot taken by a long build.
     let busy = nodes
         .start(
