@@ -615,3 +615,164 @@ async fn a_lost_reply_to_a_cache_entry_keeps_the_builds_later_entries() {
     );
     fx.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The API's multi-stream writes: a client retries with a new request
+// ---------------------------------------------------------------------------------------------
+
+/// An upload's completion (the build's intent and binding, the `files-…` generation and the
+/// bytes' object reference, in one append) commits and its reply is lost: the client sees a
+/// failed PUT and sends it again, a new request with a new command id. The retry is answered as
+/// done, nothing is stored twice, and the build made from that context is Ready once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_on_completing_an_upload_is_answered_by_the_retried_put() {
+    use common::worker_fixture::{copy, files_hash, single_file_tar};
+    use strata::app::upload::{complete_upload, link_upload};
+    use strata::domain::build::upload::{CompleteUpload, ReserveUpload};
+    use strata::domain::ids::IntentId;
+
+    let mut fx = Fixture::new(settings()).await;
+    let (_, build) = fx.api.register("lost-upload-reply").await;
+    let hash = files_hash("lost-upload-reply");
+    let bytes = single_file_tar("hello.txt", b"hello after a lost reply\n");
+    strata::app::object::reference(
+        &fx.store,
+        &common::build_api::api_context(),
+        &[ids::Digest::of(&bytes)],
+        "test upload",
+    )
+    .await
+    .unwrap();
+    let (digest, size) = fx.blobs.put_bytes(&bytes).unwrap();
+    let now = chrono::Utc::now();
+    let intent = IntentId::from_uuid(uuid::Uuid::new_v4());
+    let link = link_upload(
+        &fx.store,
+        &common::build_api::api_context(),
+        &ReserveUpload {
+            build,
+            intent,
+            hash: hash.clone(),
+            now,
+            expires_at: now + chrono::Duration::hours(1),
+        },
+    )
+    .await
+    .unwrap();
+    let completion = CompleteUpload {
+        build,
+        intent,
+        hash: hash.clone(),
+        generation: link.generation,
+        blob_digest: digest,
+        size,
+        now,
+    };
+
+    fx.store.lose_next_reply_to("UploadCompleted.v1");
+    let lost = complete_upload(&fx.store, &common::build_api::api_context(), &completion).await;
+    assert!(lost.is_err(), "the reply was lost: {lost:?}");
+    assert_eq!(fx.store.lost_replies_pending(), 0);
+    complete_upload(&fx.store, &common::build_api::api_context(), &completion)
+        .await
+        .expect("the retried PUT is answered as done");
+
+    let types = event_types(&fx.store, build).await;
+    for event_type in ["UploadCompleted.v1", "ContextBound.v1"] {
+        let n = types.iter().filter(|t| *t == event_type).count();
+        assert_eq!(n, 1, "{event_type} in {types:?}");
+    }
+    let scope = ids::Scope::team(&fx.api.team);
+    let files: Vec<String> = fx
+        .store
+        .read_stream_all(&stream(ids::stream::files(&scope, &hash)))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    let mut distinct = files.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), files.len(), "a files event stored twice: {files:?}");
+
+    fx.api
+        .start(
+            build,
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                copy("hello.txt", "/srv/", "root", "0644", &hash),
+            ]}),
+        )
+        .await;
+    let state = fx.wait_terminal(build).await;
+    assert_ready(&state);
+    assert_promoted_once(&fx.store, &fx.db.pool, build, &state).await;
+    fx.stop().await;
+}
+
+/// A template's deletion (the template, its name claims and the `error` of its queued build, in
+/// one append) commits and its reply is lost: the client sends `DELETE` again, a new command,
+/// which the template refuses as already deleted (the handler answers that with 204). The queued
+/// build ended once, saying why, and no node claims it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_on_deleting_a_template_ends_its_queued_build_once() {
+    let db = common::test_db().await;
+    let store = strata::app::event_store(db.pool.clone());
+    let team = TeamId::parse("team-lost-reply").unwrap();
+    let api = Api {
+        store: store.clone(),
+        team: team.clone(),
+    };
+    let (template, build) = api.register("deleted-lost-reply").await;
+    api.start(
+        build,
+        json!({"fromImage": "busybox", "force": false, "steps": [{"type": "RUN", "args": ["true"], "force": false}]}),
+    )
+    .await;
+
+    let delete = || async {
+        let now = strata::streams::database_now(store.pool()).await.unwrap();
+        strata::app::template::delete_template(
+            &store,
+            &common::build_api::api_context(),
+            &team,
+            &template,
+            now,
+        )
+        .await
+    };
+    store.lose_next_reply_to("TemplateDeleted.v1");
+    let lost = delete().await;
+    assert!(lost.is_err(), "the reply was lost: {lost:?}");
+    assert_eq!(store.lost_replies_pending(), 0);
+    match delete().await {
+        Err(strata::events::CommandError::Rejected(strata::domain::template::Error::Deleted)) => {}
+        other => panic!("the retried DELETE finds the template deleted: {other:?}"),
+    }
+
+    let types = event_types(&store, build).await;
+    for (event_type, expected) in [("BuildFailed.v1", 1), ("ContextReleased.v1", 1)] {
+        let n = types.iter().filter(|t| *t == event_type).count();
+        assert_eq!(n, expected, "{event_type} in {types:?}");
+    }
+    let template_events: Vec<String> = store
+        .read_stream_all(&stream(ids::stream::template(&template)))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    let deleted = template_events
+        .iter()
+        .filter(|t| *t == "TemplateDeleted.v1")
+        .count();
+    assert_eq!(deleted, 1, "{template_events:?}");
+    assert_eq!(read_model_phase(&db.pool, build).await, "error");
+    assert!(
+        attempt::acquire(&store, build, "node-a", LEASE)
+            .await
+            .unwrap()
+            .is_none(),
+        "no node claims the ended build"
+    );
+}
