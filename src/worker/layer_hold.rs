@@ -38,8 +38,7 @@ pub async fn lease(
     let length = chrono::Duration::from_std(LEASE).expect("the lease fits");
     attempt
         .retrying("leasing layers", || async {
-            match app::object::lease(&attempt.store, &ctx, layers, &holder, length, restored)
-                .await
+            match app::object::lease(&attempt.store, &ctx, layers, &holder, length, restored).await
             {
                 Ok(_) => Ok(Held::Leased),
                 Err(CommandError::Rejected(

@@ -422,8 +422,8 @@ fn reconciler_env(store: &EventStore) -> strata::reconcilers::ReconcileEnv {
 /// the promotion from where the committed step left it, and the one after finds nothing to do.
 /// Every step is stored once and the build is Ready once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lost_reply_in_any_promotion_step_of_the_reconciler_fails_one_pass_and_the_next_finishes(
-) {
+async fn a_lost_reply_in_any_promotion_step_of_the_reconciler_fails_one_pass_and_the_next_finishes()
+{
     let db = common::test_db().await;
     let store = strata::app::event_store(db.pool.clone());
     let env = reconciler_env(&store);
@@ -438,8 +438,15 @@ async fn a_lost_reply_in_any_promotion_step_of_the_reconciler_fails_one_pass_and
         let (_, build) = publishing_build(&store, &format!("reconciled-{i}")).await;
         store.lose_next_reply_to(event_type);
         let failed = strata::reconcilers::promotion::finish(&env, build).await;
-        assert!(failed.is_err(), "{event_type}: the pass that lost the reply fails: {failed:?}");
-        assert_eq!(store.lost_replies_pending(), 0, "{event_type}: the reply was lost");
+        assert!(
+            failed.is_err(),
+            "{event_type}: the pass that lost the reply fails: {failed:?}"
+        );
+        assert_eq!(
+            store.lost_replies_pending(),
+            0,
+            "{event_type}: the reply was lost"
+        );
         // The next pass finishes whatever is left (after a lost BuildReady, nothing is).
         let next = strata::reconcilers::promotion::finish(&env, build).await;
         assert_eq!(
@@ -487,7 +494,10 @@ async fn a_lost_reply_on_abandoning_a_deleted_templates_promotion_ends_the_build
 
     store.lose_next_reply_to("PromotionAbandoned.v1");
     let failed = strata::reconcilers::promotion::finish(&env, build).await;
-    assert!(failed.is_err(), "the pass that lost the reply fails: {failed:?}");
+    assert!(
+        failed.is_err(),
+        "the pass that lost the reply fails: {failed:?}"
+    );
     assert_eq!(store.lost_replies_pending(), 0, "the reply was lost");
     let next = strata::reconcilers::promotion::finish(&env, build).await;
     assert!(!next.unwrap(), "the next pass finds the build ended");
@@ -568,8 +578,7 @@ async fn a_lost_reply_to_a_cache_entry_keeps_the_builds_later_entries() {
         step("RUN", &["echo one > /tmp/lost-entry-one"]),
         step("RUN", &["echo two > /tmp/lost-entry-two"]),
     ];
-    let (build, state) =
-        build_losing_the_armed_reply(&fx, "lost-entry-reply", steps.clone()).await;
+    let (build, state) = build_losing_the_armed_reply(&fx, "lost-entry-reply", steps.clone()).await;
     assert_promoted_once(&fx.store, &fx.db.pool, build, &state).await;
     let keys = fx.store.streams_with_prefix("cachekey-").await.unwrap();
     // Two checkpointed steps and the final result.
@@ -587,7 +596,8 @@ async fn a_lost_reply_to_a_cache_entry_keeps_the_builds_later_entries() {
     }
     let logs = fx.logs(build).await;
     assert!(
-        logs.iter().all(|(_, _, m, _)| !m.contains("not publishing")),
+        logs.iter()
+            .all(|(_, _, m, _)| !m.contains("not publishing")),
         "{logs:?}"
     );
 
@@ -694,7 +704,11 @@ async fn a_lost_reply_on_completing_an_upload_is_answered_by_the_retried_put() {
     let mut distinct = files.clone();
     distinct.sort();
     distinct.dedup();
-    assert_eq!(distinct.len(), files.len(), "a files event stored twice: {files:?}");
+    assert_eq!(
+        distinct.len(),
+        files.len(),
+        "a files event stored twice: {files:?}"
+    );
 
     fx.api
         .start(

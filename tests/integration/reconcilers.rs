@@ -822,7 +822,10 @@ async fn two_reconcilers_of_each_kind_apply_every_transition_once() {
         "intent-expiry",
     ];
     // Every pass is logged (at trace level), so the test can wait for passes rather than time.
-    let passes_logged = [("RUST_LOG", "strata=info,strata::reconcilers::schedule=trace")];
+    let passes_logged = [(
+        "RUST_LOG",
+        "strata=info,strata::reconcilers::schedule=trace",
+    )];
     let procs: Vec<Proc> = names
         .iter()
         .flat_map(|n| {
