@@ -580,8 +580,14 @@ async fn a_lost_reply_to_a_cache_entry_keeps_the_builds_later_entries() {
     ];
     let (build, state) = build_losing_the_armed_reply(&fx, "lost-entry-reply", steps.clone()).await;
     assert_promoted_once(&fx.store, &fx.db.pool, build, &state).await;
-    let keys = fx.store.streams_with_prefix("cachekey-").await.unwrap();
-    // Two checkpointed steps and the final result.
+    // Two checkpointed steps and the final result, whose entry is written once the build is
+    // Ready (so it may still be on its way).
+    let mut keys = fx.store.streams_with_prefix("cachekey-").await.unwrap();
+    let waited = std::time::Instant::now();
+    while keys.len() < 3 && waited.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        keys = fx.store.streams_with_prefix("cachekey-").await.unwrap();
+    }
     assert_eq!(keys.len(), 3, "{keys:?}");
     for key in &keys {
         let types: Vec<String> = fx
