@@ -20,6 +20,7 @@ pub mod error;
 pub mod image;
 pub mod layer;
 pub mod layer_budget;
+pub mod layer_sync;
 pub mod local_s3;
 pub mod namespace;
 pub mod object_blob_store;
