@@ -213,23 +213,27 @@ async fn measure(
             targets.iter().map(|t| t.blobs.describe()).collect::<Vec<_>>().join(", ")
         );
 
-        let mut ceiling = Vec::with_capacity(repeat);
-        let mut disk = Vec::with_capacity(repeat);
-        let mut ingest = vec![Vec::with_capacity(repeat); targets.len() * CLIENTS.len()];
+        let mut ceiling = Runs::default();
+        let mut disk = Runs::default();
+        let mut ingest = vec![Runs::default(); targets.len() * CLIENTS.len()];
         let mut openssl_digest = String::new();
         for _ in 0..repeat {
+            let cpu = cpu_used(libc::RUSAGE_CHILDREN);
             let (elapsed, digest) = openssl_sha256(archive).await?;
-            ceiling.push(elapsed);
+            ceiling.push(elapsed, cpu_used(libc::RUSAGE_CHILDREN) - cpu);
             openssl_digest = digest;
-            disk.push(durable_copy(archive, data_dir).await?);
+            let cpu = cpu_used(libc::RUSAGE_SELF);
+            let elapsed = durable_copy(archive, data_dir).await?;
+            disk.push(elapsed, cpu_used(libc::RUSAGE_SELF) - cpu);
             for (i, target) in targets.iter().enumerate() {
                 for (c, sender) in CLIENTS.iter().enumerate() {
                     let url = upload_link(&client, &target.base, &key, &templates[i]).await?;
+                    let cpu = cpu_used(libc::RUSAGE_SELF);
                     let elapsed = match sender {
                         Client::Reqwest => put_streaming(&client, &url, archive, size).await?,
                         Client::Sendfile => put_sendfile(&url, archive, size).await?,
                     };
-                    ingest[i * CLIENTS.len() + c].push(elapsed);
+                    ingest[i * CLIENTS.len() + c].push(elapsed, cpu_used(libc::RUSAGE_SELF) - cpu);
                 }
             }
         }
@@ -247,46 +251,39 @@ async fn measure(
         }
 
         let mib = size as f64 / (1 << 20) as f64;
-        let ceiling_rate = mib / median(&ceiling).as_secs_f64();
-        let runs = |v: &[Duration]| {
-            v.iter()
-                .map(|d| format!("{:.0}", mib / d.as_secs_f64()))
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
+        let ceiling_rate = ceiling.rate(mib);
         println!();
         println!(
-            "{:<44} {:>10} {:>10}   runs (MiB/s)",
-            "scenario", "MiB/s", "vs ceiling"
+            "{:<44} {:>8} {:>10} {:>12}   runs (MiB/s)",
+            "scenario", "MiB/s", "vs ceiling", "CPU ms/MiB"
         );
-        println!(
-            "{:<44} {:>10.0} {:>10.2}   {}",
-            "openssl dgst -sha256, one core (ceiling)",
-            ceiling_rate,
-            1.0,
-            runs(&ceiling)
-        );
-        println!(
-            "{:<44} {:>10.0} {:>10.2}   {}",
-            "cp + fdatasync, same filesystem (disk)",
-            mib / median(&disk).as_secs_f64(),
-            mib / median(&disk).as_secs_f64() / ceiling_rate,
-            runs(&disk)
-        );
+        let row = |label: &str, runs: &Runs| {
+            println!(
+                "{:<44} {:>8.0} {:>10.2} {:>12.2}   {}",
+                label,
+                runs.rate(mib),
+                runs.rate(mib) / ceiling_rate,
+                runs.cpu_per_mib(mib),
+                runs.rates(mib)
+            );
+        };
+        row("openssl dgst -sha256, one core (ceiling)", &ceiling);
+        row("cp + fdatasync, same filesystem (disk)", &disk);
         let rows = targets
             .iter()
             .flat_map(|t| CLIENTS.iter().map(move |c| (t, c)));
-        for ((target, sender), times) in rows.zip(&ingest) {
-            let rate = mib / median(times).as_secs_f64();
-            println!(
-                "{:<44} {:>10.0} {:>10.2}   {}",
-                format!("PUT into the {}, {}", target.label, sender.label()),
-                rate,
-                rate / ceiling_rate,
-                runs(times)
+        for ((target, sender), runs) in rows.zip(&ingest) {
+            row(
+                &format!("PUT into the {}, {}", target.label, sender.label()),
+                runs,
             );
         }
         println!();
+        println!(
+            "CPU ms/MiB: the median CPU time (all threads, user and system) the run took: openssl's \
+             own, else this process's, client included. {} cores here.",
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        );
         println!("digest checked: each stored blob is named by openssl's sha256 {openssl_digest}");
         Ok(())
     }
@@ -496,6 +493,49 @@ async fn openssl_sha256(path: &Path) -> anyhow::Result<(Duration, String)> {
         .unwrap_or_default()
         .to_string();
     Ok((elapsed, digest))
+}
+
+/// The wall-clock and CPU times of each run of one scenario.
+#[derive(Debug, Clone, Default)]
+struct Runs {
+    wall: Vec<Duration>,
+    cpu: Vec<Duration>,
+}
+
+impl Runs {
+    fn push(&mut self, wall: Duration, cpu: Duration) {
+        self.wall.push(wall);
+        self.cpu.push(cpu);
+    }
+
+    fn rate(&self, mib: f64) -> f64 {
+        mib / median(&self.wall).as_secs_f64()
+    }
+
+    fn cpu_per_mib(&self, mib: f64) -> f64 {
+        median(&self.cpu).as_secs_f64() * 1e3 / mib
+    }
+
+    fn rates(&self, mib: f64) -> String {
+        self.wall
+            .iter()
+            .map(|d| format!("{:.0}", mib / d.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// CPU time used so far, user and system, by this process (`RUSAGE_SELF`, every thread) or by
+/// its waited-for children (`RUSAGE_CHILDREN`).
+fn cpu_used(who: libc::c_int) -> Duration {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(who, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 fn median(values: &[Duration]) -> Duration {
