@@ -14,7 +14,8 @@
 //! `id = sbx-<owner>-<random>` and the owner's lock `sandboxes/.owner-<owner>.lock`. The overlay
 //! is only ever mounted inside the sandbox's mount namespace, so nothing stays mounted on the
 //! host once its processes are gone; the processes die with the strata process that started
-//! them, and what is left on disk is swept by the next backend started on the data directory.
+//! them, and what is left on disk is swept by the next backend started on the data directory
+//! (with what their extractions left in `layers/`, [`crate::vmm::layer_staging`]).
 //! A checkpoint stops the sandbox, seals `upper-N`, and boots it again on the longer stack with
 //! a fresh `upper-N+1`.
 
@@ -98,6 +99,8 @@ impl NamespaceBackend {
         let owner = SandboxOwner::register(&sandboxes)?;
         let cgroups = CgroupDriver::detect();
         sweep::sweep_dead_owners(&sandboxes, &cgroups, owner.id());
+        // Extractions of dead processes, beside their sandboxes; a live one's are locked.
+        layers.sweep_leftovers();
         let init_program = init_program(&config.agent_binary);
         Ok(NamespaceBackend {
             shared: Arc::new(Shared {
