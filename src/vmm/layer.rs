@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use super::archive_policy::{
     self, ArchivePolicy, OPAQUE_MARKER, OVERLAY_OPAQUE_XATTR, WHITEOUT_PREFIX,
 };
-use super::blob_store::{sync_dir, BlobStore, BlobWriter};
+use super::blob_store::{BlobStore, BlobWriter};
 use super::error::{Result, VmmError};
 use super::layer_staging::{self, Staging};
 use crate::domain::ids::Digest;
@@ -151,7 +151,9 @@ fn seal(dir: &Path, blobs: &dyn BlobStore, tidy: Tidy) -> Result<LayerRef> {
 /// Seals an overlay upper directory into the blob store and makes that same directory the
 /// layer's tree in `cache`, instead of extracting the tar just written back out of the blob:
 /// the directory is read once (hashed as the tar is written), tidied in place to exactly what an
-/// extraction would give, synced, and renamed into the cache. `dir` is consumed either way.
+/// extraction would give, and renamed into the cache, where it is synced and marked complete in
+/// the background (`src/vmm/layer_sync.rs`): the blob is durable when this returns, the tree is a
+/// cache of it. `dir` is consumed either way.
 /// Falls back to extracting when `dir` is on another filesystem than the cache.
 pub fn seal_into_cache(dir: &Path, blobs: &dyn BlobStore, cache: &LayerCache) -> Result<LayerRef> {
     let started = std::time::Instant::now();
@@ -339,8 +341,8 @@ fn walk<W: TarOut>(
                 .and_then(|()| pad_to_block(out, meta.len()))
                 .map_err(err("file"))?;
             if tidy == Tidy::AsExtracted {
-                // The tree is synced before it is published: start its writeback now, so the
-                // disk works while the rest is hashed.
+                // The tree is synced before it is marked complete: start its writeback now,
+                // so the disk works while the rest is hashed.
                 start_writeback(&file);
             }
         } else if ft.is_symlink() {
@@ -371,7 +373,9 @@ fn walk<W: TarOut>(
 /// A tree is used only when its completion mark `<root>/<hex>.complete` exists. Extraction
 /// writes a temporary tree, syncs the filesystem, renames the tree into place, and only then
 /// writes the mark (each step fsynced), so after a host crash a tree is either marked and whole
-/// or unmarked and replaced by a fresh extraction. The mark lives beside the tree, not in it,
+/// or unmarked and replaced by a fresh extraction (an adopted checkpoint tree is put in place
+/// first and synced and marked in the background: `src/vmm/layer_sync.rs`). The mark lives
+/// beside the tree, not in it,
 /// because the tree is a lower directory of every sandbox on that layer.
 /// The node's extracted layers, `<data-dir>/layers/<hex>/`: a cache of the blob store. It may
 /// be wiped at any time (every layer is extracted again from its blob on next use) and may be
@@ -384,6 +388,8 @@ pub struct LayerCache {
     /// report (`src/worker/residency.rs`) follows its cache promptly without rescanning it
     /// all the time. A wipe from outside does not bump it; the report's periodic rescan sees it.
     pub(super) changes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Trees this process adopted and is syncing in the background (`src/vmm/layer_sync.rs`).
+    pub(super) syncing: super::layer_sync::Syncing,
 }
 
 impl LayerCache {
@@ -394,6 +400,7 @@ impl LayerCache {
             root,
             budget: Default::default(),
             changes: Default::default(),
+            syncing: Default::default(),
         })
     }
 
@@ -411,9 +418,10 @@ impl LayerCache {
         self.root.join(digest.hex())
     }
 
-    /// Whether `digest` is extracted (and marked complete) on this node.
+    /// Whether `digest` is extracted (and marked complete) on this node, or adopted by this
+    /// process and being synced.
     pub fn contains(&self, digest: &Digest) -> bool {
-        self.is_complete(digest)
+        self.is_complete(digest) || self.is_syncing_here(digest)
     }
 
     /// A fresh staging directory to extract `digest` into, on the cache's filesystem, locked
@@ -446,7 +454,8 @@ impl LayerCache {
     }
 
     /// Moves `tree`, an overlay-format directory whose layer tar hashes to `digest`, into the
-    /// cache as that layer's tree, published as [`Self::publish_staged`] does. The caller
+    /// cache as that layer's tree (through a locked staging directory), synced and marked
+    /// complete in the background (`src/vmm/layer_sync.rs`). The caller
     /// vouches for the content (it wrote the tar from this very tree). On error `tree` is gone.
     fn adopt(&self, tree: &Path, digest: &Digest) -> Result<Adopted> {
         self.recreate_root()?;
@@ -467,7 +476,10 @@ impl LayerCache {
             staged.path(),
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         );
-        self.publish_staged(staged, digest).map(|_| Adopted::Yes)
+        // On error the staging directory is dropped, which removes it.
+        self.publish_syncing_later(staged.path(), digest)?;
+        drop(staged);
+        Ok(Adopted::Yes)
     }
 
     /// The cache directory may have been wiped while the node runs: make it again.
@@ -480,7 +492,7 @@ impl LayerCache {
         self.root.join(format!("{}.complete", digest.hex()))
     }
 
-    fn is_complete(&self, digest: &Digest) -> bool {
+    pub(super) fn is_complete(&self, digest: &Digest) -> bool {
         self.mark(digest).is_file() && self.path(digest).is_dir()
     }
 
@@ -488,6 +500,14 @@ impl LayerCache {
     /// absent or was never completed.
     pub fn ensure(&self, blobs: &dyn BlobStore, digest: &Digest) -> Result<PathBuf> {
         let dest = self.path(digest);
+        if self.is_complete(digest) {
+            self.touch(digest);
+            return Ok(dest);
+        }
+        if self.is_syncing_here(digest) {
+            return Ok(dest);
+        }
+        self.wait_for_other_sync(digest);
         if self.is_complete(digest) {
             self.touch(digest);
             return Ok(dest);
@@ -522,6 +542,31 @@ impl LayerCache {
     /// Puts a synced temporary tree in place and marks it complete, under a lock so that two
     /// extractions never move aside a tree the other one just completed.
     fn publish(&self, tmp: &Path, digest: &Digest) -> Result<()> {
+        let lock = self.publish_lock()?;
+        if self.is_complete(digest) || self.is_syncing_here(digest) {
+            // Another extraction of the same layer finished first; both are identical.
+            let _ = fs::remove_dir_all(tmp);
+            return Ok(());
+        }
+        self.wait_for_other_sync(digest);
+        if self.is_complete(digest) {
+            let _ = fs::remove_dir_all(tmp);
+            return Ok(());
+        }
+        let torn = self.move_aside_unmarked(digest)?;
+        fs::rename(tmp, self.path(digest))
+            .map_err(VmmError::io(format!("publishing layer {digest}")))?;
+        self.write_mark(digest)?;
+        drop(lock);
+        self.changed();
+        if let Some(aside) = torn {
+            let _ = fs::remove_dir_all(aside);
+        }
+        Ok(())
+    }
+
+    /// The cache's publish lock: whoever holds it may put a tree in place or move one aside.
+    pub(super) fn publish_lock(&self) -> Result<fs::File> {
         let lock_path = self.root.join(".publish.lock");
         let lock = fs::OpenOptions::new()
             .create(true)
@@ -531,43 +576,27 @@ impl LayerCache {
             .map_err(VmmError::io(format!("opening {}", lock_path.display())))?;
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| VmmError::io("locking the layer cache")(e.into()))?;
-        if self.is_complete(digest) {
-            // Another extraction of the same layer finished first; both are identical.
-            let _ = fs::remove_dir_all(tmp);
-            return Ok(());
-        }
+        Ok(lock)
+    }
+
+    /// Moves an unmarked tree of `digest` out of the way (a crash left it, or its sync failed);
+    /// returns where, for the caller to remove once the new tree is in place. Under the publish
+    /// lock, after [`Self::wait_for_other_sync`].
+    pub(super) fn move_aside_unmarked(&self, digest: &Digest) -> Result<Option<PathBuf>> {
         let dest = self.path(digest);
-        let mut torn = None;
-        if fs::symlink_metadata(&dest).is_ok() {
-            let aside = self.root.join(format!(
-                ".torn-{}-{}",
-                digest.hex(),
-                uuid::Uuid::new_v4().simple()
-            ));
-            fs::rename(&dest, &aside).map_err(VmmError::io(format!(
-                "moving aside incomplete layer {digest}"
-            )))?;
-            tracing::warn!(%digest, "an extracted layer was never marked complete (a crash during extraction?); extracted it again");
-            torn = Some(aside);
+        if fs::symlink_metadata(&dest).is_err() {
+            return Ok(None);
         }
-        fs::rename(tmp, &dest).map_err(VmmError::io(format!("publishing layer {digest}")))?;
-        sync_dir(&self.root)?;
-        let mark = self.mark(digest);
-        // The mark holds the tree's size, for the cache's budget; its mtime is the last use.
-        let size = super::layer_budget::tree_bytes(&dest);
-        fs::File::create(&mark)
-            .and_then(|mut f| {
-                f.write_all(size.to_string().as_bytes())?;
-                f.sync_all()
-            })
-            .map_err(VmmError::io(format!("marking layer {digest} complete")))?;
-        sync_dir(&self.root)?;
-        drop(lock);
-        self.changed();
-        if let Some(aside) = torn {
-            let _ = fs::remove_dir_all(aside);
-        }
-        Ok(())
+        let aside = self.root.join(format!(
+            ".torn-{}-{}",
+            digest.hex(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        fs::rename(&dest, &aside).map_err(VmmError::io(format!(
+            "moving aside incomplete layer {digest}"
+        )))?;
+        tracing::warn!(%digest, "an extracted layer was never marked complete (a crash during extraction?); extracted it again");
+        Ok(Some(aside))
     }
 }
 

@@ -44,27 +44,35 @@ pub const SOURCE_ID: &str = env!("STRATA_SOURCE_ID");
 /// The binary installed beside `strata` that runs only this side of the library.
 pub const SMALL_BINARY: &str = "strata-sandbox-init";
 
-/// `… sandbox-init SPEC` (run a sandbox) or `… source-id` (print [`SOURCE_ID`]), as both
-/// `strata` and [`SMALL_BINARY`] take them; `args` is the whole command line. Returns the exit
-/// code.
+/// `… sandbox-init` (run a sandbox, its spec read from stdin) or `… source-id` (print
+/// [`SOURCE_ID`]), as both `strata` and [`SMALL_BINARY`] take them; `args` is the whole command
+/// line. Returns the exit code.
+///
+/// The spec comes on stdin, not as an argument, so that the host can start sandbox-init before
+/// it knows the spec: a checkpoint starts the next one while it seals the layer that will be
+/// one of its lowers (joining the cgroup can wait a whole RCU grace period, ADR 0018).
 pub fn main(mut args: impl Iterator<Item = std::ffi::OsString>) -> u8 {
     let command = args.nth(1);
     match command.as_ref().and_then(|c| c.to_str()) {
-        Some("sandbox-init") => match args.next().and_then(|s| s.into_string().ok()) {
-            Some(spec) => run(&spec) as u8,
-            None => {
-                eprintln!(
-                    "usage: sandbox-init SPEC-JSON (started by the strata worker, not by hand)"
-                );
-                2
+        Some("sandbox-init") => {
+            let mut spec = String::new();
+            match std::io::Read::read_to_string(&mut std::io::stdin(), &mut spec) {
+                Ok(_) if !spec.is_empty() => run(&spec) as u8,
+                // The host went away before it sent a spec (or this was started by hand).
+                _ => {
+                    eprintln!(
+                        "usage: sandbox-init < SPEC-JSON (started by the strata worker, not by hand)"
+                    );
+                    2
+                }
             }
-        },
+        }
         Some("source-id") => {
             println!("{SOURCE_ID}");
             0
         }
         _ => {
-            eprintln!("usage: {SMALL_BINARY} sandbox-init SPEC-JSON | source-id (started by the strata worker)");
+            eprintln!("usage: {SMALL_BINARY} sandbox-init < SPEC-JSON | source-id (started by the strata worker)");
             2
         }
     }

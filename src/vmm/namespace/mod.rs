@@ -119,7 +119,7 @@ impl NamespaceBackend {
         self.shared.owner.id()
     }
 
-    /// The program each sandbox's first process runs (`… sandbox-init SPEC`).
+    /// The program each sandbox's first process runs (`… sandbox-init < SPEC`).
     pub fn init_program(&self) -> &Path {
         &self.shared.init_program
     }
@@ -260,6 +260,12 @@ impl SandboxBackend for NamespaceBackend {
 }
 
 /// The init process of a running sandbox.
+/// A `sandbox-init` started and waiting on stdin for its spec (see [`NamespaceSandbox::launch`]).
+struct Launched {
+    child: Child,
+    control: std::os::unix::net::UnixStream,
+}
+
 struct Running {
     child: Child,
     /// The host's end of the control socket: agent requests go to sandbox-init here.
@@ -389,20 +395,15 @@ impl NamespaceSandbox {
 
     /// Starts `sandbox-init` on `lowers` (top first) and waits for `ready`.
     async fn start(&mut self, lowers: Vec<PathBuf>) -> Result<()> {
-        for d in [self.upper(), self.work()] {
-            std::fs::create_dir_all(&d)
-                .map_err(VmmError::io(format!("creating {}", d.display())))?;
-        }
-        let spec = InitSpec {
-            lowers,
-            upper: self.upper(),
-            work: self.work(),
-            root: self.dir.join("root"),
-            hostname: "sandbox".into(),
-            network_none: self.limits.network == Network::None,
-            tmpfs_tmp: self.tmpfs_tmp,
-        };
-        let spec_json = serde_json::to_string(&spec).expect("init spec serializes");
+        let launched = self.launch()?;
+        self.handshake(launched, lowers).await
+    }
+
+    /// Starts `sandbox-init` in the sandbox's cgroup and namespaces, where it waits for its spec.
+    /// Returns once it runs: joining a v1 cgroup can wait a whole RCU grace period (ADR 0018),
+    /// which a checkpoint spends sealing instead.
+    fn launch(&self) -> Result<Launched> {
+        let network_none = self.limits.network == Network::None;
         let cgroup_fds = open_fds(&self.cgroup().procs_files(), true)?;
         let raw_cgroup: Vec<i32> = cgroup_fds.iter().map(|f| f.as_raw_fd()).collect();
         let lifeline = lifeline::read_end().map_err(VmmError::io("creating the lifeline pipe"))?;
@@ -411,16 +412,15 @@ impl NamespaceSandbox {
         let raw_control = init_control.as_raw_fd();
         let mut flags =
             libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
-        if spec.network_none {
+        if network_none {
             flags |= libc::CLONE_NEWNET;
         }
         let mut cmd = Command::new(&self.shared().init_program);
         cmd.arg("sandbox-init")
-            .arg(&spec_json)
             // The host's root: pid 1's pivot moves sandbox-init's working directory with it.
             .current_dir("/")
             .env_clear()
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
@@ -451,10 +451,34 @@ impl NamespaceSandbox {
                 Ok(())
             });
         }
-        let mut child = cmd
+        let child = cmd
             .spawn()
             .map_err(|e| VmmError::Boot(format!("starting sandbox-init: {e}")))?;
         drop((cgroup_fds, init_control));
+        Ok(Launched { child, control })
+    }
+
+    /// Sends a launched `sandbox-init` its spec on `lowers` (top first) and waits for `ready`.
+    async fn handshake(&mut self, launched: Launched, lowers: Vec<PathBuf>) -> Result<()> {
+        let Launched { mut child, control } = launched;
+        for d in [self.upper(), self.work()] {
+            std::fs::create_dir_all(&d)
+                .map_err(VmmError::io(format!("creating {}", d.display())))?;
+        }
+        let spec = InitSpec {
+            lowers,
+            upper: self.upper(),
+            work: self.work(),
+            root: self.dir.join("root"),
+            hostname: "sandbox".into(),
+            network_none: self.limits.network == Network::None,
+            tmpfs_tmp: self.tmpfs_tmp,
+        };
+        let spec_json = serde_json::to_vec(&spec).expect("init spec serializes");
+        let mut spec_in = child.stdin.take().expect("piped stdin");
+        // A write error means sandbox-init is gone; its stderr says why, below.
+        let _ = spec_in.write_all(&spec_json).await;
+        drop(spec_in);
         let mut stdout = child.stdout.take().expect("piped stdout");
         let mut stderr = child.stderr.take().expect("piped stderr");
         let handshake = async {
@@ -806,7 +830,7 @@ impl Sandbox for NamespaceSandbox {
         let upper = self.upper();
         let work = self.work();
         let shared = self.backend.shared.clone();
-        let sealed = tokio::task::spawn_blocking(move || {
+        let seal = tokio::task::spawn_blocking(move || {
             let layer = if layer::is_empty_dir(&upper)? {
                 let _ = std::fs::remove_dir_all(&upper);
                 None
@@ -820,9 +844,11 @@ impl Sandbox for NamespaceSandbox {
             };
             let _ = std::fs::remove_dir_all(&work);
             Ok::<_, VmmError>(layer)
-        })
-        .await
-        .expect("seal task")?;
+        });
+        // The next sandbox-init starts while the layer is sealed; a failed seal drops (kills) it.
+        let next = self.launch();
+        let sealed = seal.await.expect("seal task")?;
+        let next = next?;
         if let Some(layer) = &sealed {
             self.layers.push(layer.digest);
         }
@@ -830,7 +856,7 @@ impl Sandbox for NamespaceSandbox {
         let sealing = started.elapsed() - stopped;
         let (lowers, pins) = self.backend.lowers(&self.layers).await?;
         self.pins = Some(pins);
-        self.start(lowers).await?;
+        self.handshake(next, lowers).await?;
         tracing::debug!(
             stop_ms = stopped.as_secs_f64() * 1e3,
             seal_ms = sealing.as_secs_f64() * 1e3,
