@@ -14,6 +14,10 @@
 //! * `.staging-<id>-<hex>/`: locked while its owner lives;
 //! * `.torn-<hex>-<uuid>/`: an unmarked tree moved aside before a fresh extraction took its
 //!   place; never used again, so always removable;
+//! * `<hex>.syncing`: the lock of an adopted tree being synced in the background
+//!   ([`super::layer_sync`]), made and locked under the publish lock and removed once the tree
+//!   is marked; one whose lock can be taken (looked at under the publish lock, so never between
+//!   its creation and its lock) is a dead syncer's, and goes;
 //! * `.tmp-<hex>-<uuid>/`: staging of a strata from before these locks. It cannot tell whether
 //!   its writer lives, so it is left (and reported) for an operator to remove.
 
@@ -28,6 +32,7 @@ const STAGING_PREFIX: &str = ".staging-";
 const NEW_PREFIX: &str = ".staging-new-";
 const TORN_PREFIX: &str = ".torn-";
 const LEGACY_PREFIX: &str = ".tmp-";
+const SYNCING_SUFFIX: &str = ".syncing";
 
 /// A staging directory this process owns: locked until dropped, and removed on drop unless it
 /// was renamed into place first.
@@ -126,6 +131,8 @@ pub struct Swept {
     pub staging: Vec<String>,
     /// Torn trees moved aside, removed.
     pub torn: Vec<String>,
+    /// Sync locks of adopted trees whose syncer died, removed.
+    pub sync_locks: Vec<String>,
     /// Staging directories a live process holds (this one included), kept.
     pub live: Vec<String>,
     /// Staging directories of an older strata, which cannot say whether their writer lives;
@@ -133,9 +140,9 @@ pub struct Swept {
     pub legacy: Vec<String>,
 }
 
-/// Removes what crashed extractions left under `root`: staging directories whose lock can be
-/// taken, and torn trees. Best effort: what cannot be removed is logged and left for the next
-/// sweep.
+/// Removes what crashed extractions left under `root`: staging directories and sync locks
+/// whose lock can be taken, and torn trees. Best effort: what cannot be removed is logged and
+/// left for the next sweep.
 pub fn sweep(root: &Path) -> Swept {
     let mut swept = Swept::default();
     let names: Vec<String> = match fs::read_dir(root) {
@@ -149,7 +156,7 @@ pub fn sweep(root: &Path) -> Swept {
             return swept;
         }
     };
-    for name in names {
+    for name in names.iter().cloned() {
         let path = root.join(&name);
         if name.starts_with(STAGING_PREFIX) {
             let dir = match File::open(&path) {
@@ -180,13 +187,58 @@ pub fn sweep(root: &Path) -> Swept {
             swept.legacy.push(name);
         }
     }
-    if !swept.staging.is_empty() || !swept.torn.is_empty() {
-        tracing::warn!(dir = %root.display(), staging = ?swept.staging, torn = ?swept.torn, "removed layer extractions left by a strata process that died");
+    swept.sync_locks = sweep_sync_locks(root, &names);
+    if !swept.staging.is_empty() || !swept.torn.is_empty() || !swept.sync_locks.is_empty() {
+        tracing::warn!(dir = %root.display(), staging = ?swept.staging, torn = ?swept.torn, sync_locks = ?swept.sync_locks, "removed layer extractions left by a strata process that died");
     }
     if !swept.legacy.is_empty() {
         tracing::info!(dir = %root.display(), left = ?swept.legacy, "left staging directories of an older strata (remove them once no older strata runs on this node)");
     }
     swept
+}
+
+/// Removes the `<hex>.syncing` files among `names` whose lock is free, under the cache's publish
+/// lock: a syncer creates and locks its file while holding that lock, so a free one seen under
+/// it belongs to a process that died before marking its tree (the tree, unmarked, is extracted
+/// again on its next use).
+fn sweep_sync_locks(root: &Path, names: &[String]) -> Vec<String> {
+    let candidates: Vec<&String> = names
+        .iter()
+        .filter(|n| {
+            n.strip_suffix(SYNCING_SUFFIX)
+                .is_some_and(|hex| Digest::from_hex(hex).is_ok())
+        })
+        .collect();
+    if candidates.is_empty() {
+        return Vec::new();
+    }
+    let publishing = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(root.join(".publish.lock"))
+        .and_then(|f| {
+            rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)?;
+            Ok(f)
+        });
+    let _publishing = match publishing {
+        Ok(lock) => lock,
+        Err(e) => {
+            tracing::warn!(dir = %root.display(), error = %e, "cannot take the layer cache's publish lock to sweep sync locks");
+            return Vec::new();
+        }
+    };
+    let mut removed = Vec::new();
+    for name in candidates {
+        let path = root.join(name);
+        let Ok(file) = File::open(&path) else {
+            continue;
+        };
+        if try_lock(&file).unwrap_or(false) && fs::remove_file(&path).is_ok() {
+            removed.push(name.clone());
+        }
+    }
+    removed
 }
 
 /// Removes a leftover tree; true if it is gone (by this call or a concurrent one).
@@ -263,6 +315,7 @@ mod tests {
             Swept {
                 staging: vec![new],
                 torn: vec![torn],
+                sync_locks: vec![],
                 live: vec![],
                 legacy: vec![legacy.clone()],
             }
@@ -275,5 +328,23 @@ mod tests {
         let mut expected = vec![legacy, hex.clone(), format!("{hex}.complete")];
         expected.sort();
         assert_eq!(left, expected);
+    }
+
+    /// A sync lock whose syncer died goes; one a live syncer holds (a real lock, held here)
+    /// stays.
+    #[test]
+    fn a_sync_lock_is_swept_only_once_it_is_free() {
+        let root = tempfile::tempdir().unwrap();
+        let dead = format!("{}.syncing", Digest::of(b"dead").hex());
+        let live = format!("{}.syncing", Digest::of(b"live").hex());
+        File::create(root.path().join(&dead)).unwrap();
+        let held = File::create(root.path().join(&live)).unwrap();
+        assert!(try_lock(&held).unwrap());
+        let swept = sweep(root.path());
+        assert_eq!(swept.sync_locks, vec![dead.clone()]);
+        assert!(!root.path().join(&dead).exists());
+        assert!(root.path().join(&live).exists());
+        drop(held);
+        assert_eq!(sweep(root.path()).sync_locks, vec![live]);
     }
 }
