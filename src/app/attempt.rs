@@ -21,7 +21,7 @@ use crate::domain::build::{
 use crate::domain::ids::{self, BuildId, Epoch, SnapshotId};
 use crate::domain::snapshot::{self, SnapshotRecord};
 use crate::events::command::{execute_writes, load, Loaded};
-use crate::events::{AppendOutcome, CommandError, EventStore, StreamWrite};
+use crate::events::{AppendOutcome, CommandError, EventStore};
 use crate::streams::{build_stream, database_now, snapshot_stream, Build, Snapshot};
 
 /// Decide-and-append rounds before a contended snapshot write gives up.
@@ -144,7 +144,9 @@ pub async fn fail_build(
 /// barrier): a layer a GC pass is deleting refuses the write with
 /// [`Refusal::ObjectBarrier`], as does one a pass deleted unless it is in `restored` (the
 /// caller stored it again). Times are the database's, read again on every round. A retry of a
-/// try that committed (its reply lost) finds the snapshot recorded and writes nothing.
+/// try that committed (its reply lost) decides on the state that try made: the step and the
+/// record are already there and the layers were used moments ago (`object::USE_REFRESH`), so
+/// every write is a guard and nothing is appended twice.
 #[allow(clippy::too_many_arguments)]
 pub async fn record_snapshot(
     store: &EventStore,
@@ -192,17 +194,6 @@ pub async fn record_snapshot(
             },
         )
         .map_err(|e| CommandError::Rejected(e.into()))?;
-        if snap_events.is_empty() {
-            // The snapshot is already recorded as exactly this record. Its id is fresh and only
-            // this command records it, so an earlier try of this append committed (its reply
-            // was lost), and with it, in the same transaction, the step and the references.
-            // Nothing more to write: referencing the layers again would append new events under
-            // the first try's event ids.
-            return Ok(vec![StreamWrite::guard(
-                snap_stream.clone(),
-                snap.expected(),
-            )]);
-        }
         let mut writes = vec![
             ctx.write(build_stream, build.expected(), &build_events)?,
             ctx.write(snap_stream, snap.expected(), &snap_events)?,

@@ -43,7 +43,8 @@ pub struct PublishEntry {
 }
 
 /// Creates the entry (or, when forced or repairing, replaces it by compare-and-set), in one
-/// append guarded by the build. Nothing is written when the key already holds this entry.
+/// append guarded by the build. Nothing is written when the key already holds this entry (the
+/// append is then only guards), so a retry after a lost reply succeeds.
 pub async fn publish_entry(
     store: &EventStore,
     ctx: &CommandContext,
@@ -69,20 +70,23 @@ pub async fn publish_entry(
             .map_err(CommandError::into_other)?;
         let entry = publish.entry.clone();
         let command = match c.state.live() {
-            Some((existing, _)) if *existing == entry => {
-                return Ok(vec![]);
-            }
+            // Already there (an earlier try whose reply was lost, or a repeat): nothing to
+            // append, and the writes below are two guards, which is still a valid append.
+            Some((existing, _)) if *existing == entry => None,
             Some((_, generation)) if publish.forced || publish.repair == Some(generation) => {
-                cache_entry::Command::Replace {
+                Some(cache_entry::Command::Replace {
                     entry,
                     expected_generation: generation,
                     now,
-                }
+                })
             }
-            _ => cache_entry::Command::Publish { entry, now },
+            _ => Some(cache_entry::Command::Publish { entry, now }),
         };
-        let events = cache_entry::decide(&c.state, &command)
-            .map_err(|e| CommandError::Rejected(e.into()))?;
+        let events = match command {
+            Some(command) => cache_entry::decide(&c.state, &command)
+                .map_err(|e| CommandError::Rejected(e.into()))?,
+            None => Vec::new(),
+        };
         Ok(vec![
             StreamWrite::new(bstream.clone(), b.expected(), Vec::new()),
             ctx.write(stream, c.expected(), &events)?,

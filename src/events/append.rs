@@ -14,8 +14,10 @@
 //! A serialization failure re-runs the attempt (bounded, with jittered backoff), unless a fresh
 //! read shows a stream has moved past the expectation, which no re-run can fix.
 //! A version conflict or a duplicate event id then asks: are all of this append's event ids
-//! already stored, as these same events? If so, an earlier try of this very append committed and
-//! its reply was lost: answer success, marked as a replay.
+//! already stored exactly as this append would store them (same streams, types and payloads, in
+//! the same order, by one transaction)? If so, an earlier try of this very append committed and
+//! its reply was lost: answer success, marked as a replay. A multi-stream append is no different
+//! from a one-stream one here.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -336,9 +338,11 @@ impl EventStore {
         })
     }
 
-    /// If every event id of `writes` is stored as exactly these events (same stream, type and
-    /// payload), the outcome of that earlier append. None stored: `None`. Anything in between
-    /// is [`AppendError::EventIdsReused`].
+    /// If every event id of `writes` is stored exactly as this append would write it, the
+    /// outcome of that earlier append: each id on the same stream with the same type and payload
+    /// (jsonb equality), each write's events at consecutive versions in the order given, all of
+    /// them committed by one transaction. None stored: `None`. Anything in between (some stored,
+    /// other content, another order, several appends) is [`AppendError::EventIdsReused`].
     async fn replayed(
         &self,
         writes: &[StreamWrite],
@@ -409,6 +413,13 @@ impl EventStore {
             .iter()
             .map(|id| by_id.remove(id).expect("every id was found stored above"))
             .collect();
+        let misplaced = misplaced(writes, &events);
+        if !misplaced.is_empty() {
+            return Err(AppendError::EventIdsReused {
+                mismatched: misplaced,
+                missing: Vec::new(),
+            });
+        }
         let mut versions = BTreeMap::new();
         for write in writes {
             let version = events
@@ -427,6 +438,26 @@ impl EventStore {
             attempts,
         }))
     }
+}
+
+/// The ids among `stored` (this append's events as stored, in the order `writes` gives them)
+/// that one commit of this append would not have stored where they are: a write's events not at
+/// consecutive versions in the order given, or events of another transaction than the first.
+fn misplaced(writes: &[StreamWrite], stored: &[RecordedEvent]) -> Vec<Uuid> {
+    let tx_id = stored.first().map(|e| e.tx_id);
+    let mut misplaced = Vec::new();
+    let mut stored = stored.iter();
+    for write in writes {
+        let mut previous: Option<u64> = None;
+        for event in stored.by_ref().take(write.events.len()) {
+            let in_order = previous.is_none_or(|v| event.version == v + 1);
+            if !in_order || Some(event.tx_id) != tx_id {
+                misplaced.push(event.event_id);
+            }
+            previous = Some(event.version);
+        }
+    }
+    misplaced
 }
 
 /// One stored event, as `INSERT … RETURNING` reports it.

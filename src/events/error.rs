@@ -22,10 +22,12 @@ pub enum AppendError {
         actual: u64,
     },
     /// Some of the append's event ids are already stored, but not as this exact append: part of
-    /// them only, or with another stream, type or payload. An event id names one event forever.
+    /// them only, with another stream, type or payload, in another order, or by more than one
+    /// append. An event id names one event forever.
     #[error(
         "event ids of this append are already stored differently \
-         (stored with other content: {mismatched:?}; not stored: {missing:?}); \
+         (stored with another stream, type or payload, in another order or by another append: \
+         {mismatched:?}; not stored: {missing:?}); \
          a retried append must repeat the original events exactly, a new one needs new ids"
     )]
     EventIdsReused {

@@ -25,28 +25,29 @@ pub fn holder(attempt: &Attempt) -> String {
 }
 
 /// Leases `layers` for this attempt. `Err(Refused)` when one is being or was deleted: a cache
-/// hit is then a miss, a base is stored again with [`recreate`] first.
+/// hit is then a miss, a base is stored again with [`recreate`] first. Like the attempt's other
+/// writes, an unavailable store (a lost reply among them) is retried within the lease under one
+/// command id; a retry finds its own lease already taken and appends nothing.
 pub async fn lease(
     attempt: &Attempt,
     layers: &[Digest],
     restored: &[Digest],
 ) -> Result<Held, WorkerError> {
-    match app::object::lease(
-        &attempt.store,
-        &attempt.context(),
-        layers,
-        &holder(attempt),
-        chrono::Duration::from_std(LEASE).expect("the lease fits"),
-        restored,
-    )
-    .await
-    {
-        Ok(_) => Ok(Held::Leased),
-        Err(CommandError::Rejected(
-            error @ (ObjectError::Deleting { .. } | ObjectError::NotLive { .. }),
-        )) => Ok(Held::Refused(error)),
-        Err(e) => Err(WorkerError::store(e)),
-    }
+    let ctx = attempt.context();
+    let holder = holder(attempt);
+    let length = chrono::Duration::from_std(LEASE).expect("the lease fits");
+    attempt
+        .retrying("leasing layers", || async {
+            match app::object::lease(&attempt.store, &ctx, layers, &holder, length, restored).await
+            {
+                Ok(_) => Ok(Held::Leased),
+                Err(CommandError::Rejected(
+                    error @ (ObjectError::Deleting { .. } | ObjectError::NotLive { .. }),
+                )) => Ok(Held::Refused(error)),
+                Err(e) => Err(WorkerError::store(e)),
+            }
+        })
+        .await
 }
 
 /// Whether the lease was taken.

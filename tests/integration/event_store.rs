@@ -334,6 +334,99 @@ async fn a_retried_append_after_a_lost_reply_is_a_replay_not_a_duplicate() {
     assert_eq!(event_count(&db.pool, None).await, 2);
 }
 
+/// A multi-stream append (a guard and two streams written) commits and its reply is lost (the
+/// store's fault hook); the caller retries the same append. The retry is a replay with the
+/// first commit's events and versions, the guard included, and nothing is stored twice. Ids
+/// stored in another order, or by more than one append, are not this append's commit: those are
+/// refused, never taken for a replay.
+#[tokio::test]
+async fn a_retried_multi_stream_append_after_a_lost_reply_is_a_replay_only_as_it_was_written() {
+    let db = common::test_db().await;
+    let store = strata::app::event_store(db.pool.clone());
+    let (guarded, a, b) = (stream("tmpl-g"), stream("job-a"), stream("files-b"));
+    store
+        .append(vec![StreamWrite::new(
+            guarded.clone(),
+            ExpectedVersion::NoStream,
+            vec![event("TemplateRegistered.v1", serde_json::json!({}))],
+        )])
+        .await
+        .unwrap();
+    let writes = vec![
+        StreamWrite::guard(guarded.clone(), ExpectedVersion::Exact(1)),
+        StreamWrite::new(
+            a.clone(),
+            ExpectedVersion::NoStream,
+            vec![
+                event("BuildRegistered.v1", serde_json::json!({"n": 1})),
+                event("UploadIntended.v1", serde_json::json!({"n": 2})),
+            ],
+        ),
+        StreamWrite::new(
+            b.clone(),
+            ExpectedVersion::NoStream,
+            vec![event("GenerationReserved.v1", serde_json::json!({"n": 3}))],
+        ),
+    ];
+    store.lose_next_reply("files");
+    let lost = store.append(writes.clone()).await.unwrap_err();
+    assert!(matches!(lost, AppendError::Database(_)), "{lost:?}");
+    assert_eq!(store.lost_replies_pending(), 0);
+
+    let retry = store.append(writes.clone()).await.unwrap();
+    assert!(retry.replay, "the retry is recognised");
+    let ids = |events: &[RecordedEvent]| events.iter().map(|e| e.event_id).collect::<Vec<_>>();
+    let sent: Vec<Uuid> = writes
+        .iter()
+        .flat_map(|w| w.events.iter().map(|e| e.event_id))
+        .collect();
+    assert_eq!(ids(&retry.events), sent);
+    assert_eq!(
+        retry.events.iter().map(|e| e.version).collect::<Vec<_>>(),
+        [1, 2, 1]
+    );
+    assert_eq!(retry.version(&guarded), Some(1));
+    assert_eq!(retry.version(&a), Some(2));
+    assert_eq!(retry.version(&b), Some(1));
+    assert_eq!(event_count(&db.pool, None).await, 4, "nothing stored twice");
+
+    // The same events, in another order within a write: not what was appended.
+    let mut swapped = writes.clone();
+    swapped[1].events.swap(0, 1);
+    match store.append(swapped.clone()).await {
+        Err(AppendError::EventIdsReused {
+            mismatched,
+            missing,
+        }) => {
+            assert!(missing.is_empty());
+            assert!(!mismatched.is_empty(), "the misplaced ids are named");
+        }
+        other => panic!("expected EventIdsReused, got {other:?}"),
+    }
+
+    // Events stored by two appends, sent again as one: not a replay of either.
+    let (c, d) = (stream("job-c"), stream("job-d"));
+    let first = StreamWrite::new(
+        c.clone(),
+        ExpectedVersion::NoStream,
+        vec![event("BuildRegistered.v1", serde_json::json!({}))],
+    );
+    let second = StreamWrite::new(
+        d.clone(),
+        ExpectedVersion::NoStream,
+        vec![event("BuildRegistered.v1", serde_json::json!({}))],
+    );
+    store.append(vec![first.clone()]).await.unwrap();
+    store.append(vec![second.clone()]).await.unwrap();
+    match store.append(vec![first, second]).await {
+        Err(AppendError::EventIdsReused { mismatched, .. }) => {
+            assert_eq!(mismatched.len(), 1, "{mismatched:?}")
+        }
+        other => panic!("expected EventIdsReused, got {other:?}"),
+    }
+    assert_eq!(event_count(&db.pool, None).await, 6);
+}
+
 /// Makes two appends read the same rows before either writes: a write skew that SERIALIZABLE
 /// must break with a serialization failure (40001) in one of them.
 struct WriteSkew {

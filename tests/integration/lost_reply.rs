@@ -1,8 +1,11 @@
-//! Issue 9, item 5: a reply lost after the commit of a worker's write. The store commits and
-//! then answers with a connection error; that interleaving is produced with the store's fault
-//! hook (`EventStore::lose_next_reply`, a fake for exactly this one fault, which no outside
-//! signal can place between COMMIT and the reply). Real Postgres, real commands otherwise, and
-//! for a checkpointed step's record a real build on a real sandbox.
+//! Issue 9, item 5: a reply lost after the commit of a worker's or a reconciler's write. The
+//! store commits and then answers with a connection error; that interleaving is produced with the
+//! store's fault hook (`EventStore::lose_next_reply` by stream category, `lose_next_reply_to` by
+//! event type: a fake for exactly this one fault, which no outside signal can place between
+//! COMMIT and the reply). Real Postgres, real commands otherwise, and for the worker's writes
+//! (checkpoint records, cache entries, layer leases, every promotion step) a real build on a real
+//! sandbox. Each test asserts that the build still ends exactly once, with no event stored
+//! twice and no build left Active or Publishing.
 
 use crate::common;
 
@@ -243,4 +246,553 @@ async fn build_losing_the_armed_reply(
         state.phase
     );
     (build, state)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Promotion steps after staging, driven by the worker
+// ---------------------------------------------------------------------------------------------
+
+/// Committing the layers (`staged -> layers_committed`, one append to the outbox) commits and its
+/// reply is lost while the worker drives its own promotion: the worker's retry finds the step
+/// taken and goes on; every promotion event is stored once and the build is Ready in epoch 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_on_committing_the_layers_still_finishes_the_build_once() {
+    worker_loses_a_promotion_reply("PromotionLayersCommitted.v1", "lost-commit-reply").await;
+}
+
+/// The flip to visible (the outbox's `PromotionVisible`, the template's `TagsAssigned` and a
+/// guard on the build, in one append) commits and its reply is lost while the worker drives its
+/// promotion: the tags are assigned once, and the build is Ready once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_on_the_flip_to_visible_still_finishes_the_build_once() {
+    worker_loses_a_promotion_reply("PromotionVisible.v1", "lost-visible-reply").await;
+}
+
+/// The last step (the build's `BuildReady` and the outbox's `PromotionDone`, in one append)
+/// commits and its reply is lost: the worker's retry finds the build Ready in its own epoch and
+/// reports the build published, with nothing appended twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_on_marking_the_build_ready_still_finishes_it_once() {
+    worker_loses_a_promotion_reply("BuildReady.v1", "lost-ready-reply").await;
+}
+
+async fn worker_loses_a_promotion_reply(event_type: &str, name: &str) {
+    let mut fx = Fixture::new(settings()).await;
+    fx.store.lose_next_reply_to(event_type);
+    let (build, state) = build_losing_the_armed_reply(
+        &fx,
+        name,
+        vec![step("RUN", &["echo promoted > /tmp/lost-promotion"])],
+    )
+    .await;
+    assert_promoted_once(&fx.store, &fx.db.pool, build, &state).await;
+    fx.stop().await;
+}
+
+/// The build was published exactly once: one `PublishingStarted` and one `BuildReady` (no
+/// failure), the outbox's four steps once each and in order, the template's tags assigned to it
+/// once, and the read model says ready.
+async fn assert_promoted_once(
+    store: &EventStore,
+    pool: &sqlx::PgPool,
+    build: BuildId,
+    state: &strata::domain::build::State,
+) {
+    let types = event_types(store, build).await;
+    for (event_type, expected) in [
+        ("PublishingStarted.v1", 1),
+        ("BuildReady.v1", 1),
+        ("BuildFailed.v1", 0),
+        ("ContextReleased.v1", 1),
+    ] {
+        let n = types.iter().filter(|t| *t == event_type).count();
+        assert_eq!(n, expected, "{event_type} in {types:?}");
+    }
+    assert_eq!(
+        promotion_types(store, build).await,
+        [
+            "PromotionStaged.v1",
+            "PromotionLayersCommitted.v1",
+            "PromotionVisible.v1",
+            "PromotionDone.v1"
+        ]
+    );
+    let template = state.registration.as_ref().unwrap().template.clone();
+    let assigned = store
+        .read_stream_all(&stream(ids::stream::template(&template)))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| {
+            e.event_type == "TagsAssigned.v1" && e.data["build"] == build.to_string().as_str()
+        })
+        .count();
+    assert_eq!(assigned, 1, "the tags are assigned to the build once");
+    assert_eq!(read_model_phase(pool, build).await, "ready");
+}
+
+async fn promotion_types(store: &EventStore, build: BuildId) -> Vec<String> {
+    store
+        .read_stream_all(&stream(ids::stream::promotion(&build, Epoch::FIRST)))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect()
+}
+
+async fn read_model_phase(pool: &sqlx::PgPool, build: BuildId) -> String {
+    sqlx::query_scalar("SELECT phase FROM builds WHERE build_id = $1")
+        .bind(build.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Promotion steps after staging, driven by the promotion reconciler
+// ---------------------------------------------------------------------------------------------
+
+/// A build whose node entered Publishing (the build and the staged outbox, one append, with a
+/// plan of no layers) and then died: what the promotion reconciler finds.
+async fn publishing_build(store: &EventStore, name: &str) -> (ids::TemplateId, BuildId) {
+    use strata::domain::build::{AttemptGrant, BuildResult};
+    use strata::domain::build_spec::Tag;
+    use strata::domain::ids::{NodeId, SnapshotId};
+    use strata::domain::promotion::PromotionPlan;
+
+    let api = Api {
+        store: store.clone(),
+        team: TeamId::parse("team-lost-reply").unwrap(),
+    };
+    let (template, build) = api.register(name).await;
+    api.start(
+        build,
+        json!({"fromImage": "busybox", "force": false, "steps": [{"type": "RUN", "args": ["true"], "force": false}]}),
+    )
+    .await;
+    let now = strata::streams::database_now(store.pool()).await.unwrap();
+    let ctx = common::build_api::api_context;
+    strata::app::attempt::acquire_attempt(
+        store,
+        &ctx(),
+        build,
+        None,
+        AttemptGrant {
+            node: NodeId::parse("died-publishing").unwrap(),
+            lease_expires_at: now + chrono::Duration::minutes(5),
+        },
+        now,
+    )
+    .await
+    .unwrap();
+    let candidate = SnapshotId::from_uuid(uuid::Uuid::now_v7());
+    let plan = PromotionPlan {
+        build,
+        epoch: Epoch::FIRST,
+        template: template.clone(),
+        source: candidate,
+        target: candidate,
+        build_base_checkpoint: None,
+        layers: vec![],
+        tags: vec![Tag::default_tag()],
+    };
+    let result = BuildResult {
+        candidate,
+        build_base_checkpoint: None,
+    };
+    strata::app::publish::begin_publishing(store, &ctx(), &result, &plan)
+        .await
+        .unwrap();
+    (template, build)
+}
+
+fn reconciler_env(store: &EventStore) -> strata::reconcilers::ReconcileEnv {
+    strata::reconcilers::ReconcileEnv {
+        store: store.clone(),
+        node: "lost-reply-reconciler".into(),
+        blobs: common::sandbox::backend().blobs(),
+        gc: Default::default(),
+        catalog: None,
+    }
+}
+
+/// Each promotion step after staging, driven by the promotion reconciler, commits and its reply
+/// is lost: that pass fails (counted as failed, never as done or skipped), the next pass finishes
+/// the promotion from where the committed step left it, and the one after finds nothing to do.
+/// Every step is stored once and the build is Ready once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_in_any_promotion_step_of_the_reconciler_fails_one_pass_and_the_next_finishes()
+{
+    let db = common::test_db().await;
+    let store = strata::app::event_store(db.pool.clone());
+    let env = reconciler_env(&store);
+    for (i, event_type) in [
+        "PromotionLayersCommitted.v1",
+        "PromotionVisible.v1",
+        "BuildReady.v1",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (_, build) = publishing_build(&store, &format!("reconciled-{i}")).await;
+        store.lose_next_reply_to(event_type);
+        let failed = strata::reconcilers::promotion::finish(&env, build).await;
+        assert!(
+            failed.is_err(),
+            "{event_type}: the pass that lost the reply fails: {failed:?}"
+        );
+        assert_eq!(
+            store.lost_replies_pending(),
+            0,
+            "{event_type}: the reply was lost"
+        );
+        // The next pass finishes whatever is left (after a lost BuildReady, nothing is).
+        let next = strata::reconcilers::promotion::finish(&env, build).await;
+        assert_eq!(
+            next.unwrap(),
+            event_type != "BuildReady.v1",
+            "{event_type}: the next pass"
+        );
+        let again = strata::reconcilers::promotion::finish(&env, build).await;
+        assert!(!again.unwrap(), "{event_type}: nothing is left to do");
+        let state = load::<Build>(&store, &stream(ids::stream::build(&build)))
+            .await
+            .unwrap()
+            .state;
+        assert!(
+            matches!(state.phase, Phase::Ready { epoch } if epoch == Epoch::FIRST),
+            "{event_type}: {:?}",
+            state.phase
+        );
+        assert_promoted_once(&store, &db.pool, build, &state).await;
+    }
+}
+
+/// The template was deleted while its build was publishing on a node that died; the promotion
+/// reconciler's abandonment (the outbox's `PromotionAbandoned`, the build's `error`, guarded by
+/// the template, in one append) commits and its reply is lost. That pass fails; the next finds
+/// the outbox abandoned and the build in `error` (TemplateDeleted), and appends nothing: one
+/// failure, one abandonment, one release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_on_abandoning_a_deleted_templates_promotion_ends_the_build_once() {
+    let db = common::test_db().await;
+    let store = strata::app::event_store(db.pool.clone());
+    let env = reconciler_env(&store);
+    let (template, build) = publishing_build(&store, "abandoned").await;
+    let team = TeamId::parse("team-lost-reply").unwrap();
+    let now = strata::streams::database_now(store.pool()).await.unwrap();
+    strata::app::template::delete_template(
+        &store,
+        &common::build_api::api_context(),
+        &team,
+        &template,
+        now,
+    )
+    .await
+    .unwrap();
+
+    store.lose_next_reply_to("PromotionAbandoned.v1");
+    let failed = strata::reconcilers::promotion::finish(&env, build).await;
+    assert!(
+        failed.is_err(),
+        "the pass that lost the reply fails: {failed:?}"
+    );
+    assert_eq!(store.lost_replies_pending(), 0, "the reply was lost");
+    let next = strata::reconcilers::promotion::finish(&env, build).await;
+    assert!(!next.unwrap(), "the next pass finds the build ended");
+
+    let state = load::<Build>(&store, &stream(ids::stream::build(&build)))
+        .await
+        .unwrap()
+        .state;
+    let Phase::Error { reason, .. } = &state.phase else {
+        panic!("expected error, got {:?}", state.phase)
+    };
+    assert_eq!(
+        reason.kind,
+        strata::domain::build::FailureKind::TemplateDeleted
+    );
+    let types = event_types(&store, build).await;
+    for (event_type, expected) in [
+        ("BuildFailed.v1", 1),
+        ("ContextReleased.v1", 1),
+        ("BuildReady.v1", 0),
+    ] {
+        let n = types.iter().filter(|t| *t == event_type).count();
+        assert_eq!(n, expected, "{event_type} in {types:?}");
+    }
+    assert_eq!(
+        promotion_types(&store, build).await,
+        [
+            "PromotionStaged.v1",
+            "PromotionLayersCommitted.v1",
+            "PromotionAbandoned.v1"
+        ]
+    );
+    assert_eq!(read_model_phase(&db.pool, build).await, "error");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The worker's other multi-stream writes
+// ---------------------------------------------------------------------------------------------
+
+/// The attempt's lease on the layers it boots on (one append over their `object-…` streams)
+/// commits and its reply is lost. The lease is the attempt's write like any other: retried, and
+/// the attempt that lost the reply builds the template, with the lease stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_to_the_boot_lease_on_the_base_layers_still_builds_once() {
+    let mut fx = Fixture::new(settings()).await;
+    fx.store.lose_next_reply_to("ObjectLeased.v1");
+    let (build, state) = build_losing_the_armed_reply(
+        &fx,
+        "lost-lease-reply",
+        vec![step("RUN", &["echo leased > /tmp/lost-lease"])],
+    )
+    .await;
+    assert_promoted_once(&fx.store, &fx.db.pool, build, &state).await;
+    let holder = format!("build {build} attempt 1");
+    for object in fx.store.streams_with_prefix("object-").await.unwrap() {
+        let leases = fx
+            .store
+            .read_stream_all(&stream(object.clone()))
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.event_type == "ObjectLeased.v1" && e.data["holder"] == holder.as_str())
+            .count();
+        assert!(leases <= 1, "{object} leased {leases} times by the attempt");
+    }
+    fx.stop().await;
+}
+
+/// A cache entry (the `cachekey-…` stream, guarded by the build, in one append) commits and its
+/// reply is lost. The retry finds the entry there and the build goes on publishing its later
+/// entries: every checkpointed step and the final result have one entry each, and an identical
+/// build is then served from the final entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_to_a_cache_entry_keeps_the_builds_later_entries() {
+    let mut fx = Fixture::new(settings()).await;
+    fx.store.lose_next_reply_to("CacheEntryPublished.v1");
+    let steps = vec![
+        step("RUN", &["echo one > /tmp/lost-entry-one"]),
+        step("RUN", &["echo two > /tmp/lost-entry-two"]),
+    ];
+    let (build, state) = build_losing_the_armed_reply(&fx, "lost-entry-reply", steps.clone()).await;
+    assert_promoted_once(&fx.store, &fx.db.pool, build, &state).await;
+    // Two checkpointed steps and the final result, whose entry is written once the build is
+    // Ready (so it may still be on its way).
+    let mut keys = fx.store.streams_with_prefix("cachekey-").await.unwrap();
+    let waited = std::time::Instant::now();
+    while keys.len() < 3 && waited.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        keys = fx.store.streams_with_prefix("cachekey-").await.unwrap();
+    }
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    for key in &keys {
+        let types: Vec<String> = fx
+            .store
+            .read_stream_all(&stream(key.clone()))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.event_type)
+            .collect();
+        assert_eq!(types, ["CacheEntryPublished.v1"], "{key}");
+    }
+    let logs = fx.logs(build).await;
+    assert!(
+        logs.iter()
+            .all(|(_, _, m, _)| !m.contains("not publishing")),
+        "{logs:?}"
+    );
+
+    let (again, _) = fx
+        .build(
+            "lost-entry-reply",
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": steps}),
+        )
+        .await;
+    let consulted: Vec<serde_json::Value> = fx
+        .store
+        .read_stream_all(&stream(ids::stream::build(&again)))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event_type == "CacheConsulted.v1")
+        .map(|e| e.data)
+        .collect();
+    assert!(
+        consulted
+            .iter()
+            .any(|c| c["consultation"]["found"]["kind"] == "final"),
+        "the identical build is served from the final entry: {consulted:?}"
+    );
+    fx.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The API's multi-stream writes: a client retries with a new request
+// ---------------------------------------------------------------------------------------------
+
+/// An upload's completion (the build's intent and binding, the `files-…` generation and the
+/// bytes' object reference, in one append) commits and its reply is lost: the client sees a
+/// failed PUT and sends it again, a new request with a new command id. The retry is answered as
+/// done, nothing is stored twice, and the build made from that context is Ready once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_on_completing_an_upload_is_answered_by_the_retried_put() {
+    use common::worker_fixture::{copy, files_hash, single_file_tar};
+    use strata::app::upload::{complete_upload, link_upload};
+    use strata::domain::build::upload::{CompleteUpload, ReserveUpload};
+    use strata::domain::ids::IntentId;
+
+    let mut fx = Fixture::new(settings()).await;
+    let (_, build) = fx.api.register("lost-upload-reply").await;
+    let hash = files_hash("lost-upload-reply");
+    let bytes = single_file_tar("hello.txt", b"hello after a lost reply\n");
+    strata::app::object::reference(
+        &fx.store,
+        &common::build_api::api_context(),
+        &[ids::Digest::of(&bytes)],
+        "test upload",
+    )
+    .await
+    .unwrap();
+    let (digest, size) = fx.blobs.put_bytes(&bytes).unwrap();
+    let now = chrono::Utc::now();
+    let intent = IntentId::from_uuid(uuid::Uuid::new_v4());
+    let link = link_upload(
+        &fx.store,
+        &common::build_api::api_context(),
+        &ReserveUpload {
+            build,
+            intent,
+            hash: hash.clone(),
+            now,
+            expires_at: now + chrono::Duration::hours(1),
+        },
+    )
+    .await
+    .unwrap();
+    let completion = CompleteUpload {
+        build,
+        intent,
+        hash: hash.clone(),
+        generation: link.generation,
+        blob_digest: digest,
+        size,
+        now,
+    };
+
+    fx.store.lose_next_reply_to("UploadCompleted.v1");
+    let lost = complete_upload(&fx.store, &common::build_api::api_context(), &completion).await;
+    assert!(lost.is_err(), "the reply was lost: {lost:?}");
+    assert_eq!(fx.store.lost_replies_pending(), 0);
+    complete_upload(&fx.store, &common::build_api::api_context(), &completion)
+        .await
+        .expect("the retried PUT is answered as done");
+
+    let types = event_types(&fx.store, build).await;
+    for event_type in ["UploadCompleted.v1", "ContextBound.v1"] {
+        let n = types.iter().filter(|t| *t == event_type).count();
+        assert_eq!(n, 1, "{event_type} in {types:?}");
+    }
+    let scope = ids::Scope::team(&fx.api.team);
+    let files: Vec<String> = fx
+        .store
+        .read_stream_all(&stream(ids::stream::files(&scope, &hash)))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    let mut distinct = files.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        files.len(),
+        "a files event stored twice: {files:?}"
+    );
+
+    fx.api
+        .start(
+            build,
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                copy("hello.txt", "/srv/", "root", "0644", &hash),
+            ]}),
+        )
+        .await;
+    let state = fx.wait_terminal(build).await;
+    assert_ready(&state);
+    assert_promoted_once(&fx.store, &fx.db.pool, build, &state).await;
+    fx.stop().await;
+}
+
+/// A template's deletion (the template, its name claims and the `error` of its queued build, in
+/// one append) commits and its reply is lost: the client sends `DELETE` again, a new command,
+/// which the template refuses as already deleted (the handler answers that with 204). The queued
+/// build ended once, saying why, and no node claims it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_reply_on_deleting_a_template_ends_its_queued_build_once() {
+    let db = common::test_db().await;
+    let store = strata::app::event_store(db.pool.clone());
+    let team = TeamId::parse("team-lost-reply").unwrap();
+    let api = Api {
+        store: store.clone(),
+        team: team.clone(),
+    };
+    let (template, build) = api.register("deleted-lost-reply").await;
+    api.start(
+        build,
+        json!({"fromImage": "busybox", "force": false, "steps": [{"type": "RUN", "args": ["true"], "force": false}]}),
+    )
+    .await;
+
+    let delete = || async {
+        let now = strata::streams::database_now(store.pool()).await.unwrap();
+        strata::app::template::delete_template(
+            &store,
+            &common::build_api::api_context(),
+            &team,
+            &template,
+            now,
+        )
+        .await
+    };
+    store.lose_next_reply_to("TemplateDeleted.v1");
+    let lost = delete().await;
+    assert!(lost.is_err(), "the reply was lost: {lost:?}");
+    assert_eq!(store.lost_replies_pending(), 0);
+    match delete().await {
+        Err(strata::events::CommandError::Rejected(strata::domain::template::Error::Deleted)) => {}
+        other => panic!("the retried DELETE finds the template deleted: {other:?}"),
+    }
+
+    let types = event_types(&store, build).await;
+    for (event_type, expected) in [("BuildFailed.v1", 1), ("ContextReleased.v1", 1)] {
+        let n = types.iter().filter(|t| *t == event_type).count();
+        assert_eq!(n, expected, "{event_type} in {types:?}");
+    }
+    let template_events: Vec<String> = store
+        .read_stream_all(&stream(ids::stream::template(&template)))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    let deleted = template_events
+        .iter()
+        .filter(|t| *t == "TemplateDeleted.v1")
+        .count();
+    assert_eq!(deleted, 1, "{template_events:?}");
+    assert_eq!(read_model_phase(&db.pool, build).await, "error");
+    assert!(
+        attempt::acquire(&store, build, "node-a", LEASE)
+            .await
+            .unwrap()
+            .is_none(),
+        "no node claims the ended build"
+    );
 }

@@ -76,16 +76,7 @@ impl SandboxOwner for Proc {
     /// sibling's sweep removes once the process is dead).
     fn sandbox_owner(&self, data_dir: &std::path::Path) -> Option<String> {
         // Without colour codes (the log may carry them around field names).
-        let mut logged = String::new();
-        let mut in_escape = false;
-        for c in self.stderr().chars() {
-            match c {
-                '\x1b' => in_escape = true,
-                'm' if in_escape => in_escape = false,
-                c if !in_escape => logged.push(c),
-                _ => {}
-            }
-        }
+        let logged = without_colours(&self.stderr());
         if let Some(rest) = logged.split("sandbox_owner=").nth(1) {
             let rest = rest.trim_start_matches('"');
             let id: String = rest
@@ -856,13 +847,20 @@ async fn enter_publishing(store: &EventStore, build: BuildId, template: &ids::Te
         .unwrap();
 }
 
+/// How long each lease, deadline and link of the setup below holds, from the moment it is
+/// written. Each is taken from the clock just before its own writes (not once for the whole
+/// setup of forty builds), so a slow machine cannot let one pass before the writes that need it
+/// (a ghost's lease must still hold when its build enters Publishing); a little longer than that
+/// takes, so the reconcilers have them all to act on seconds later.
+const SETUP_WINDOW: chrono::Duration = chrono::Duration::seconds(4);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_reconcilers_of_each_kind_apply_every_transition_once() {
     const EACH: usize = 8;
     let db = common::test_db().await;
     let store = strata::app::event_store(db.pool.clone());
     let api = new_api(&store);
-    let soon = Utc::now() + chrono::Duration::milliseconds(1500);
+    let soon = || Utc::now() + SETUP_WINDOW;
     let spec = recipe(vec![step("RUN", &["true"])]);
 
     let mut active = Vec::new();
@@ -873,20 +871,20 @@ async fn two_reconcilers_of_each_kind_apply_every_transition_once() {
     for i in 0..EACH {
         let (_, b) = api.register(&format!("active-{i}")).await;
         api.start(b, spec.clone()).await;
-        acquire_for_ghost(&store, b, soon).await;
+        acquire_for_ghost(&store, b, soon()).await;
         active.push(b);
 
         let (t, b) = api.register(&format!("publishing-{i}")).await;
         api.start(b, spec.clone()).await;
-        acquire_for_ghost(&store, b, soon).await;
+        acquire_for_ghost(&store, b, soon()).await;
         enter_publishing(&store, b, &t).await;
         publishing.push((t, b));
 
-        let (_, b) = api.register_until(&format!("waiting-{i}"), soon).await;
+        let (_, b) = api.register_until(&format!("waiting-{i}"), soon()).await;
         waiting.push(b);
 
         let (_, b) = api.register(&format!("queued-{i}")).await;
-        api.start_until(b, spec.clone(), soon).await;
+        api.start_until(b, spec.clone(), soon()).await;
         queued.push(b);
 
         let (_, b) = api.register(&format!("uploading-{i}")).await;
@@ -894,7 +892,7 @@ async fn two_reconcilers_of_each_kind_apply_every_transition_once() {
             format!("ctx-{i}").as_bytes(),
         )))
         .unwrap();
-        let intent = api.reserve(b, &hash, soon).await;
+        let intent = api.reserve(b, &hash, soon()).await;
         intents.push((b, intent));
     }
 
@@ -904,12 +902,17 @@ async fn two_reconcilers_of_each_kind_apply_every_transition_once() {
         "waiting-deadline",
         "intent-expiry",
     ];
-    let _procs: Vec<Proc> = names
+    // Every pass is logged (at trace level), so the test can wait for passes rather than time.
+    let passes_logged = [(
+        "RUST_LOG",
+        "strata=info,strata::reconcilers::schedule=trace",
+    )];
+    let procs: Vec<Proc> = names
         .iter()
         .flat_map(|n| {
             [
-                start_reconciler(&db.url, &format!("{n}-1"), &[n]),
-                start_reconciler(&db.url, &format!("{n}-2"), &[n]),
+                Proc::reconciler(&db.url, &format!("{n}-1"), &[n], &passes_logged),
+                Proc::reconciler(&db.url, &format!("{n}-2"), &[n], &passes_logged),
             ]
         })
         .collect();
@@ -936,8 +939,21 @@ async fn two_reconcilers_of_each_kind_apply_every_transition_once() {
         },
     )
     .await;
-    // Several more passes of every copy: nothing more may happen.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Several more passes of every copy: nothing more may happen. Awaited, not slept: on a busy
+    // machine a fixed time may hold no pass at all.
+    let seen: Vec<usize> = procs.iter().map(passes_of).collect();
+    wait_for(
+        "three more passes of every reconciler",
+        Duration::from_secs(60),
+        || {
+            let done = procs
+                .iter()
+                .zip(&seen)
+                .all(|(p, before)| passes_of(p) >= before + 3);
+            async move { done }
+        },
+    )
+    .await;
 
     let mut by_node: BTreeMap<String, usize> = BTreeMap::new();
     let mut tally = |events: &[RecordedEvent]| {
@@ -1020,6 +1036,30 @@ async fn two_reconcilers_of_each_kind_apply_every_transition_once() {
     assert!(!by_node.is_empty());
 }
 
+/// How many passes `reconciler` has logged (with `strata::reconcilers::schedule` at trace level,
+/// every pass is a line).
+fn passes_of(reconciler: &Proc) -> usize {
+    without_colours(&reconciler.stderr())
+        .lines()
+        .filter(|l| l.contains("strata::reconcilers::schedule: pass"))
+        .count()
+}
+
+/// `log` without its terminal colour codes (they may sit between a target and its message).
+fn without_colours(log: &str) -> String {
+    let mut plain = String::with_capacity(log.len());
+    let mut in_escape = false;
+    for c in log.chars() {
+        match c {
+            '\x1b' => in_escape = true,
+            'm' if in_escape => in_escape = false,
+            c if !in_escape => plain.push(c),
+            _ => {}
+        }
+    }
+    plain
+}
+
 // ---------------------------------------------------------------------------------------------
 // Postgres restarted under a running build
 // ---------------------------------------------------------------------------------------------
@@ -1027,7 +1067,7 @@ async fn two_reconcilers_of_each_kind_apply_every_transition_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_build_survives_a_postgres_restart_and_loses_nothing() {
     let dir = common::data_dir();
-    let port = 54400 + (std::process::id() % 500) as u16;
+    let port = cluster_port();
     let pg = StopOnDrop(
         strata::embedded_postgres::EmbeddedPostgres::new(dir.path().join("pg"), port).unwrap(),
     );
@@ -1047,8 +1087,9 @@ async fn a_build_survives_a_postgres_restart_and_loses_nothing() {
         ]),
     )
     .await;
-    // A lease longer than the outage: the node keeps its attempt across the restart.
-    let _worker = start_worker_with_lease(&url, "restart-node", None, 12);
+    // A lease far longer than the outage (stopping, two seconds down, starting again, each of
+    // them slow on a busy machine): the node keeps its attempt across the restart.
+    let worker = start_worker_with_lease(&url, "restart-node", None, 30);
     let _reconciler = start_reconciler(&url, "restart-reconciler", &[]);
     wait_for("step 1 to complete", Duration::from_secs(90), || async {
         count(&build_events(&store, build).await, "StepCompleted.v1") == 1
@@ -1061,8 +1102,9 @@ async fn a_build_survives_a_postgres_restart_and_loses_nothing() {
     tokio::task::spawn_blocking(move || stopper.stop().unwrap())
         .await
         .unwrap();
+    // The outage itself: two seconds without a server, across the end of step 2.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    pg.0.start().await.unwrap();
+    start_again(&pg.0).await;
 
     wait_terminal(&pool, build, Duration::from_secs(90)).await;
     let after = build_events(&store, build).await;
@@ -1099,9 +1141,45 @@ async fn a_build_survives_a_postgres_restart_and_loses_nothing() {
     let row = phase_row(&pool, build).await.unwrap();
     assert!(row == "ready" || row == "error");
     pool.close().await;
-    drop(_worker);
+    drop(worker);
     drop(_reconciler);
     tokio::task::spawn_blocking(move || drop(pg)).await.unwrap();
+}
+
+/// A free port for the test's own cluster, below the kernel's ephemeral range. A port inside it
+/// can be taken, while the server is down, as the local end of any outgoing connection on the
+/// machine (every test's database connections among them), and the restart then fails with
+/// "address already in use".
+fn cluster_port() -> u16 {
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let from = 20000u16;
+    let first = from + (std::process::id() % u32::from(ephemeral_from - from)) as u16;
+    (first..ephemeral_from)
+        .chain(from..first)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port below the ephemeral range")
+}
+
+/// Starts the stopped cluster again. `pg_ctl start` can fail on a busy machine (its port or
+/// shared memory not yet free, the start outliving its wait): tried again, with a growing pause,
+/// up to five times, and the server log shown if it never comes up.
+async fn start_again(pg: &strata::embedded_postgres::EmbeddedPostgres) {
+    let mut failures = Vec::new();
+    for attempt in 1..=5u32 {
+        match pg.start().await {
+            Ok(()) => return,
+            Err(e) => {
+                eprintln!("starting Postgres again, attempt {attempt}: {e}");
+                failures.push(e.to_string());
+                tokio::time::sleep(Duration::from_millis(500) * attempt).await;
+            }
+        }
+    }
+    let log = std::fs::read_to_string(pg.data_dir().join("server.log")).unwrap_or_default();
+    panic!("Postgres did not start again: {failures:#?}\n{log}");
 }
 
 /// Stops the dedicated cluster however the test ends.
