@@ -17,7 +17,8 @@
 //! Stop points: `worker:before-checkpoint-record` (a step's checkpoint sealed, its snapshot and
 //! step record not yet written), `worker:before-publishing` (the result recorded, Publishing
 //! not yet entered), `promotion:before-visible` (layers committed, the template's flip not yet
-//! made; in the worker's drive and the promotion reconciler's alike).
+//! made; in the worker's drive and the promotion reconciler's alike), `layers:staged` (a layer's
+//! locked staging directory created, nothing extracted into it yet).
 
 /// The environment variable naming the one crash point that fires.
 pub const CRASH_AT_ENV: &str = "STRATA_FAULT_CRASH_AT";

@@ -181,11 +181,12 @@ fn report_text(report: &Report, dry_run: bool) -> String {
     );
     if !dry_run {
         out += &format!(
-            "deleted {} objects ({}); kept {}; removed {} stale temporary files\n",
+            "deleted {} objects ({}); kept {}; removed {} stale temporary files and {} quarantined blobs\n",
             report.deleted.len(),
             human_bytes(report.deleted_bytes()),
             report.kept.len(),
-            report.temporary_removed
+            report.temporary_removed,
+            report.quarantine_removed
         );
         for (digest, why) in &report.kept {
             out += &format!("  kept {digest}: {why}\n");
@@ -215,5 +216,6 @@ fn report_json(report: &Report, dry_run: bool) -> serde_json::Value {
         "deleted": report.deleted.iter().map(planned).collect::<Vec<_>>(),
         "kept": report.kept.iter().map(|(d, why)| serde_json::json!({"digest": d.to_string(), "why": why})).collect::<Vec<_>>(),
         "temporary_removed": report.temporary_removed,
+        "quarantine_removed": report.quarantine_removed,
     })
 }

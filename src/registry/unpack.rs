@@ -120,19 +120,19 @@ pub fn unpack(
     layers: &LayerCache,
 ) -> Result<LayerRef, UnpackError> {
     let staging = layers.staging(diff_id).map_err(UnpackError::Store)?;
-    let result = unpack_into(rx, compression, compressed_digest, diff_id, blobs, &staging);
-    match result {
-        Ok(layer) => {
-            layers
-                .publish_staged(&staging, diff_id)
-                .map_err(UnpackError::Store)?;
-            Ok(layer)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&staging);
-            Err(e)
-        }
-    }
+    // On error the staging directory is dropped, which removes it.
+    let layer = unpack_into(
+        rx,
+        compression,
+        compressed_digest,
+        diff_id,
+        blobs,
+        staging.path(),
+    )?;
+    layers
+        .publish_staged(staging, diff_id)
+        .map_err(UnpackError::Store)?;
+    Ok(layer)
 }
 
 fn unpack_into(

@@ -100,6 +100,10 @@ pub trait BlobStore: Send + Sync {
     /// Removes temporary files or objects written before `before` by writers that never
     /// published (a crashed process); answers how many went.
     fn sweep_temporary(&self, before: std::time::SystemTime) -> Result<usize>;
+    /// Removes blobs moved to quarantine (they failed verification) before `before`: kept
+    /// until then as evidence for an operator, then deleted by garbage collection. Answers how
+    /// many went.
+    fn sweep_quarantine(&self, before: std::time::SystemTime) -> Result<usize>;
     /// Where the owner marker is (a path or an object URL, never credentials): what an operator
     /// removes to hand the store to another database.
     fn owner_marker(&self) -> String;
@@ -181,6 +185,12 @@ impl LocalBlobStore {
         self.root.join("owner")
     }
 
+    /// `<root>/quarantine`: blobs that failed verification, until garbage collection removes
+    /// them ([`BlobStore::sweep_quarantine`]).
+    pub fn quarantine_dir(&self) -> PathBuf {
+        self.root.join("quarantine")
+    }
+
     pub fn path_of(&self, digest: &Digest) -> PathBuf {
         self.root.join("sha256").join(digest.hex())
     }
@@ -206,7 +216,7 @@ impl LocalBlobStore {
             Ok(m) if FileIdentity::of(&m) == seen => {}
             _ => return Ok(()),
         }
-        let dir = self.root.join("quarantine");
+        let dir = self.quarantine_dir();
         std::fs::create_dir_all(&dir)
             .map_err(VmmError::io(format!("creating {}", dir.display())))?;
         let aside = dir.join(format!(
@@ -326,6 +336,46 @@ impl BlobStore for LocalBlobStore {
             if old && std::fs::remove_file(entry.path()).is_ok() {
                 removed += 1;
             }
+        }
+        Ok(removed)
+    }
+
+    /// A file's ctime is when it was moved to quarantine (the rename sets it; its mtime is
+    /// still when its bytes were written, which may be long before).
+    fn sweep_quarantine(&self, before: std::time::SystemTime) -> Result<usize> {
+        let dir = self.quarantine_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(VmmError::io(format!("listing {}", dir.display()))(e)),
+        };
+        let mut removed = 0;
+        for entry in entries {
+            let entry = entry.map_err(VmmError::io(format!("listing {}", dir.display())))?;
+            let meta = match entry.metadata() {
+                Ok(m) => m,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    return Err(VmmError::io(format!("stat of {}", entry.path().display()))(
+                        e,
+                    ))
+                }
+            };
+            let quarantined = std::time::UNIX_EPOCH
+                + std::time::Duration::new(meta.ctime().max(0) as u64, meta.ctime_nsec() as u32);
+            if quarantined >= before {
+                continue;
+            }
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(VmmError::io(format!("removing {}", entry.path().display()))(e))
+                }
+            }
+        }
+        if removed > 0 {
+            sync_dir(&dir)?;
         }
         Ok(removed)
     }

@@ -14,9 +14,10 @@
 //!
 //! A layer's digest is the sha256 of that tar (the OCI "diff id"). [`LayerCache`] extracts a
 //! blob once per node into `layers/<hex>/`, translating whiteouts back to overlay's format;
-//! the extraction goes to a temporary name, is synced, renamed into place and then marked
-//! complete, so concurrent extractions of one layer are safe and a half-extracted layer (or
-//! one torn by a host crash) is never mounted: an unmarked tree is extracted again.
+//! the extraction goes to a locked staging directory ([`super::layer_staging`]), is synced,
+//! renamed into place and then marked complete, so concurrent extractions of one layer are safe
+//! and a half-extracted layer (or one torn by a host crash) is never mounted: an unmarked tree
+//! is extracted again. What a crash leaves in staging is swept once its owner is dead.
 
 use std::collections::HashMap;
 use std::fs;
@@ -30,6 +31,7 @@ use super::archive_policy::{
 };
 use super::blob_store::{BlobStore, BlobWriter};
 use super::error::{Result, VmmError};
+use super::layer_staging::{self, Staging};
 use crate::domain::ids::Digest;
 
 /// A sealed layer: its digest and the size of its tar.
@@ -422,50 +424,44 @@ impl LayerCache {
         self.is_complete(digest) || self.is_syncing_here(digest)
     }
 
-    /// A fresh temporary directory to extract `digest` into, on the cache's filesystem; hand it
-    /// to [`Self::publish_staged`] once its content is verified, or remove it.
-    pub fn staging(&self, digest: &Digest) -> Result<PathBuf> {
+    /// A fresh staging directory to extract `digest` into, on the cache's filesystem, locked
+    /// (so no sweep removes it) until dropped; hand it to [`Self::publish_staged`] once its
+    /// content is verified, or drop it to remove it.
+    pub fn staging(&self, digest: &Digest) -> Result<Staging> {
         self.recreate_root()?;
-        let tmp = self.root.join(format!(
-            ".tmp-{}-{}",
-            digest.hex(),
-            uuid::Uuid::new_v4().simple()
-        ));
-        fs::create_dir(&tmp).map_err(VmmError::io(format!("creating {}", tmp.display())))?;
-        Ok(tmp)
+        Staging::create(&self.root, digest)
     }
 
     /// Publishes a verified extraction made in [`Self::staging`] as [`Self::ensure`] publishes
     /// its own (synced, renamed, marked complete); a concurrent identical one may have won.
-    pub fn publish_staged(&self, staged: &Path, digest: &Digest) -> Result<PathBuf> {
-        let result = fs::File::open(staged)
+    pub fn publish_staged(&self, staged: Staging, digest: &Digest) -> Result<PathBuf> {
+        fs::File::open(staged.path())
             .map_err(VmmError::io("opening an extracted layer"))
             .and_then(|dir| {
                 rustix::fs::syncfs(&dir)
                     .map_err(|e| VmmError::io("syncing an extracted layer")(e.into()))
             })
-            .and_then(|()| self.publish(staged, digest));
-        if result.is_err() {
-            let _ = fs::remove_dir_all(staged);
-        }
-        result?;
+            .and_then(|()| self.publish(staged.path(), digest))?;
+        drop(staged);
         self.enforce_budget();
         Ok(self.path(digest))
     }
 
+    /// Removes what extractions of dead processes left in the cache (staging directories no
+    /// live process holds, torn trees moved aside); run when a backend starts on the node.
+    pub fn sweep_leftovers(&self) -> layer_staging::Swept {
+        layer_staging::sweep(&self.root)
+    }
+
     /// Moves `tree`, an overlay-format directory whose layer tar hashes to `digest`, into the
-    /// cache as that layer's tree, published as [`Self::publish_staged`] does. The caller
+    /// cache as that layer's tree (through a locked staging directory), synced and marked
+    /// complete in the background (`src/vmm/layer_sync.rs`). The caller
     /// vouches for the content (it wrote the tar from this very tree). On error `tree` is gone.
     fn adopt(&self, tree: &Path, digest: &Digest) -> Result<Adopted> {
         self.recreate_root()?;
-        let staged = self.root.join(format!(
-            ".tmp-{}-{}",
-            digest.hex(),
-            uuid::Uuid::new_v4().simple()
-        ));
-        match fs::rename(tree, &staged) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => return Ok(Adopted::OtherFilesystem),
+        let staged = match Staging::adopt(&self.root, tree, digest) {
+            Ok(Some(staged)) => staged,
+            Ok(None) => return Ok(Adopted::OtherFilesystem),
             Err(e) => {
                 let _ = fs::remove_dir_all(tree);
                 return Err(VmmError::io(format!(
@@ -473,15 +469,17 @@ impl LayerCache {
                     tree.display()
                 ))(e));
             }
-        }
+        };
         // An extracted tree's root is a fresh directory: the upper's own root carries nothing
         // a layer records.
-        let _ = fs::set_permissions(&staged, std::os::unix::fs::PermissionsExt::from_mode(0o755));
-        let published = self.publish_syncing_later(&staged, digest);
-        if published.is_err() {
-            let _ = fs::remove_dir_all(&staged);
-        }
-        published.map(|()| Adopted::Yes)
+        let _ = fs::set_permissions(
+            staged.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        );
+        // On error the staging directory is dropped, which removes it.
+        self.publish_syncing_later(staged.path(), digest)?;
+        drop(staged);
+        Ok(Adopted::Yes)
     }
 
     /// The cache directory may have been wiped while the node runs: make it again.
@@ -515,34 +513,28 @@ impl LayerCache {
             return Ok(dest);
         }
         self.recreate_root()?;
-        let tmp = self.root.join(format!(
-            ".tmp-{}-{}",
-            digest.hex(),
-            uuid::Uuid::new_v4().simple()
-        ));
-        fs::create_dir(&tmp).map_err(VmmError::io(format!("creating {}", tmp.display())))?;
+        let staging = Staging::create(&self.root, digest)?;
+        crate::fault::stop_point("layers:staged");
+        let tmp = staging.path();
         let result = (|| {
             let mut reader = blobs.open_verified(digest)?;
-            archive_policy::extract_tar(&mut reader, &tmp, &ArchivePolicy::layer())?;
+            archive_policy::extract_tar(&mut reader, tmp, &ArchivePolicy::layer())?;
             reader.finish()?;
             // One syncfs instead of an fsync per extracted file: a base tree has thousands.
-            let dir = fs::File::open(&tmp).map_err(VmmError::io("opening an extracted layer"))?;
+            let dir = fs::File::open(tmp).map_err(VmmError::io("opening an extracted layer"))?;
             rustix::fs::syncfs(&dir)
                 .map_err(|e| VmmError::io("syncing an extracted layer")(e.into()))
         })();
         if let Err(e) = result {
-            let _ = fs::remove_dir_all(&tmp);
+            drop(staging);
             if matches!(e, VmmError::DigestMismatch { .. }) {
                 // Absent from now on, so a put of the same bytes repairs it.
                 let _ = blobs.intact_size(digest);
             }
             return Err(e);
         }
-        let published = self.publish(&tmp, digest);
-        if published.is_err() {
-            let _ = fs::remove_dir_all(&tmp);
-        }
-        published?;
+        self.publish(tmp, digest)?;
+        drop(staging);
         self.enforce_budget();
         Ok(dest)
     }

@@ -5,8 +5,9 @@
 //!   and in-sandbox agent.
 //! * [`archive_policy`]: what an archive may contain; the one place that writes archives.
 //! * [`copy`], [`users`]: COPY semantics and user resolution, run inside sandboxes.
-//! * [`layer`], [`blob_store`] (with [`blob_url`], [`object_blob_store`]), [`depth`], [`compact`]: layer tars, content-addressed
-//!   storage, the overlay depth budget and compaction.
+//! * [`layer`] (with [`layer_staging`], [`layer_sync`], [`layer_budget`]), [`blob_store`]
+//!   (with [`blob_url`], [`object_blob_store`]), [`depth`], [`compact`]: layer tars,
+//!   content-addressed storage, the overlay depth budget and compaction.
 //! * [`image`]: the local image catalog, built-in base images and imports.
 
 pub mod archive_policy;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod image;
 pub mod layer;
 pub mod layer_budget;
+pub mod layer_staging;
 pub mod layer_sync;
 pub mod local_s3;
 pub mod namespace;

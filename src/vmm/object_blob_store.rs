@@ -1,6 +1,7 @@
 //! The blob store in an object store (S3 and S3-compatible servers), for nodes that share no
 //! filesystem: `<prefix>/sha256/<hex>` per blob, `<prefix>/tmp/<uuid>` while a large blob's
-//! digest is not yet known, `<prefix>/quarantine/` for objects that did not match their name.
+//! digest is not yet known, `<prefix>/quarantine/` for objects that did not match their name
+//! (deleted by garbage collection once older than `STRATA_GC_KEEP`).
 //!
 //! * A blob that fits one part is published with one conditional put (`If-None-Match: *`):
 //!   create-if-absent, so sixteen concurrent puts of one digest write one object.
@@ -113,6 +114,12 @@ impl ObjectBlobStore {
         self.dir("tmp")
     }
 
+    /// Where objects that failed verification are moved, relative to the store root, until
+    /// garbage collection removes them ([`BlobStore::sweep_quarantine`]).
+    pub fn quarantine_prefix(&self) -> ObjectPath {
+        self.dir("quarantine")
+    }
+
     fn run<F>(&self, fut: F) -> F::Output
     where
         F: Future + Send + 'static,
@@ -134,10 +141,11 @@ impl ObjectBlobStore {
     fn quarantine(&self, digest: &Digest, seen: Option<String>) -> Result<()> {
         let store = self.inner.store.clone();
         let key = self.key_of(digest);
-        let aside = self.key(
-            "quarantine",
-            &format!("{}-{}", digest.hex(), uuid::Uuid::new_v4().simple()),
-        );
+        let aside = self.quarantine_prefix().child(format!(
+            "{}-{}",
+            digest.hex(),
+            uuid::Uuid::new_v4().simple()
+        ));
         let outcome = self.run(async move {
             match store.head(&key).await {
                 Ok(meta) if meta.e_tag == seen => {}
@@ -153,6 +161,35 @@ impl ObjectBlobStore {
         outcome.map_err(|e| self.store_error(format!("quarantining torn blob {digest}"), e))?;
         tracing::warn!(%digest, store = %self.inner.described, "a stored blob did not match its digest; moved it to quarantine/, the next put of its content repairs it");
         Ok(())
+    }
+
+    /// Deletes every object under `dir` last modified before `before`; answers how many went.
+    fn remove_older(
+        &self,
+        dir: ObjectPath,
+        before: std::time::SystemTime,
+    ) -> std::result::Result<usize, object_store::Error> {
+        let store = self.inner.store.clone();
+        let before: chrono::DateTime<chrono::Utc> = before.into();
+        self.run(async move {
+            let mut stale = Vec::new();
+            let mut objects = store.list(Some(&dir));
+            while let Some(meta) = objects.next().await {
+                let meta = meta?;
+                if meta.last_modified < before {
+                    stale.push(meta.location);
+                }
+            }
+            let mut removed = 0;
+            for key in stale {
+                match store.delete(&key).await {
+                    Ok(()) => removed += 1,
+                    Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(removed)
+        })
     }
 }
 
@@ -308,29 +345,14 @@ impl BlobStore for ObjectBlobStore {
     }
 
     fn sweep_temporary(&self, before: std::time::SystemTime) -> Result<usize> {
-        let store = self.inner.store.clone();
-        let dir = self.tmp_prefix();
-        let before: chrono::DateTime<chrono::Utc> = before.into();
-        let removed = self.run(async move {
-            let mut stale = Vec::new();
-            let mut objects = store.list(Some(&dir));
-            while let Some(meta) = objects.next().await {
-                let meta = meta?;
-                if meta.last_modified < before {
-                    stale.push(meta.location);
-                }
-            }
-            let mut removed = 0;
-            for key in stale {
-                match store.delete(&key).await {
-                    Ok(()) => removed += 1,
-                    Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok(removed)
-        });
-        removed.map_err(|e| self.store_error("removing stale temporary objects", e))
+        self.remove_older(self.tmp_prefix(), before)
+            .map_err(|e| self.store_error("removing stale temporary objects", e))
+    }
+
+    /// An object's last-modified time is when it was copied to quarantine.
+    fn sweep_quarantine(&self, before: std::time::SystemTime) -> Result<usize> {
+        self.remove_older(self.quarantine_prefix(), before)
+            .map_err(|e| self.store_error("removing quarantined objects past their retention", e))
     }
 
     fn as_object(&self) -> Option<&ObjectBlobStore> {

@@ -562,3 +562,52 @@ fn the_first_claim_of_a_store_wins_every_claim_answers_the_winner_and_the_marker
         assert_eq!(store.owner().unwrap().as_deref(), Some(loser));
     }
 }
+
+/// A blob that failed verification stays in quarantine as evidence until garbage collection
+/// removes it: `sweep_quarantine` removes what was quarantined before the time it is given and
+/// keeps the rest. Its age counts from the quarantine, not from when its bytes were written.
+#[test]
+fn quarantined_blobs_go_once_quarantined_before_the_given_time_on_both_stores() {
+    for backend in Backend::both() {
+        let store = backend.store();
+        let name = backend.name();
+        let kept = store.put_bytes(&noise(5000, 7)).unwrap();
+        let content = noise(5000, 8);
+        let (digest, _) = store.put_bytes(&content).unwrap();
+        let mut torn = content.clone();
+        torn[0] ^= 1;
+        std::thread::sleep(Duration::from_millis(20));
+        backend.tamper(&digest, torn);
+        if let Backend::Local { .. } = &backend {
+            // Written a month ago: the quarantine, not the write, starts the retention.
+            let path = store.as_local().unwrap().path_of(&digest);
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(std::time::SystemTime::now() - Duration::from_secs(30 * 86400))
+                .unwrap();
+        }
+        assert_eq!(store.intact_size(&digest).unwrap(), None, "{name}");
+        assert_eq!(backend.names_in("quarantine").len(), 1, "{name}");
+
+        let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+        assert_eq!(
+            store.sweep_quarantine(hour_ago).unwrap(),
+            0,
+            "{name}: quarantined just now, kept"
+        );
+        assert_eq!(backend.names_in("quarantine").len(), 1, "{name}");
+        let later = std::time::SystemTime::now() + Duration::from_secs(5);
+        assert_eq!(store.sweep_quarantine(later).unwrap(), 1, "{name}");
+        assert!(backend.names_in("quarantine").is_empty(), "{name}");
+        assert_eq!(store.sweep_quarantine(later).unwrap(), 0, "{name}");
+        let listed: Vec<Digest> = store.list().unwrap().iter().map(|b| b.digest).collect();
+        assert_eq!(
+            listed,
+            vec![kept.0],
+            "{name}: stored blobs are not quarantine"
+        );
+        assert_eq!(store.intact_size(&kept.0).unwrap(), Some(kept.1), "{name}");
+    }
+}

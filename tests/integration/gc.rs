@@ -293,6 +293,9 @@ impl BlobStore for Faulty {
     fn sweep_temporary(&self, before: std::time::SystemTime) -> strata::vmm::error::Result<usize> {
         self.inner.sweep_temporary(before)
     }
+    fn sweep_quarantine(&self, before: std::time::SystemTime) -> strata::vmm::error::Result<usize> {
+        self.inner.sweep_quarantine(before)
+    }
     fn owner_marker(&self) -> String {
         self.inner.owner_marker()
     }
@@ -954,4 +957,121 @@ async fn strata_gc_and_the_gc_reconciler_refuse_a_store_another_database_owns() 
         "the reconciler deleted nothing"
     );
     assert!(child.terminate().success());
+}
+
+/// Names under the store's `quarantine/`.
+async fn quarantined(blobs: &dyn BlobStore) -> BTreeSet<String> {
+    if let Some(local) = blobs.as_local() {
+        return match std::fs::read_dir(local.quarantine_dir()) {
+            Ok(entries) => entries
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect(),
+            Err(_) => BTreeSet::new(),
+        };
+    }
+    use futures::TryStreamExt;
+    let object = blobs
+        .as_object()
+        .expect("a store is local or an object store");
+    object
+        .raw()
+        .list(Some(&object.quarantine_prefix()))
+        .map_ok(|m| m.location.filename().unwrap_or_default().to_owned())
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+/// Stores `content`, replaces its bytes behind the store's back (for a local store, with a file
+/// written a month ago), and lets a verified read move it to quarantine.
+async fn quarantine(blobs: &dyn BlobStore, content: &[u8]) -> Digest {
+    let (digest, _) = blobs.put_bytes(content).unwrap();
+    let mut torn = content.to_vec();
+    torn[0] ^= 1;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    if let Some(local) = blobs.as_local() {
+        let path = local.path_of(&digest);
+        std::fs::write(&path, &torn).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - Duration::from_secs(30 * 86400))
+            .unwrap();
+    } else {
+        let object = blobs.as_object().unwrap();
+        object
+            .raw()
+            .put(&object.key_of(&digest), torn.into())
+            .await
+            .unwrap();
+    }
+    assert_eq!(blobs.intact_size(&digest).unwrap(), None);
+    digest
+}
+
+/// Blobs that failed verification are kept in quarantine as evidence for `STRATA_GC_KEEP`
+/// after they were moved there (however old their bytes), then a pass deletes them and counts
+/// them; a dry run deletes none.
+async fn quarantine_is_kept_for_the_keep_period(blobs: Arc<dyn BlobStore>) {
+    let db = common::test_db().await;
+    let mut env = env_on(&db, blobs.clone()).await;
+    env.gc.keep = chrono::Duration::seconds(5);
+    let name = blobs.describe();
+    let old = quarantine(
+        blobs.as_ref(),
+        format!("old {}", uuid::Uuid::new_v4()).as_bytes(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let young = quarantine(
+        blobs.as_ref(),
+        format!("young {}", uuid::Uuid::new_v4()).as_bytes(),
+    )
+    .await;
+    let both = quarantined(blobs.as_ref()).await;
+    assert_eq!(both.len(), 2, "{name}: {both:?}");
+
+    let dry = PassOptions {
+        dry_run: true,
+        ..Default::default()
+    };
+    let report = gc::pass(&env, &env.gc, &dry).await.unwrap();
+    assert_eq!(report.quarantine_removed, 0, "{name}");
+    assert_eq!(quarantined(blobs.as_ref()).await, both, "{name}: a dry run");
+
+    let report = gc::pass(&env, &env.gc, &PassOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(report.quarantine_removed, 1, "{name}");
+    let left = quarantined(blobs.as_ref()).await;
+    assert_eq!(left.len(), 1, "{name}: {left:?}");
+    let left = left.into_iter().next().unwrap();
+    assert!(
+        left.starts_with(&young.hex()),
+        "{name}: {left} kept, not {old}"
+    );
+
+    env.gc.keep = chrono::Duration::zero();
+    let report = gc::pass(&env, &env.gc, &PassOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(report.quarantine_removed, 1, "{name}");
+    assert!(quarantined(blobs.as_ref()).await.is_empty(), "{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_deletes_quarantined_blobs_past_the_keep_period_in_a_local_store() {
+    let dir = tempfile::tempdir().unwrap();
+    quarantine_is_kept_for_the_keep_period(local(dir.path())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_deletes_quarantined_blobs_past_the_keep_period_in_an_s3_bucket() {
+    let server = tokio::task::spawn_blocking(strata::vmm::local_s3::LocalS3::start)
+        .await
+        .unwrap()
+        .expect("the S3 test server");
+    let blobs = server.blob_store("quarantine", "strata").unwrap();
+    quarantine_is_kept_for_the_keep_period(blobs).await;
 }

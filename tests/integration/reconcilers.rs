@@ -635,6 +635,87 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
     drop((other_dir, same_dir, next));
 }
 
+/// The staging directories of the layer cache under `data_dir`.
+fn layer_staging(data_dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(data_dir.join("layers"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with(".staging-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A worker stopped in the middle of extracting its first layer (the `layers:staged` stop
+/// point: its staging directory made and locked) keeps that directory through a sweep of the
+/// layer cache by another process. Once the worker is killed, the directory is still there, and
+/// the next worker started on the data directory removes it (and says so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_starting_worker_sweeps_only_the_layer_extractions_of_dead_workers() {
+    let db = common::test_db().await;
+    let store = strata::app::event_store(db.pool.clone());
+    let api = new_api(&store);
+    let (_, build) = api.register("layer-sweep").await;
+    api.start(build, recipe(vec![step("RUN", &["true"])])).await;
+    // A node of the test's own, whose layers no one has extracted yet.
+    let node = common::sandbox::private_node(&["busybox"]);
+    let data_dir = node.path().to_str().unwrap();
+    let lease = LEASE_SECS.to_string();
+    let mut first = Proc::spawn(
+        &["worker"],
+        &db.url,
+        "layers-a",
+        &[
+            ("STRATA_DATA_DIR", data_dir),
+            (strata::fault::STOP_AT_ENV, "layers:staged"),
+            ("STRATA_LEASE_SECS", lease.as_str()),
+            ("STRATA_QUEUE_POLL_MS", "200"),
+        ],
+    );
+    first.wait_stopped(Duration::from_secs(90)).await;
+    let staged = layer_staging(node.path());
+    assert_eq!(staged.len(), 1, "{staged:?}");
+    let staged_dir = node.path().join("layers").join(&staged[0]);
+
+    let cache = strata::vmm::LayerCache::open(node.path().join("layers")).unwrap();
+    let swept = cache.sweep_leftovers();
+    assert_eq!(swept.live, staged, "{swept:?}");
+    assert!(swept.staging.is_empty(), "{swept:?}");
+    assert!(
+        staged_dir.is_dir(),
+        "a live worker's staging directory was swept"
+    );
+
+    first.signal(libc::SIGKILL);
+    first.reap();
+    assert!(
+        staged_dir.is_dir(),
+        "a killed worker leaves its staging directory"
+    );
+    let mut next = Proc::spawn(
+        &["worker"],
+        &db.url,
+        "layers-b",
+        &[
+            ("STRATA_DATA_DIR", data_dir),
+            ("STRATA_QUEUE_POLL_MS", "200"),
+        ],
+    );
+    next.wait_started().await;
+    assert!(!staged_dir.exists(), "{:?}", layer_staging(node.path()));
+    let log = next.stderr();
+    assert!(
+        log.contains("removed layer extractions left by a strata process that died")
+            && log.contains(&staged[0]),
+        "{log}"
+    );
+    drop(next);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fencing
 // ---------------------------------------------------------------------------------------------

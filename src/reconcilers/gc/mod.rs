@@ -16,7 +16,9 @@
 //!    on, a writer or reader that meets the object waits for `Deleted` and writes it again.
 //! 5. **Delete** the bytes, then record `Deleted` (the tombstone). A delete that fails aborts
 //!    that object's deletion and every one after it in this pass.
-//! 6. Remove temporary objects unwritten for an hour (crashed writers' leftovers).
+//! 6. Remove temporary objects unwritten for an hour (crashed writers' leftovers), and blobs
+//!    quarantined (they failed verification) longer ago than the keep period: evidence for an
+//!    operator until then.
 //!
 //! Two passes at once are safe: each mark is a compare-and-set on the object's stream, and a
 //! second pass's mark of an object another pass owns is refused, so each object is deleted once.
@@ -117,6 +119,8 @@ pub struct Report {
     /// again, with the reason.
     pub kept: Vec<(Digest, String)>,
     pub temporary_removed: usize,
+    /// Quarantined blobs removed, past [`GcPolicy::keep`] since they were moved aside.
+    pub quarantine_removed: usize,
     /// Cache entries retired because a layer of theirs had left the store.
     pub repaired: usize,
 }
@@ -350,6 +354,15 @@ pub async fn pass(
     report.temporary_removed = tokio::task::spawn_blocking(move || blobs.sweep_temporary(before))
         .await
         .map_err(|e| ReconcileError::Store(format!("sweep task: {e}")))??;
+    let blobs = env.blobs.clone();
+    let quarantined_before = std::time::SystemTime::from(now - policy.keep);
+    report.quarantine_removed =
+        tokio::task::spawn_blocking(move || blobs.sweep_quarantine(quarantined_before))
+            .await
+            .map_err(|e| ReconcileError::Store(format!("quarantine sweep task: {e}")))??;
+    if report.quarantine_removed > 0 {
+        tracing::info!(pass = %pass_id, removed = report.quarantine_removed, keep_secs = policy.keep.num_seconds(), "gc removed quarantined blobs kept past their retention");
+    }
     Ok(report)
 }
 

@@ -202,53 +202,16 @@ impl SandboxCgroup {
             .collect()
     }
 
-    /// SIGKILLs every member except `keep` and returns once they have exited (a forking
-    /// process may add members between rounds, so the members are listed again until none is
-    /// left).
-    ///
-    /// Each victim's exit is awaited on a pidfd, not by listing the cgroup again after a
-    /// sleep: a sleep of 20 µs returned after hundreds on a busy 2-core machine, and the
-    /// backoff it needed made the wait a multiple of the exits themselves. A pid 1's pidfd
-    /// becomes readable only once every process of its pid namespace is gone. A process that
-    /// has exited may still be listed for a while (on v1, an orphaned pid 1 until the host's
-    /// init reaps it): once every victim listed is known to have exited, the listing is
-    /// looked at again after a pause, as before, instead of in a busy loop.
+    /// SIGKILLs every member except `keep` and returns once they have exited, waiting on this
+    /// thread ([`kill_rounds`]).
     pub fn kill_all_except(&self, keep: &[i32]) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(2);
-        let mut exited: Vec<i32> = Vec::new();
-        let mut pause = Duration::from_micros(20);
-        loop {
-            let victims: Vec<i32> = self
-                .members()
-                .into_iter()
-                .filter(|p| !keep.contains(p))
-                .collect();
-            if victims.is_empty() {
-                return;
-            }
-            if std::time::Instant::now() >= deadline {
-                tracing::warn!(dirs = ?self.dirs, ?victims, "processes of a sandbox cgroup outlived SIGKILL");
-                return;
-            }
-            if victims.iter().all(|p| exited.contains(p)) {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(1));
-                continue;
-            }
-            let exits: Vec<(i32, Option<OwnedFd>)> = victims
-                .iter()
-                .filter(|p| !exited.contains(p))
-                .map(|&pid| (pid, kill(pid)))
-                .collect();
-            for (pid, exit) in exits {
-                match exit {
-                    Some(fd) if wait_readable(&fd, deadline) => exited.push(pid),
-                    Some(_) => {}
-                    // No pidfd (already reaped, or an old kernel): look again shortly.
-                    None => std::thread::sleep(Duration::from_micros(50)),
-                }
-            }
-        }
+        futures::executor::block_on(kill_rounds(self, keep, Blocking));
+    }
+
+    /// [`Self::kill_all_except`] on the async runtime: each exit is awaited on the runtime's
+    /// reactor, and reading the member list of a cgroup does not block.
+    pub async fn kill_all_except_async(&self, keep: &[i32]) {
+        kill_rounds(self, keep, OnRuntime).await
     }
 
     /// Kills every member.
@@ -283,6 +246,111 @@ impl SandboxCgroup {
                         std::thread::sleep(Duration::from_millis(1));
                     }
                 }
+            }
+        }
+    }
+}
+
+/// How [`kill_rounds`] waits: blocking its thread (teardown and sweeps, on a blocking thread)
+/// or on the async runtime (the cleanup after each command). The rounds are written once; a
+/// blocking wait returns a future that is ready when first polled, so running them through
+/// `block_on` costs no thread and no runtime.
+trait ExitWaits {
+    /// Waits until the process behind `pidfd` has exited (true), or `deadline` passes.
+    fn exited(
+        &self,
+        pidfd: OwnedFd,
+        deadline: std::time::Instant,
+    ) -> impl std::future::Future<Output = bool> + Send;
+    fn pause(&self, pause: Duration) -> impl std::future::Future<Output = ()> + Send;
+}
+
+struct Blocking;
+
+impl ExitWaits for Blocking {
+    async fn exited(&self, pidfd: OwnedFd, deadline: std::time::Instant) -> bool {
+        wait_readable(&pidfd, deadline)
+    }
+
+    async fn pause(&self, pause: Duration) {
+        std::thread::sleep(pause)
+    }
+}
+
+struct OnRuntime;
+
+impl ExitWaits for OnRuntime {
+    async fn exited(&self, pidfd: OwnedFd, deadline: std::time::Instant) -> bool {
+        // SAFETY: the AsyncFd owns the pidfd, which stays open and unchanged until it drops.
+        let exit = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
+        };
+        match exit {
+            Ok(exit) => tokio::time::timeout_at(deadline.into(), exit.readable())
+                .await
+                .is_ok(),
+            Err(_) => {
+                // Not registered with the reactor: look at the listing again shortly.
+                tokio::time::sleep(Duration::from_micros(100)).await;
+                false
+            }
+        }
+    }
+
+    async fn pause(&self, pause: Duration) {
+        tokio::time::sleep(pause).await
+    }
+}
+
+/// SIGKILLs every member of `cgroup` except `keep` and returns once they have exited (a
+/// forking process may add members between rounds, so the members are listed again until none
+/// is left). A process that survives SIGKILL for 2 s (stuck in the kernel) is logged and left
+/// to the cgroup's removal.
+///
+/// Each victim's exit is awaited on a pidfd, not by listing the cgroup again after a sleep: a
+/// sleep of 20 µs returned after hundreds on a busy 2-core machine, and the backoff it needed
+/// made the wait a multiple of the exits themselves (ADR 0018). A pid 1's pidfd becomes
+/// readable only once every process of its pid namespace is gone. A process that has exited
+/// may still be listed for a while (on v1, an orphaned pid 1 until the host's init reaps it):
+/// once every victim listed is known to have exited, the listing is looked at again after a
+/// pause, instead of in a busy loop. Every victim of a round is signalled before the first
+/// exit is awaited, so they die together.
+async fn kill_rounds(cgroup: &SandboxCgroup, keep: &[i32], waits: impl ExitWaits) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let mut exited: Vec<i32> = Vec::new();
+    let mut pause = Duration::from_micros(20);
+    loop {
+        let victims: Vec<i32> = cgroup
+            .members()
+            .into_iter()
+            .filter(|p| !keep.contains(p))
+            .collect();
+        if victims.is_empty() {
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(dirs = ?cgroup.dirs, ?victims, "processes of a sandbox cgroup outlived SIGKILL");
+            return;
+        }
+        if victims.iter().all(|p| exited.contains(p)) {
+            waits.pause(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(1));
+            continue;
+        }
+        let exits: Vec<(i32, Option<OwnedFd>)> = victims
+            .iter()
+            .filter(|p| !exited.contains(p))
+            .map(|&pid| (pid, kill(pid)))
+            .collect();
+        for (pid, exit) in exits {
+            match exit {
+                Some(fd) => {
+                    if waits.exited(fd, deadline).await {
+                        exited.push(pid);
+                    }
+                }
+                // No pidfd (already reaped, or an old kernel): look again shortly.
+                None => waits.pause(Duration::from_micros(50)).await,
             }
         }
     }

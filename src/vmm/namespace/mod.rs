@@ -14,7 +14,8 @@
 //! `id = sbx-<owner>-<random>` and the owner's lock `sandboxes/.owner-<owner>.lock`. The overlay
 //! is only ever mounted inside the sandbox's mount namespace, so nothing stays mounted on the
 //! host once its processes are gone; the processes die with the strata process that started
-//! them, and what is left on disk is swept by the next backend started on the data directory.
+//! them, and what is left on disk is swept by the next backend started on the data directory
+//! (with what their extractions left in `layers/`, [`crate::vmm::layer_staging`]).
 //! A checkpoint stops the sandbox, seals `upper-N`, and boots it again on the longer stack with
 //! a fresh `upper-N+1`.
 
@@ -98,6 +99,8 @@ impl NamespaceBackend {
         let owner = SandboxOwner::register(&sandboxes)?;
         let cgroups = CgroupDriver::detect();
         sweep::sweep_dead_owners(&sandboxes, &cgroups, owner.id());
+        // Extractions of dead processes, beside their sandboxes; a live one's are locked.
+        layers.sweep_leftovers();
         let init_program = init_program(&config.agent_binary);
         Ok(NamespaceBackend {
             shared: Arc::new(Shared {
@@ -310,58 +313,6 @@ fn open_fds(paths: &[PathBuf], write: bool) -> Result<Vec<OwnedFd>> {
 fn kill_sandbox(cgroup: &SandboxCgroup, outer: i32) {
     cgroup.kill_all_except(&[outer]);
     cgroup.kill_all();
-}
-
-/// SIGKILLs every process of `cgroup` but `keep` and waits until they have exited, on the
-/// runtime: each exit is awaited on a pidfd, and reading the member list of a cgroup does not
-/// block. Usually the only one listed is the agent of the command that just ended, on its way
-/// out (its status pipe closes before it leaves the cgroup).
-async fn kill_leftovers(cgroup: &SandboxCgroup, keep: &[i32]) {
-    // Rounds, because a process may fork between a listing and its kill; a process that
-    // survives SIGKILL this long (stuck in the kernel) is left to the sandbox's teardown.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    let mut exited: Vec<i32> = Vec::new();
-    let mut pause = Duration::from_micros(20);
-    loop {
-        let listed: Vec<i32> = cgroup
-            .members()
-            .into_iter()
-            .filter(|p| !keep.contains(p))
-            .collect();
-        if listed.is_empty() {
-            return;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            tracing::warn!(dirs = ?cgroup.dirs(), ?listed, "processes of a sandbox cgroup outlived SIGKILL");
-            return;
-        }
-        let victims: Vec<i32> = listed.into_iter().filter(|p| !exited.contains(p)).collect();
-        if victims.is_empty() {
-            // Every process listed has exited and is not yet reaped (see
-            // `SandboxCgroup::kill_all_except`).
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(1));
-            continue;
-        }
-        for pid in victims {
-            // SAFETY: the AsyncFd owns the pidfd, which stays open and unchanged until it drops.
-            let exit = cgroup::kill(pid).map(|fd| unsafe {
-                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
-            });
-            match exit {
-                Some(Ok(exit)) => {
-                    if tokio::time::timeout_at(deadline, exit.readable())
-                        .await
-                        .is_ok()
-                    {
-                        exited.push(pid);
-                    }
-                }
-                // No pidfd (already gone, or an old kernel): look again shortly.
-                _ => tokio::time::sleep(Duration::from_micros(100)).await,
-            }
-        }
-    }
 }
 
 /// Splits a stream into lines (at most 64 KiB each) and sends them with a timestamp.
@@ -684,7 +635,9 @@ impl NamespaceSandbox {
             .map(|r| vec![r.outer, r.pid1])
             .unwrap_or_default();
         if let Some(cgroup) = &self.cgroup {
-            kill_leftovers(cgroup, &keep).await;
+            // Usually the only one listed is the agent of the command that just ended, on its
+            // way out (its status pipe closes before it leaves the cgroup).
+            cgroup.kill_all_except_async(&keep).await;
         }
         // The agent is sandbox-init's child and reaped there; its status pipe closed as it
         // exited, and the kill above waited for every other process of the command.
