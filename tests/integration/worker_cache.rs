@@ -55,6 +55,22 @@ impl Fixture {
         out
     }
 
+    /// The entries once `settled` holds of them. The final result's entry is written after the
+    /// build is Ready, so a test that reads it right after the build may be ahead of it.
+    async fn entries_when(
+        &self,
+        settled: impl Fn(&BTreeMap<CacheKey, cache_entry::State>) -> bool,
+    ) -> BTreeMap<CacheKey, cache_entry::State> {
+        let waited = std::time::Instant::now();
+        loop {
+            let entries = self.entries().await;
+            if settled(&entries) || waited.elapsed() > std::time::Duration::from_secs(30) {
+                return entries;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// Retires an entry, as repair or GC does.
     async fn retire(&self, key: &CacheKey, state: &cache_entry::State) {
         let scope = ids::Scope::team(&self.api.team);
@@ -182,7 +198,10 @@ async fn resuming_from_every_checkpoint_builds_exactly_what_a_cold_build_builds(
         assert!(!seen.contains(&id), "{id} leaked into the sandbox: {seen}");
     }
 
-    let (keys, final_key) = entry_steps(&fx.entries().await, &state.progress);
+    let entries = fx
+        .entries_when(|e| entry_steps(e, &state.progress).1.is_some())
+        .await;
+    let (keys, final_key) = entry_steps(&entries, &state.progress);
     assert_eq!(
         keys.keys().copied().collect::<Vec<_>>(),
         [2, 3, 4, 6, 7, 9],
@@ -416,7 +435,6 @@ async fn a_checkpoint_whose_layer_was_deleted_is_unapplied_a_miss_and_repaired()
         "{lines:#?}"
     );
     // Repaired: step 3 and the final entry moved to a new generation with the new snapshot.
-    let after = fx.entries().await;
     let mut progress = s1.progress.clone();
     progress.extend(
         s2.progress
@@ -424,6 +442,13 @@ async fn a_checkpoint_whose_layer_was_deleted_is_unapplied_a_miss_and_repaired()
             .filter(|(_, o)| matches!(o, StepOutcome::Checkpointed { .. }))
             .map(|(n, o)| (*n, o.clone())),
     );
+    let after = fx
+        .entries_when(|e| {
+            entry_steps(e, &progress)
+                .1
+                .is_some_and(|fin| e[&fin].pointer_generation == 2)
+        })
+        .await;
     let (keys, fin) = entry_steps(&after, &progress);
     assert_eq!(
         after[&keys[&3]].pointer_generation,
@@ -645,7 +670,10 @@ async fn an_index_read_failure_bypasses_the_cache_and_writes_nothing() {
     });
     let (_, s1) = fx.build("transient", &[], recipe.clone()).await;
     assert_ready(&s1);
-    let (_, final_key) = entry_steps(&fx.entries().await, &s1.progress);
+    let entries = fx
+        .entries_when(|e| entry_steps(e, &s1.progress).1.is_some())
+        .await;
+    let (_, final_key) = entry_steps(&entries, &s1.progress);
     let scope = ids::Scope::team(&fx.api.team);
     let fstream = stream(ids::stream::cache_key(&scope, &final_key.unwrap().0));
     let head = load::<CacheEntry>(&fx.store, &fstream)
