@@ -532,14 +532,7 @@ impl LayerCache {
     /// extractions never move aside a tree the other one just completed.
     fn publish(&self, tmp: &Path, digest: &Digest) -> Result<()> {
         let lock = self.publish_lock()?;
-        if self.is_complete(digest) || self.is_syncing_here(digest) {
-            // Another extraction of the same layer finished first; both are identical.
-            let _ = fs::remove_dir_all(tmp);
-            return Ok(());
-        }
-        self.wait_for_other_sync(digest);
-        if self.is_complete(digest) {
-            let _ = fs::remove_dir_all(tmp);
+        if self.published_meanwhile(tmp, digest) {
             return Ok(());
         }
         let torn = self.move_aside_unmarked(digest)?;
@@ -556,16 +549,19 @@ impl LayerCache {
 
     /// The cache's publish lock: whoever holds it may put a tree in place or move one aside.
     pub(super) fn publish_lock(&self) -> Result<fs::File> {
-        let lock_path = self.root.join(".publish.lock");
-        let lock = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(VmmError::io(format!("opening {}", lock_path.display())))?;
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| VmmError::io("locking the layer cache")(e.into()))?;
-        Ok(lock)
+        lock_exclusive(&self.root.join(".publish.lock"), "the layer cache")
+    }
+
+    /// Whether `digest`'s tree is already in place, complete or being synced (here, or by
+    /// another process, which this waits for): then `staged`, an identical tree, is removed.
+    /// Under the publish lock.
+    pub(super) fn published_meanwhile(&self, staged: &Path, digest: &Digest) -> bool {
+        self.wait_for_other_sync(digest);
+        let published = self.is_complete(digest) || self.is_syncing_here(digest);
+        if published {
+            let _ = fs::remove_dir_all(staged);
+        }
+        published
     }
 
     /// Moves an unmarked tree of `digest` out of the way (a crash left it, or its sync failed);
@@ -587,6 +583,19 @@ impl LayerCache {
         tracing::warn!(%digest, "an extracted layer was never marked complete (a crash during extraction?); extracted it again");
         Ok(Some(aside))
     }
+}
+
+/// Opens (creating) `path` and takes an exclusive flock on it, waiting for it.
+pub(super) fn lock_exclusive(path: &Path, what: &str) -> Result<fs::File> {
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(VmmError::io(format!("opening {}", path.display())))?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| VmmError::io(format!("locking {what}"))(e.into()))?;
+    Ok(lock)
 }
 
 #[cfg(test)]

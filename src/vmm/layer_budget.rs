@@ -127,18 +127,9 @@ impl LayerCache {
         if total <= budget {
             return;
         }
-        let lock_path = self.root.join(".publish.lock");
-        let Ok(lock) = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-        else {
+        let Ok(_publishing) = self.publish_lock() else {
             return;
         };
-        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).is_err() {
-            return;
-        }
         let newest = resident.last().map(|r| r.digest);
         for layer in &resident {
             if total <= budget {

@@ -212,15 +212,7 @@ fn sweep_sync_locks(root: &Path, names: &[String]) -> Vec<String> {
     if candidates.is_empty() {
         return Vec::new();
     }
-    let publishing = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(root.join(".publish.lock"))
-        .and_then(|f| {
-            rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)?;
-            Ok(f)
-        });
+    let publishing = super::layer::lock_exclusive(&root.join(".publish.lock"), "the layer cache");
     let _publishing = match publishing {
         Ok(lock) => lock,
         Err(e) => {

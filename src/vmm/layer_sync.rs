@@ -81,25 +81,12 @@ impl LayerCache {
     /// afterwards either way.
     pub(super) fn publish_syncing_later(&self, staged: &Path, digest: &Digest) -> Result<()> {
         let publishing = self.publish_lock()?;
-        if self.is_complete(digest) || self.is_syncing_here(digest) {
-            let _ = fs::remove_dir_all(staged);
-            return Ok(());
-        }
-        self.wait_for_other_sync(digest);
-        if self.is_complete(digest) {
-            let _ = fs::remove_dir_all(staged);
+        if self.published_meanwhile(staged, digest) {
             return Ok(());
         }
         let torn = self.move_aside_unmarked(digest)?;
         let lock_path = self.sync_lock_path(digest);
-        let lock = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(VmmError::io(format!("opening {}", lock_path.display())))?;
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| VmmError::io("locking a layer tree being synced")(e.into()))?;
+        let lock = super::layer::lock_exclusive(&lock_path, "a layer tree being synced")?;
         let dest = self.path(digest);
         fs::rename(staged, &dest).map_err(VmmError::io(format!("publishing layer {digest}")))?;
         self.syncing.set().insert(*digest);
