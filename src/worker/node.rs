@@ -186,6 +186,10 @@ impl Worker {
         while tasks.join_next().await.is_some() {}
         reporting.cancel();
         let _ = reporter.await;
+        // Checkpoint trees still syncing in the background: let them be marked complete, or
+        // the next start extracts them again from their blobs.
+        let layers = self.layers.clone();
+        let _ = tokio::task::spawn_blocking(move || layers.wait_for_syncs()).await;
         Ok(())
     }
 
