@@ -12,6 +12,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::build_api::{stream, Api};
+use common::publishing::enter_publishing;
 use common::worker_fixture::{assert_ready, settings, step, Fixture};
 use serde_json::json;
 use strata::domain::build::{Phase, StepOutcome};
@@ -356,10 +357,8 @@ async fn read_model_phase(pool: &sqlx::PgPool, build: BuildId) -> String {
 /// A build whose node entered Publishing (the build and the staged outbox, one append, with a
 /// plan of no layers) and then died: what the promotion reconciler finds.
 async fn publishing_build(store: &EventStore, name: &str) -> (ids::TemplateId, BuildId) {
-    use strata::domain::build::{AttemptGrant, BuildResult};
-    use strata::domain::build_spec::Tag;
-    use strata::domain::ids::{NodeId, SnapshotId};
-    use strata::domain::promotion::PromotionPlan;
+    use strata::domain::build::AttemptGrant;
+    use strata::domain::ids::NodeId;
 
     let api = Api {
         store: store.clone(),
@@ -372,10 +371,9 @@ async fn publishing_build(store: &EventStore, name: &str) -> (ids::TemplateId, B
     )
     .await;
     let now = strata::streams::database_now(store.pool()).await.unwrap();
-    let ctx = common::build_api::api_context;
     strata::app::attempt::acquire_attempt(
         store,
-        &ctx(),
+        &common::build_api::api_context(),
         build,
         None,
         AttemptGrant {
@@ -386,24 +384,7 @@ async fn publishing_build(store: &EventStore, name: &str) -> (ids::TemplateId, B
     )
     .await
     .unwrap();
-    let candidate = SnapshotId::from_uuid(uuid::Uuid::now_v7());
-    let plan = PromotionPlan {
-        build,
-        epoch: Epoch::FIRST,
-        template: template.clone(),
-        source: candidate,
-        target: candidate,
-        build_base_checkpoint: None,
-        layers: vec![],
-        tags: vec![Tag::default_tag()],
-    };
-    let result = BuildResult {
-        candidate,
-        build_base_checkpoint: None,
-    };
-    strata::app::publish::begin_publishing(store, &ctx(), &result, &plan)
-        .await
-        .unwrap();
+    enter_publishing(store, build, &template).await;
     (template, build)
 }
 

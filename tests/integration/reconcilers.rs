@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use common::build_api::{stream, Api};
 use common::process::Proc;
+use common::publishing::enter_publishing;
 use common::sandbox::node_dir;
 use serde_json::json;
-use strata::domain::build::{self, AttemptGrant, BuildResult, FailureKind, Phase};
+use strata::domain::build::{self, AttemptGrant, FailureKind, Phase};
 use strata::domain::build_spec::Tag;
-use strata::domain::ids::{self, BuildId, Epoch, FilesHash, NodeId, SnapshotId, TeamId};
-use strata::domain::promotion::PromotionPlan;
+use strata::domain::ids::{self, BuildId, Epoch, FilesHash, NodeId, TeamId};
 use strata::events::command::load;
 use strata::events::{Actor, ActorRole, CommandContext, EventStore, Metadata, RecordedEvent};
 use strata::streams::{Build, Template};
@@ -822,29 +822,6 @@ async fn acquire_for_ghost(store: &EventStore, build: BuildId, lease_until: Date
     )
     .await
     .unwrap();
-}
-
-/// What a node appends on entering Publishing (the build and the staged outbox, one append),
-/// with a plan of no layers.
-async fn enter_publishing(store: &EventStore, build: BuildId, template: &ids::TemplateId) {
-    let candidate = SnapshotId::from_uuid(Uuid::now_v7());
-    let plan = PromotionPlan {
-        build,
-        epoch: Epoch(1),
-        template: template.clone(),
-        source: candidate,
-        target: candidate,
-        build_base_checkpoint: None,
-        layers: vec![],
-        tags: vec![Tag::default_tag()],
-    };
-    let result = BuildResult {
-        candidate,
-        build_base_checkpoint: None,
-    };
-    strata::app::publish::begin_publishing(store, &test_context(ActorRole::Worker), &result, &plan)
-        .await
-        .unwrap();
 }
 
 /// How long each lease, deadline and link of the setup below holds, from the moment it is

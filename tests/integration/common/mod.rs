@@ -15,6 +15,7 @@ pub mod api;
 pub mod build_api;
 pub mod http_build;
 pub mod process;
+pub mod publishing;
 pub mod registry;
 pub mod sandbox;
 pub mod worker_fixture;
