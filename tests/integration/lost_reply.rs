@@ -624,47 +624,16 @@ async fn a_lost_reply_to_a_cache_entry_keeps_the_builds_later_entries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_reply_on_completing_an_upload_is_answered_by_the_retried_put() {
     use common::worker_fixture::{copy, files_hash, single_file_tar};
-    use strata::app::upload::{complete_upload, link_upload};
-    use strata::domain::build::upload::{CompleteUpload, ReserveUpload};
-    use strata::domain::ids::IntentId;
+    use strata::app::upload::complete_upload;
 
     let mut fx = Fixture::new(settings()).await;
     let (_, build) = fx.api.register("lost-upload-reply").await;
     let hash = files_hash("lost-upload-reply");
     let bytes = single_file_tar("hello.txt", b"hello after a lost reply\n");
-    strata::app::object::reference(
-        &fx.store,
-        &common::build_api::api_context(),
-        &[ids::Digest::of(&bytes)],
-        "test upload",
-    )
-    .await
-    .unwrap();
-    let (digest, size) = fx.blobs.put_bytes(&bytes).unwrap();
-    let now = chrono::Utc::now();
-    let intent = IntentId::from_uuid(uuid::Uuid::new_v4());
-    let link = link_upload(
-        &fx.store,
-        &common::build_api::api_context(),
-        &ReserveUpload {
-            build,
-            intent,
-            hash: hash.clone(),
-            now,
-            expires_at: now + chrono::Duration::hours(1),
-        },
-    )
-    .await
-    .unwrap();
-    let completion = CompleteUpload {
-        build,
-        intent,
-        hash: hash.clone(),
-        generation: link.generation,
-        blob_digest: digest,
-        size,
-        now,
-    };
+    let completion = fx
+        .api
+        .upload_until_completion(fx.blobs.as_ref(), build, &hash, &bytes)
+        .await;
 
     fx.store.lose_next_reply_to("UploadCompleted.v1");
     let lost = complete_upload(&fx.store, &common::build_api::api_context(), &completion).await;

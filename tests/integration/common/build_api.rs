@@ -75,6 +75,23 @@ impl Api {
         hash: &FilesHash,
         bytes: &[u8],
     ) {
+        let completion = self
+            .upload_until_completion(blobs, build, hash, bytes)
+            .await;
+        complete_upload(&self.store, &api_context(), &completion)
+            .await
+            .unwrap();
+    }
+
+    /// [`Self::upload`] up to its last write: the link is requested and the bytes referenced and
+    /// stored; the returned completion is what the PUT appends next.
+    pub async fn upload_until_completion(
+        &self,
+        blobs: &dyn BlobStore,
+        build: BuildId,
+        hash: &FilesHash,
+        bytes: &[u8],
+    ) -> CompleteUpload {
         strata::app::object::reference(
             &self.store,
             &api_context(),
@@ -99,21 +116,15 @@ impl Api {
         )
         .await
         .unwrap();
-        complete_upload(
-            &self.store,
-            &api_context(),
-            &CompleteUpload {
-                build,
-                intent,
-                hash: hash.clone(),
-                generation: link.generation,
-                blob_digest: digest,
-                size,
-                now,
-            },
-        )
-        .await
-        .unwrap();
+        CompleteUpload {
+            build,
+            intent,
+            hash: hash.clone(),
+            generation: link.generation,
+            blob_digest: digest,
+            size,
+            now,
+        }
     }
 
     /// The link request alone (the upload never comes): a pending intent expiring at
