@@ -193,36 +193,30 @@ async fn a_lost_reply_to_a_checkpointed_steps_record_is_a_replay() {
 /// attempt still finishes the build, and no promotion event is stored twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_reply_on_entering_publishing_still_finishes_the_build_once() {
-    let mut fx = Fixture::new(settings()).await;
     // The first append that writes a promotion stream is the one entering Publishing.
-    fx.store.lose_next_reply("promotion");
-    let (build, _) = build_losing_the_armed_reply(
+    let (mut fx, build, _) =
+        one_step_build_losing("lost-publish-reply", |s| s.lose_next_reply("promotion")).await;
+    let types = event_types(&fx.store, build).await;
+    assert_counts(&types, &[("PublishingStarted.v1", 1)]);
+    assert_none_twice("promotion", &promotion_types(&fx.store, build).await);
+    fx.stop().await;
+}
+
+/// A fixture that builds one RUN step on busybox with the lost reply `arm` sets up, checked by
+/// [`build_losing_the_armed_reply`]; the caller stops the fixture.
+async fn one_step_build_losing(
+    name: &str,
+    arm: impl FnOnce(&EventStore),
+) -> (Fixture, BuildId, strata::domain::build::State) {
+    let fx = Fixture::new(settings()).await;
+    arm(&fx.store);
+    let (build, state) = build_losing_the_armed_reply(
         &fx,
-        "lost-publish-reply",
-        vec![step("RUN", &["echo published > /tmp/lost-publish"])],
+        name,
+        vec![step("RUN", &[&format!("echo {name} > /tmp/{name}")])],
     )
     .await;
-    let types = event_types(&fx.store, build).await;
-    let started = types
-        .iter()
-        .filter(|t| *t == "PublishingStarted.v1")
-        .count();
-    assert_eq!(started, 1, "Publishing entered once: {types:?}");
-    let promotion = fx
-        .store
-        .read_stream_all(&stream(ids::stream::promotion(&build, Epoch::FIRST)))
-        .await
-        .unwrap();
-    let types: Vec<&str> = promotion.iter().map(|e| e.event_type.as_str()).collect();
-    let mut distinct = types.clone();
-    distinct.sort();
-    distinct.dedup();
-    assert_eq!(
-        distinct.len(),
-        types.len(),
-        "a promotion event stored twice: {types:?}"
-    );
-    fx.stop().await;
+    (fx, build, state)
 }
 
 /// Builds `steps` on busybox with a lost reply armed, and checks the reply was lost and the
@@ -278,14 +272,8 @@ async fn a_lost_reply_on_marking_the_build_ready_still_finishes_it_once() {
 }
 
 async fn worker_loses_a_promotion_reply(event_type: &str, name: &str) {
-    let mut fx = Fixture::new(settings()).await;
-    fx.store.lose_next_reply_to(event_type);
-    let (build, state) = build_losing_the_armed_reply(
-        &fx,
-        name,
-        vec![step("RUN", &["echo promoted > /tmp/lost-promotion"])],
-    )
-    .await;
+    let (mut fx, build, state) =
+        one_step_build_losing(name, |s| s.lose_next_reply_to(event_type)).await;
     assert_promoted_once(&fx.store, &fx.db.pool, build, &state).await;
     fx.stop().await;
 }
@@ -299,16 +287,15 @@ async fn assert_promoted_once(
     build: BuildId,
     state: &strata::domain::build::State,
 ) {
-    let types = event_types(store, build).await;
-    for (event_type, expected) in [
-        ("PublishingStarted.v1", 1),
-        ("BuildReady.v1", 1),
-        ("BuildFailed.v1", 0),
-        ("ContextReleased.v1", 1),
-    ] {
-        let n = types.iter().filter(|t| *t == event_type).count();
-        assert_eq!(n, expected, "{event_type} in {types:?}");
-    }
+    assert_counts(
+        &event_types(store, build).await,
+        &[
+            ("PublishingStarted.v1", 1),
+            ("BuildReady.v1", 1),
+            ("BuildFailed.v1", 0),
+            ("ContextReleased.v1", 1),
+        ],
+    );
     assert_eq!(
         promotion_types(store, build).await,
         [
@@ -330,6 +317,26 @@ async fn assert_promoted_once(
         .count();
     assert_eq!(assigned, 1, "the tags are assigned to the build once");
     assert_eq!(read_model_phase(pool, build).await, "ready");
+}
+
+/// Each of `expected`'s event types occurs in `types` exactly as often as it says.
+fn assert_counts(types: &[String], expected: &[(&str, usize)]) {
+    for &(event_type, n) in expected {
+        let found = types.iter().filter(|t| *t == event_type).count();
+        assert_eq!(found, n, "{event_type} in {types:?}");
+    }
+}
+
+/// No event type occurs twice in `types`, read from one `what` stream.
+fn assert_none_twice(what: &str, types: &[String]) {
+    let mut distinct = types.to_vec();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        types.len(),
+        "a {what} event stored twice: {types:?}"
+    );
 }
 
 async fn promotion_types(store: &EventStore, build: BuildId) -> Vec<String> {
@@ -494,15 +501,14 @@ async fn a_lost_reply_on_abandoning_a_deleted_templates_promotion_ends_the_build
         reason.kind,
         strata::domain::build::FailureKind::TemplateDeleted
     );
-    let types = event_types(&store, build).await;
-    for (event_type, expected) in [
-        ("BuildFailed.v1", 1),
-        ("ContextReleased.v1", 1),
-        ("BuildReady.v1", 0),
-    ] {
-        let n = types.iter().filter(|t| *t == event_type).count();
-        assert_eq!(n, expected, "{event_type} in {types:?}");
-    }
+    assert_counts(
+        &event_types(&store, build).await,
+        &[
+            ("BuildFailed.v1", 1),
+            ("ContextReleased.v1", 1),
+            ("BuildReady.v1", 0),
+        ],
+    );
     assert_eq!(
         promotion_types(&store, build).await,
         [
@@ -523,13 +529,9 @@ async fn a_lost_reply_on_abandoning_a_deleted_templates_promotion_ends_the_build
 /// the attempt that lost the reply builds the template, with the lease stored once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_reply_to_the_boot_lease_on_the_base_layers_still_builds_once() {
-    let mut fx = Fixture::new(settings()).await;
-    fx.store.lose_next_reply_to("ObjectLeased.v1");
-    let (build, state) = build_losing_the_armed_reply(
-        &fx,
-        "lost-lease-reply",
-        vec![step("RUN", &["echo leased > /tmp/lost-lease"])],
-    )
+    let (mut fx, build, state) = one_step_build_losing("lost-lease-reply", |s| {
+        s.lose_next_reply_to("ObjectLeased.v1")
+    })
     .await;
     assert_promoted_once(&fx.store, &fx.db.pool, build, &state).await;
     let holder = format!("build {build} attempt 1");
@@ -643,11 +645,10 @@ async fn a_lost_reply_on_completing_an_upload_is_answered_by_the_retried_put() {
         .await
         .expect("the retried PUT is answered as done");
 
-    let types = event_types(&fx.store, build).await;
-    for event_type in ["UploadCompleted.v1", "ContextBound.v1"] {
-        let n = types.iter().filter(|t| *t == event_type).count();
-        assert_eq!(n, 1, "{event_type} in {types:?}");
-    }
+    assert_counts(
+        &event_types(&fx.store, build).await,
+        &[("UploadCompleted.v1", 1), ("ContextBound.v1", 1)],
+    );
     let scope = ids::Scope::team(&fx.api.team);
     let files: Vec<String> = fx
         .store
@@ -657,14 +658,7 @@ async fn a_lost_reply_on_completing_an_upload_is_answered_by_the_retried_put() {
         .into_iter()
         .map(|e| e.event_type)
         .collect();
-    let mut distinct = files.clone();
-    distinct.sort();
-    distinct.dedup();
-    assert_eq!(
-        distinct.len(),
-        files.len(),
-        "a files event stored twice: {files:?}"
-    );
+    assert_none_twice("files", &files);
 
     fx.api
         .start(
@@ -720,11 +714,10 @@ async fn a_lost_reply_on_deleting_a_template_ends_its_queued_build_once() {
         other => panic!("the retried DELETE finds the template deleted: {other:?}"),
     }
 
-    let types = event_types(&store, build).await;
-    for (event_type, expected) in [("BuildFailed.v1", 1), ("ContextReleased.v1", 1)] {
-        let n = types.iter().filter(|t| *t == event_type).count();
-        assert_eq!(n, expected, "{event_type} in {types:?}");
-    }
+    assert_counts(
+        &event_types(&store, build).await,
+        &[("BuildFailed.v1", 1), ("ContextReleased.v1", 1)],
+    );
     let template_events: Vec<String> = store
         .read_stream_all(&stream(ids::stream::template(&template)))
         .await
