@@ -574,20 +574,18 @@ fn quarantined_blobs_go_once_quarantined_before_the_given_time_on_both_stores() 
         let kept = store.put_bytes(&noise(5000, 7)).unwrap();
         let content = noise(5000, 8);
         let (digest, _) = store.put_bytes(&content).unwrap();
-        let mut torn = content.clone();
-        torn[0] ^= 1;
         std::thread::sleep(Duration::from_millis(20));
-        backend.tamper(&digest, torn);
-        if let Backend::Local { .. } = &backend {
-            // Written a month ago: the quarantine, not the write, starts the retention.
-            let path = store.as_local().unwrap().path_of(&digest);
-            std::fs::File::options()
-                .write(true)
-                .open(&path)
-                .unwrap()
-                .set_modified(std::time::SystemTime::now() - Duration::from_secs(30 * 86400))
-                .unwrap();
-        }
+        // A local file is torn as one written a month ago: the quarantine, not the write,
+        // starts the retention.
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(crate::common::torn_blob::tear(
+                store.as_ref(),
+                &digest,
+                &content,
+            ));
         assert_eq!(store.intact_size(&digest).unwrap(), None, "{name}");
         assert_eq!(backend.names_in("quarantine").len(), 1, "{name}");
 

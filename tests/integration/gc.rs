@@ -986,26 +986,8 @@ async fn quarantined(blobs: &dyn BlobStore) -> BTreeSet<String> {
 /// written a month ago), and lets a verified read move it to quarantine.
 async fn quarantine(blobs: &dyn BlobStore, content: &[u8]) -> Digest {
     let (digest, _) = blobs.put_bytes(content).unwrap();
-    let mut torn = content.to_vec();
-    torn[0] ^= 1;
     tokio::time::sleep(Duration::from_millis(20)).await;
-    if let Some(local) = blobs.as_local() {
-        let path = local.path_of(&digest);
-        std::fs::write(&path, &torn).unwrap();
-        std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_modified(std::time::SystemTime::now() - Duration::from_secs(30 * 86400))
-            .unwrap();
-    } else {
-        let object = blobs.as_object().unwrap();
-        object
-            .raw()
-            .put(&object.key_of(&digest), torn.into())
-            .await
-            .unwrap();
-    }
+    common::torn_blob::tear(blobs, &digest, content).await;
     assert_eq!(blobs.intact_size(&digest).unwrap(), None);
     digest
 }

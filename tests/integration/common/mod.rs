@@ -18,6 +18,7 @@ pub mod process;
 pub mod publishing;
 pub mod registry;
 pub mod sandbox;
+pub mod torn_blob;
 pub mod worker_fixture;
 
 use std::os::fd::AsRawFd;
