@@ -88,20 +88,16 @@ impl State {
 pub enum Command {
     /// A writer stored the bytes (or found them stored), or a reader is about to use them:
     /// registers the object when it is not live, and records the use when it is.
-    Register {
-        by: String,
-        now: DateTime<Utc>,
-    },
+    Register { by: String, now: DateTime<Utc> },
     /// A reader pins the object until `until`; renewing moves `until`.
     Lease {
         holder: String,
         until: DateTime<Utc>,
         now: DateTime<Utc>,
     },
-    Release {
-        holder: String,
-        now: DateTime<Utc>,
-    },
+    /// Ends `holder`'s lease before it lapses. No worker releases today: a lease may be shared
+    /// by later readers (see `decide`), who would lose their pin with it.
+    Release { holder: String, now: DateTime<Utc> },
     /// A GC pass claims the object for deletion.
     MarkDeleting {
         deletion: Deletion,
@@ -111,10 +107,7 @@ pub enum Command {
         now: DateTime<Utc>,
     },
     /// The pass removed the bytes.
-    ConfirmDeleted {
-        pass: String,
-        now: DateTime<Utc>,
-    },
+    ConfirmDeleted { pass: String, now: DateTime<Utc> },
     /// The pass could not remove the bytes: the object stays.
     AbortDeletion {
         pass: String,
@@ -241,7 +234,8 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
                 Lifecycle::Live if state.leases.get(holder) == Some(until) => Ok(vec![]),
                 // Another holder's unexpired lease already pins the object for at least two
                 // thirds of what this one asks: sharing it keeps a common layer's stream from
-                // growing by one lease per build.
+                // growing by one lease per build. Sound because leases lapse and no caller
+                // releases one early; a caller of `Release` would unpin its sharers too.
                 Lifecycle::Live
                     if state
                         .leased_at(*now)

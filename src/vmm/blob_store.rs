@@ -267,6 +267,45 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(VmmError::io(format!("syncing directory {}", dir.display())))
 }
 
+/// Removes the files in `dir` whose time (`stamp` of their metadata) is before `before`;
+/// answers how many went. A missing directory holds nothing; a file gone meanwhile is skipped.
+fn remove_files_older(
+    dir: &Path,
+    before: std::time::SystemTime,
+    stamp: impl Fn(&std::fs::Metadata) -> std::time::SystemTime,
+) -> Result<usize> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(VmmError::io(format!("listing {}", dir.display()))(e)),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.map_err(VmmError::io(format!("listing {}", dir.display())))?;
+        let meta = match entry.metadata() {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(VmmError::io(format!("stat of {}", entry.path().display()))(
+                    e,
+                ))
+            }
+        };
+        if stamp(&meta) >= before {
+            continue;
+        }
+        match std::fs::remove_file(entry.path()) {
+            Ok(()) => removed += 1,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(VmmError::io(format!("removing {}", entry.path().display()))(e)),
+        }
+    }
+    if removed > 0 {
+        sync_dir(dir)?;
+    }
+    Ok(removed)
+}
+
 impl BlobStore for LocalBlobStore {
     fn sink(&self) -> Result<Box<dyn BlobSink>> {
         let tmp = tempfile::Builder::new()
@@ -323,61 +362,21 @@ impl BlobStore for LocalBlobStore {
         sync_dir(&self.root.join("sha256"))
     }
 
+    /// A temporary file's mtime is its last write.
     fn sweep_temporary(&self, before: std::time::SystemTime) -> Result<usize> {
-        let dir = self.staging_dir();
-        let entries =
-            std::fs::read_dir(&dir).map_err(VmmError::io(format!("listing {}", dir.display())))?;
-        let mut removed = 0;
-        for entry in entries.flatten() {
-            let old = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t < before);
-            if old && std::fs::remove_file(entry.path()).is_ok() {
-                removed += 1;
-            }
-        }
-        Ok(removed)
+        remove_files_older(&self.staging_dir(), before, |m| {
+            m.modified()
+                .unwrap_or_else(|_| std::time::SystemTime::now())
+        })
     }
 
     /// A file's ctime is when it was moved to quarantine (the rename sets it; its mtime is
     /// still when its bytes were written, which may be long before).
     fn sweep_quarantine(&self, before: std::time::SystemTime) -> Result<usize> {
-        let dir = self.quarantine_dir();
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(VmmError::io(format!("listing {}", dir.display()))(e)),
-        };
-        let mut removed = 0;
-        for entry in entries {
-            let entry = entry.map_err(VmmError::io(format!("listing {}", dir.display())))?;
-            let meta = match entry.metadata() {
-                Ok(m) => m,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    return Err(VmmError::io(format!("stat of {}", entry.path().display()))(
-                        e,
-                    ))
-                }
-            };
-            let quarantined = std::time::UNIX_EPOCH
-                + std::time::Duration::new(meta.ctime().max(0) as u64, meta.ctime_nsec() as u32);
-            if quarantined >= before {
-                continue;
-            }
-            match std::fs::remove_file(entry.path()) {
-                Ok(()) => removed += 1,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(VmmError::io(format!("removing {}", entry.path().display()))(e))
-                }
-            }
-        }
-        if removed > 0 {
-            sync_dir(&dir)?;
-        }
-        Ok(removed)
+        remove_files_older(&self.quarantine_dir(), before, |m| {
+            std::time::UNIX_EPOCH
+                + std::time::Duration::new(m.ctime().max(0) as u64, m.ctime_nsec() as u32)
+        })
     }
 
     fn as_local(&self) -> Option<&LocalBlobStore> {

@@ -364,8 +364,8 @@ fn walk<W: TarOut>(
 /// writes the mark (each step fsynced), so after a host crash a tree is either marked and whole
 /// or unmarked and replaced by a fresh extraction (an adopted checkpoint tree is put in place
 /// first and synced and marked in the background: `src/vmm/layer_sync.rs`). The mark lives
-/// beside the tree, not in it,
-/// because the tree is a lower directory of every sandbox on that layer.
+/// beside the tree, not in it, because the tree is a lower directory of every sandbox on that
+/// layer.
 /// The node's extracted layers, `<data-dir>/layers/<hex>/`: a cache of the blob store. It may
 /// be wiped at any time (every layer is extracted again from its blob on next use) and may be
 /// bounded ([`LayerCache::set_budget`], `src/vmm/layer_budget.rs`).
@@ -424,13 +424,7 @@ impl LayerCache {
     /// Publishes a verified extraction made in [`Self::staging`] as [`Self::ensure`] publishes
     /// its own (synced, renamed, marked complete); a concurrent identical one may have won.
     pub fn publish_staged(&self, staged: Staging, digest: &Digest) -> Result<PathBuf> {
-        fs::File::open(staged.path())
-            .map_err(VmmError::io("opening an extracted layer"))
-            .and_then(|dir| {
-                rustix::fs::syncfs(&dir)
-                    .map_err(|e| VmmError::io("syncing an extracted layer")(e.into()))
-            })
-            .and_then(|()| self.publish(staged.path(), digest))?;
+        sync_tree(staged.path()).and_then(|()| self.publish(staged.path(), digest))?;
         drop(staged);
         self.enforce_budget();
         Ok(self.path(digest))
@@ -493,6 +487,8 @@ impl LayerCache {
             self.touch(digest);
             return Ok(dest);
         }
+        // One this process is syncing is whole in the page cache: used at once. One another
+        // process is syncing is waited for.
         if self.is_syncing_here(digest) {
             return Ok(dest);
         }
@@ -509,10 +505,7 @@ impl LayerCache {
             let mut reader = blobs.open_verified(digest)?;
             archive_policy::extract_tar(&mut reader, tmp, &ArchivePolicy::layer())?;
             reader.finish()?;
-            // One syncfs instead of an fsync per extracted file: a base tree has thousands.
-            let dir = fs::File::open(tmp).map_err(VmmError::io("opening an extracted layer"))?;
-            rustix::fs::syncfs(&dir)
-                .map_err(|e| VmmError::io("syncing an extracted layer")(e.into()))
+            sync_tree(tmp)
         })();
         if let Err(e) = result {
             drop(staging);
@@ -549,7 +542,7 @@ impl LayerCache {
 
     /// The cache's publish lock: whoever holds it may put a tree in place or move one aside.
     pub(super) fn publish_lock(&self) -> Result<fs::File> {
-        lock_exclusive(&self.root.join(".publish.lock"), "the layer cache")
+        publish_lock(&self.root)
     }
 
     /// Whether `digest`'s tree is already in place, complete or being synced (here, or by
@@ -583,6 +576,19 @@ impl LayerCache {
         tracing::warn!(%digest, "an extracted layer was never marked complete (a crash during extraction?); extracted it again");
         Ok(Some(aside))
     }
+}
+
+/// The publish lock of the layer cache at `root` (see [`LayerCache::publish_lock`]).
+pub(super) fn publish_lock(root: &Path) -> Result<fs::File> {
+    lock_exclusive(&root.join(".publish.lock"), "the layer cache")
+}
+
+/// Syncs a tree's filesystem: one `syncfs` instead of an fsync per file (a base tree has
+/// thousands).
+pub(super) fn sync_tree(tree: &Path) -> Result<()> {
+    let dir = fs::File::open(tree).map_err(VmmError::io(format!("opening {}", tree.display())))?;
+    rustix::fs::syncfs(&dir)
+        .map_err(|e| VmmError::io(format!("syncing {}", tree.display()))(e.into()))
 }
 
 /// Opens (creating) `path` and takes an exclusive flock on it, waiting for it.

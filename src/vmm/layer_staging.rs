@@ -32,7 +32,8 @@ const STAGING_PREFIX: &str = ".staging-";
 const NEW_PREFIX: &str = ".staging-new-";
 const TORN_PREFIX: &str = ".torn-";
 const LEGACY_PREFIX: &str = ".tmp-";
-const SYNCING_SUFFIX: &str = ".syncing";
+/// Suffix of an adopted tree's sync lock, `<hex>.syncing` ([`super::layer_sync`]).
+pub(super) const SYNCING_SUFFIX: &str = ".syncing";
 
 /// A staging directory this process owns: locked until dropped, and removed on drop unless it
 /// was renamed into place first.
@@ -212,7 +213,7 @@ fn sweep_sync_locks(root: &Path, names: &[String]) -> Vec<String> {
     if candidates.is_empty() {
         return Vec::new();
     }
-    let publishing = super::layer::lock_exclusive(&root.join(".publish.lock"), "the layer cache");
+    let publishing = super::layer::publish_lock(root);
     let _publishing = match publishing {
         Ok(lock) => lock,
         Err(e) => {

@@ -46,7 +46,11 @@ impl Syncing {
 
 impl LayerCache {
     fn sync_lock_path(&self, digest: &Digest) -> PathBuf {
-        self.root.join(format!("{}.syncing", digest.hex()))
+        self.root.join(format!(
+            "{}{}",
+            digest.hex(),
+            super::layer_staging::SYNCING_SUFFIX
+        ))
     }
 
     /// Whether this process put `digest`'s tree in place and is still syncing it: usable here.
@@ -95,13 +99,7 @@ impl LayerCache {
         let (cache, digest) = (self.clone(), *digest);
         std::thread::spawn(move || {
             let started = std::time::Instant::now();
-            let synced = fs::File::open(&dest)
-                .map_err(VmmError::io("opening an adopted layer"))
-                .and_then(|dir| {
-                    rustix::fs::syncfs(&dir)
-                        .map_err(|e| VmmError::io("syncing an adopted layer")(e.into()))
-                })
-                .and_then(|()| cache.write_mark(&digest));
+            let synced = super::layer::sync_tree(&dest).and_then(|()| cache.write_mark(&digest));
             match synced {
                 Ok(()) => tracing::debug!(
                     %digest,

@@ -358,7 +358,7 @@ async fn kill_rounds(cgroup: &SandboxCgroup, keep: &[i32], waits: impl ExitWaits
 
 /// SIGKILLs `pid` (through a pidfd when one can be had, so the process signalled is the one
 /// then awaited); returns that pidfd, which becomes readable when the process has exited.
-pub fn kill(pid: i32) -> Option<OwnedFd> {
+fn kill(pid: i32) -> Option<OwnedFd> {
     // SAFETY: pidfd_open returns a new descriptor (owned below) or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
     if fd < 0 {

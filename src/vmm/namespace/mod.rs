@@ -259,13 +259,13 @@ impl SandboxBackend for NamespaceBackend {
     }
 }
 
-/// The init process of a running sandbox.
 /// A `sandbox-init` started and waiting on stdin for its spec (see [`NamespaceSandbox::launch`]).
 struct Launched {
     child: Child,
     control: std::os::unix::net::UnixStream,
 }
 
+/// The init process of a running sandbox.
 struct Running {
     child: Child,
     /// The host's end of the control socket: agent requests go to sandbox-init here.
