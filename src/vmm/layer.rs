@@ -332,8 +332,7 @@ fn walk<W: TarOut>(
                 .map_err(err("file"))?;
             // No writeback is started for the tree here: only the blob must reach the disk
             // before the checkpoint returns, and the tree is synced in the background
-            // (`src/vmm/layer_sync.rs`). Writing both during the walk made the walk wait for
-            // twice the disk writes.
+            // (`src/vmm/layer_sync.rs`), so the walk's disk writes are the blob's alone.
         } else if ft.is_symlink() {
             let target = fs::read_link(&path).map_err(err("readlink"))?;
             let mut h = base_header(&meta, tar::EntryType::Symlink);
