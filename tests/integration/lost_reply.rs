@@ -535,6 +535,7 @@ async fn a_lost_reply_to_the_boot_lease_on_the_base_layers_still_builds_once() {
     .await;
     assert_promoted_once(&fx.store, &fx.db.pool, build, &state).await;
     let holder = format!("build {build} attempt 1");
+    let mut leased = 0;
     for object in fx.store.streams_with_prefix("object-").await.unwrap() {
         let leases = fx
             .store
@@ -545,7 +546,13 @@ async fn a_lost_reply_to_the_boot_lease_on_the_base_layers_still_builds_once() {
             .filter(|e| e.event_type == "ObjectLeased.v1" && e.data["holder"] == holder.as_str())
             .count();
         assert!(leases <= 1, "{object} leased {leases} times by the attempt");
+        leased += leases;
     }
+    // Without this, a holder string that matched nothing would pass the loop above.
+    assert!(
+        leased > 0,
+        "the attempt's lease on its base layers is stored"
+    );
     fx.stop().await;
 }
 
