@@ -574,7 +574,6 @@ fn quarantined_blobs_go_once_quarantined_before_the_given_time_on_both_stores() 
         let kept = store.put_bytes(&noise(5000, 7)).unwrap();
         let content = noise(5000, 8);
         let (digest, _) = store.put_bytes(&content).unwrap();
-        std::thread::sleep(Duration::from_millis(20));
         // A local file is torn as one written a month ago: the quarantine, not the write,
         // starts the retention.
         tokio::runtime::Builder::new_current_thread()

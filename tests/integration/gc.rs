@@ -986,7 +986,6 @@ async fn quarantined(blobs: &dyn BlobStore) -> BTreeSet<String> {
 /// written a month ago), and lets a verified read move it to quarantine.
 async fn quarantine(blobs: &dyn BlobStore, content: &[u8]) -> Digest {
     let (digest, _) = blobs.put_bytes(content).unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
     common::torn_blob::tear(blobs, &digest, content).await;
     assert_eq!(blobs.intact_size(&digest).unwrap(), None);
     digest
