@@ -24,6 +24,12 @@ pub struct StorageArgs {
     #[arg(long, env = "STRATA_BLOB_URL")]
     pub blob_url: Option<String>,
 
+    /// Host ids of sandbox users: sandbox uid/gid `n` (0–65535) is host id `BASE + n`, so a
+    /// build step's root is nobody on the host. The node's extracted layers are written for
+    /// this range; a data directory keeps the range it was first used with.
+    #[arg(long, env = "STRATA_SANDBOX_ID_RANGE", default_value_t = crate::vmm::id_range::IdRange::default(), value_name = "BASE[:65536]")]
+    pub sandbox_id_range: crate::vmm::id_range::IdRange,
+
     /// Maximum connections in this process's Postgres pool.
     #[arg(long, env = "STRATA_DB_POOL_SIZE", default_value_t = 16)]
     pub db_pool_size: u32,

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use strata::vmm::archive_policy::{self, ArchivePolicy};
+use strata::vmm::id_range::{IdRange, Owners};
 use strata::vmm::{BlobStore, LayerCache, LocalBlobStore};
 
 #[derive(Debug, Args)]
@@ -138,10 +139,10 @@ fn run_blocking(args: BenchBlobsArgs) -> anyhow::Result<()> {
     for i in 0..args.files.max(1) {
         std::fs::write(src.join(format!("f{i}")), noise(per_file, 1000 + i as u64))?;
     }
-    let layer = strata::vmm::layer::seal_dir(&src, &store)?;
+    let layer = strata::vmm::layer::seal_dir(&src, &store, Owners::AsSandbox)?;
     let (mut new, mut plain) = (Vec::new(), Vec::new());
     for i in 0..runs {
-        let cache = LayerCache::open(scratch.path().join(format!("layers-{i}")))?;
+        let cache = LayerCache::open(scratch.path().join(format!("layers-{i}")), IdRange::default())?;
         let t = Instant::now();
         cache.ensure(&store, &layer.digest)?;
         new.push(t.elapsed());
@@ -150,7 +151,7 @@ fn run_blocking(args: BenchBlobsArgs) -> anyhow::Result<()> {
         let t = Instant::now();
         std::fs::create_dir(&tmp)?;
         let mut reader = store.open_verified(&layer.digest)?;
-        archive_policy::extract_tar(&mut reader, &tmp, &ArchivePolicy::layer())?;
+        archive_policy::extract_tar(&mut reader, &tmp, &ArchivePolicy::layer_for(IdRange::default()))?;
         reader.finish()?;
         std::fs::rename(&tmp, &dir)?;
         plain.push(t.elapsed());
@@ -164,7 +165,7 @@ fn run_blocking(args: BenchBlobsArgs) -> anyhow::Result<()> {
         median(plain),
         "extract, rename",
     );
-    let cache = LayerCache::open(scratch.path().join("layers-0"))?;
+    let cache = LayerCache::open(scratch.path().join("layers-0"), IdRange::default())?;
     let (mut marked, mut is_dir) = (Vec::new(), Vec::new());
     for _ in 0..runs.max(100) {
         let t = Instant::now();

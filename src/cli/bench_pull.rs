@@ -149,7 +149,12 @@ pub async fn run(args: BenchPullArgs) -> anyhow::Result<()> {
     for round in 0..args.repeat.max(1) {
         let node = work.join(format!("node-{round}"));
         let blobs = Arc::new(LocalBlobStore::open(node.join("blobs"))?);
-        let puller = Puller::new(&node, blobs, RegistrySettings::default())?;
+        let puller = Puller::new(
+            &node,
+            strata::vmm::LayerCache::open(node.join("layers"), Default::default())?,
+            blobs,
+            RegistrySettings::default(),
+        )?;
         let started = Instant::now();
         let (pulled, stats) = puller.pull(&reference, None, None).await?;
         ours.push(started.elapsed());

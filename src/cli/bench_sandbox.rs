@@ -26,6 +26,9 @@ pub struct BenchSandboxArgs {
     /// Rounds of the checkpoint measurement (each: the baselines, then the checkpoint).
     #[arg(long, default_value_t = 5)]
     checkpoint_runs: usize,
+    /// Host ids of sandbox users (see `strata worker --help`).
+    #[arg(long, env = "STRATA_SANDBOX_ID_RANGE", default_value_t = Default::default(), value_name = "BASE[:65536]")]
+    sandbox_id_range: strata::vmm::id_range::IdRange,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -48,6 +51,7 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir.clone(),
         agent_binary: std::env::current_exe().context("locating the strata binary")?,
         depth: Default::default(),
+        ids: args.sandbox_id_range,
     })?;
     let blobs = backend.blobs();
     let (d, b) = (args.data_dir.clone(), blobs.clone());
@@ -239,7 +243,7 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
             dir.join("layers").join(format!("file{i}")),
             format!("layer {i}\n"),
         )?;
-        extra.push(layer::seal_dir(&dir, blobs.as_ref() as &dyn BlobStore)?.digest);
+        extra.push(layer::seal_dir(&dir, blobs.as_ref() as &dyn BlobStore, strata::vmm::id_range::Owners::AsSandbox)?.digest);
     }
     for depth in [1usize, 16, 64] {
         let mut stack = base_layers.clone();

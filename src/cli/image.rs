@@ -25,6 +25,9 @@ pub struct ImageArgs {
     /// `<data-dir>/blobs`. Each node keeps its own catalog, naming blobs in the shared store.
     #[arg(long, env = "STRATA_BLOB_URL", global = true)]
     blob_url: Option<String>,
+    /// Host ids of sandbox users (see `strata worker --help`).
+    #[arg(long, env = "STRATA_SANDBOX_ID_RANGE", default_value_t = Default::default(), global = true, value_name = "BASE[:65536]")]
+    sandbox_id_range: strata::vmm::id_range::IdRange,
     #[command(subcommand)]
     command: ImageCommand,
 }
@@ -91,6 +94,7 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             data_dir: data_dir.clone(),
             agent_binary: std::env::current_exe().context("locating the strata binary")?,
             depth: Default::default(),
+            ids: args.sandbox_id_range,
         },
         blobs,
     )
@@ -157,7 +161,12 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             registry,
         } => {
             let parsed = ImageRef::parse(&reference)?;
-            let puller = Puller::new(&data_dir, blobs.clone(), registry.settings())?;
+            let puller = Puller::new(
+                &data_dir,
+                backend.layers().clone(),
+                blobs.clone(),
+                registry.settings(),
+            )?;
             let credentials = match (username, password) {
                 (Some(username), Some(password)) => Some(BasicAuth { username, password }),
                 (None, None) => None,
@@ -213,7 +222,12 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
                     m.size()
                 );
             }
-            let puller = Puller::new(&data_dir, blobs.clone(), Default::default())?;
+            let puller = Puller::new(
+                &data_dir,
+                backend.layers().clone(),
+                blobs.clone(),
+                Default::default(),
+            )?;
             for p in puller.list() {
                 println!(
                     "{:<24} {:<73} {:>6} {:>12}",

@@ -141,6 +141,7 @@ async fn exec_in_template(
             data_dir: storage.data_dir.clone(),
             agent_binary: std::env::current_exe().context("locating the strata binary")?,
             depth: Default::default(),
+            ids: storage.sandbox_id_range,
         },
         blobs,
     )

@@ -137,10 +137,10 @@ impl Puller {
     /// `<data_dir>/images/pulled`.
     pub fn new(
         data_dir: &Path,
+        layers: LayerCache,
         blobs: Arc<dyn BlobStore>,
         settings: RegistrySettings,
     ) -> Result<Puller, VmmError> {
-        let layers = LayerCache::open(data_dir.join("layers"))?;
         let pulled_dir = data_dir.join("images").join("pulled");
         std::fs::create_dir_all(&pulled_dir)
             .map_err(VmmError::io(format!("creating {}", pulled_dir.display())))?;

@@ -128,6 +128,7 @@ pub fn unpack(
         diff_id,
         blobs,
         staging.path(),
+        layers.ids(),
     )?;
     layers
         .publish_staged(staging, diff_id)
@@ -142,6 +143,7 @@ fn unpack_into(
     diff_id: &Digest,
     blobs: &dyn BlobStore,
     staging: &std::path::Path,
+    ids: crate::vmm::id_range::IdRange,
 ) -> Result<LayerRef, UnpackError> {
     let io_err = |e: io::Error, what: &str| {
         if is_abort(&e) {
@@ -173,7 +175,7 @@ fn unpack_into(
             inner: decoded,
             copy: &mut writer,
         };
-        let extracted = archive_policy::extract_tar(&mut tee, staging, &ArchivePolicy::layer());
+        let extracted = archive_policy::extract_tar(&mut tee, staging, &ArchivePolicy::layer_for(ids));
         // The tar's end-of-archive padding and anything after it belong to the diff id too.
         let drained = io::copy(&mut tee, &mut io::sink());
         match (extracted, drained) {

@@ -27,6 +27,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timestamps};
+use super::id_range::{IdRange, IdRangeError};
 
 /// OCI whiteout prefix, and the marker of an opaque directory.
 pub const WHITEOUT_PREFIX: &str = ".wh.";
@@ -47,6 +48,11 @@ pub struct ArchivePolicy {
     pub max_entries: u64,
     pub max_entry_bytes: u64,
     pub max_total_bytes: u64,
+    /// Layers only: the host ids their owners are written as (sandbox id `n` as `base + n`,
+    /// [`IdRange`]), for trees the node keeps for sandboxes. `None` writes the numbers the
+    /// archive holds.
+    #[serde(default)]
+    pub owners: Option<IdRange>,
 }
 
 impl ArchivePolicy {
@@ -56,6 +62,7 @@ impl ArchivePolicy {
             max_entries: 1_000_000,
             max_entry_bytes: 8 << 30,
             max_total_bytes: 32 << 30,
+            owners: None,
         }
     }
     pub fn layer() -> Self {
@@ -64,6 +71,15 @@ impl ArchivePolicy {
             max_entries: 4_000_000,
             max_entry_bytes: 64 << 30,
             max_total_bytes: 256 << 30,
+            owners: None,
+        }
+    }
+
+    /// A layer extracted into a tree the node keeps for sandboxes with ids in `owners`.
+    pub fn layer_for(owners: IdRange) -> Self {
+        ArchivePolicy {
+            owners: Some(owners),
+            ..Self::layer()
         }
     }
 }
@@ -94,6 +110,12 @@ pub enum ArchiveError {
     TotalTooLarge { entry: String, limit: u64 },
     #[error("archive has more than {limit} entries")]
     TooManyEntries { limit: u64 },
+    #[error("archive entry {entry:?}: {source}")]
+    Owner {
+        entry: String,
+        #[source]
+        source: IdRangeError,
+    },
     #[error("archive is unreadable: {0}")]
     Corrupt(io::Error),
     #[error("writing archive entry {entry:?}: {source}")]
@@ -212,10 +234,21 @@ pub fn extract_tar(
         };
         let owner = match policy.kind {
             ArchiveKind::Upload => None,
-            ArchiveKind::Layer => Some((
-                header.uid().map_err(ArchiveError::Corrupt)? as u32,
-                header.gid().map_err(ArchiveError::Corrupt)? as u32,
-            )),
+            ArchiveKind::Layer => {
+                let uid = header.uid().map_err(ArchiveError::Corrupt)?;
+                let gid = header.gid().map_err(ArchiveError::Corrupt)?;
+                let owner_err = |source| ArchiveError::Owner {
+                    entry: name.clone(),
+                    source,
+                };
+                Some(match policy.owners {
+                    Some(ids) => (
+                        ids.to_host("uid", uid).map_err(owner_err)?,
+                        ids.to_host("gid", gid).map_err(owner_err)?,
+                    ),
+                    None => (uid as u32, gid as u32),
+                })
+            }
         };
         let mtime = header.mtime().unwrap_or(0) as i64;
         let io_err = |e: io::Error| ArchiveError::Io {

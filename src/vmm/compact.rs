@@ -17,6 +17,7 @@ use rustix::fs::{AtFlags, FileType, Mode, Timestamps};
 use super::archive_policy::OVERLAY_OPAQUE_XATTR;
 use super::blob_store::BlobStore;
 use super::error::{Result, VmmError};
+use super::id_range::Owners;
 use super::layer::{self, LayerCache, LayerRef};
 use crate::domain::ids::Digest;
 
@@ -43,7 +44,7 @@ pub fn compact(
         let dir = cache.ensure(blobs, digest)?;
         merge(&dir, staging.path())?;
     }
-    let layer = layer::seal_dir(staging.path(), blobs)?;
+    let layer = layer::seal_dir(staging.path(), blobs, Owners::Mapped(cache.ids()))?;
     let mut new_stack = stack[..range.start].to_vec();
     new_stack.push(layer.digest);
     new_stack.extend_from_slice(&stack[range.end..]);

@@ -52,6 +52,9 @@ pub enum VmmError {
     #[error("a sandbox needs at least one layer")]
     EmptyStack,
 
+    #[error("sealing a layer: {0}")]
+    Seal(String),
+
     #[error("sandbox boot failed: {0}")]
     Boot(String),
 

@@ -21,6 +21,7 @@ use std::process::Command;
 use super::backend::{BootSpec, ExecRequest, Limits, Sandbox, SandboxBackend};
 use super::blob_store::BlobStore;
 use super::error::{Result, VmmError};
+use super::id_range::Owners;
 use super::layer::{self, LayerRef};
 use crate::domain::ids::Digest;
 use crate::domain::image_ref::ImageRef;
@@ -274,7 +275,7 @@ pub fn ensure_busybox(data_dir: &Path, blobs: &dyn BlobStore) -> Result<ImageMan
         fs::set_permissions(etc.join(name), fs::Permissions::from_mode(mode))
             .map_err(VmmError::io("chmod"))?;
     }
-    let layer = layer::seal_dir(&rootfs, blobs)?;
+    let layer = layer::seal_dir(&rootfs, blobs, Owners::AsSandbox)?;
     let notice =
         fs::read(unpacked.join("usr/share/doc/busybox-static/copyright")).unwrap_or_default();
     let license = blobs.put_bytes(&notice)?.0;
@@ -354,7 +355,7 @@ pub fn ensure_debian(
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
-    let layer = layer::seal_dir(&rootfs, blobs)?;
+    let layer = layer::seal_dir(&rootfs, blobs, Owners::AsSandbox)?;
     let notice = format!(
         "Debian GNU/Linux bookworm (minbase), built with debootstrap from {mirror}.\n\
          Each package's license is in /usr/share/doc/<package>/copyright inside the image.\n\n\

@@ -31,6 +31,7 @@ use super::archive_policy::{
 };
 use super::blob_store::{BlobStore, BlobWriter};
 use super::error::{Result, VmmError};
+use super::id_range::{IdRange, Owners};
 use super::layer_staging::{self, Staging};
 use crate::domain::ids::Digest;
 
@@ -42,8 +43,8 @@ pub struct LayerRef {
 }
 
 /// Writes the deterministic layer tar of an overlay-format directory to `out`.
-pub fn write_layer_tar(dir: &Path, out: impl Write) -> Result<()> {
-    write_tar(dir, AnyWriter(out), Tidy::Leave)
+pub fn write_layer_tar(dir: &Path, owners: Owners, out: impl Write) -> Result<()> {
+    write_tar(dir, AnyWriter(out), Tidy::Leave, owners)
 }
 
 /// Where a layer tar goes. File contents go through [`TarOut::file_contents`], so that a blob
@@ -110,11 +111,17 @@ enum Tidy {
     AsExtracted,
 }
 
-fn write_tar(dir: &Path, out: impl TarOut, tidy: Tidy) -> Result<()> {
+fn write_tar(dir: &Path, out: impl TarOut, tidy: Tidy, owners: Owners) -> Result<()> {
     let mut builder = tar::Builder::new(out);
     builder.mode(tar::HeaderMode::Complete);
     let mut links = HashMap::new();
-    walk(dir, Path::new(""), &mut builder, &mut links, tidy)?;
+    let mut walk_state = Walk {
+        builder: &mut builder,
+        links: &mut links,
+        tidy,
+        owners,
+    };
+    walk_state.dir(dir, Path::new(""))?;
     builder
         .into_inner()
         .and_then(|mut w| w.flush())
@@ -129,15 +136,16 @@ pub fn is_empty_dir(dir: &Path) -> Result<bool> {
     Ok(entries.next().is_none())
 }
 
-/// Seals `dir` into the blob store and returns the layer.
-pub fn seal_dir(dir: &Path, blobs: &dyn BlobStore) -> Result<LayerRef> {
-    seal(dir, blobs, Tidy::Leave)
+/// Seals `dir` into the blob store and returns the layer; `owners` says whether its owners are
+/// in-sandbox ids already (a root filesystem made on the host) or a sandbox tree's host ids.
+pub fn seal_dir(dir: &Path, blobs: &dyn BlobStore, owners: Owners) -> Result<LayerRef> {
+    seal(dir, blobs, Tidy::Leave, owners)
 }
 
-fn seal(dir: &Path, blobs: &dyn BlobStore, tidy: Tidy) -> Result<LayerRef> {
+fn seal(dir: &Path, blobs: &dyn BlobStore, tidy: Tidy, owners: Owners) -> Result<LayerRef> {
     let started = std::time::Instant::now();
     let mut writer = blobs.writer()?;
-    write_tar(dir, &mut writer, tidy)?;
+    write_tar(dir, &mut writer, tidy, owners)?;
     let written = started.elapsed();
     let (digest, size) = writer.commit()?;
     tracing::debug!(
@@ -157,7 +165,7 @@ fn seal(dir: &Path, blobs: &dyn BlobStore, tidy: Tidy) -> Result<LayerRef> {
 /// Falls back to extracting when `dir` is on another filesystem than the cache.
 pub fn seal_into_cache(dir: &Path, blobs: &dyn BlobStore, cache: &LayerCache) -> Result<LayerRef> {
     let started = std::time::Instant::now();
-    let layer = seal(dir, blobs, Tidy::AsExtracted)?;
+    let layer = seal(dir, blobs, Tidy::AsExtracted, Owners::Mapped(cache.ids()))?;
     tracing::debug!(
         seal_ms = started.elapsed().as_secs_f64() * 1e3,
         bytes = layer.size,
@@ -232,15 +240,21 @@ fn whole_second_mtime(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
     .map_err(Into::into)
 }
 
-fn base_header(meta: &fs::Metadata, kind: tar::EntryType) -> tar::Header {
+fn base_header(
+    meta: &fs::Metadata,
+    kind: tar::EntryType,
+    owners: Owners,
+    rel_path: &Path,
+) -> Result<tar::Header> {
+    let owner_err = |e| VmmError::Seal(format!("{}: {e}", rel_path.display()));
     let mut h = tar::Header::new_gnu();
     h.set_entry_type(kind);
-    h.set_uid(meta.uid() as u64);
-    h.set_gid(meta.gid() as u64);
+    h.set_uid(owners.to_sandbox("uid", meta.uid()).map_err(owner_err)? as u64);
+    h.set_gid(owners.to_sandbox("gid", meta.gid()).map_err(owner_err)? as u64);
     h.set_mode(meta.mode() & 0o7777);
     h.set_mtime(meta.mtime().max(0) as u64);
     h.set_size(0);
-    h
+    Ok(h)
 }
 
 fn is_opaque(path: &Path) -> bool {
@@ -248,13 +262,18 @@ fn is_opaque(path: &Path) -> bool {
     matches!(rustix::fs::lgetxattr(path, OVERLAY_OPAQUE_XATTR, &mut buf), Ok(1) if buf[0] == b'y')
 }
 
-fn walk<W: TarOut>(
-    dir: &Path,
-    rel: &Path,
-    builder: &mut tar::Builder<W>,
-    links: &mut HashMap<(u64, u64), PathBuf>,
+/// One sealing walk: where the tar goes, the hardlinks seen so far, and how the tree is tidied
+/// and its owners recorded.
+struct Walk<'a, W: TarOut> {
+    builder: &'a mut tar::Builder<W>,
+    links: &'a mut HashMap<(u64, u64), PathBuf>,
     tidy: Tidy,
-) -> Result<()> {
+    owners: Owners,
+}
+
+impl<W: TarOut> Walk<'_, W> {
+fn dir(&mut self, dir: &Path, rel: &Path) -> Result<()> {
+    let (tidy, owners) = (self.tidy, self.owners);
     let mut names: Vec<_> = fs::read_dir(dir)
         .map_err(VmmError::io(format!("reading {}", dir.display())))?
         .map(|e| e.map(|e| e.file_name()))
@@ -286,12 +305,12 @@ fn walk<W: TarOut>(
             h.set_mtime(0);
             h.set_uid(0);
             h.set_gid(0);
-            builder
+            self.builder
                 .append_data(&mut h, rel.join(wh_name), io::empty())
                 .map_err(err("whiteout"))?;
         } else if ft.is_dir() {
-            let mut h = base_header(&meta, tar::EntryType::Directory);
-            builder
+            let mut h = base_header(&meta, tar::EntryType::Directory, owners, &rel_path)?;
+            self.builder
                 .append_data(&mut h, &rel_path, io::empty())
                 .map_err(err("directory"))?;
             if is_opaque(&path) {
@@ -302,31 +321,31 @@ fn walk<W: TarOut>(
                 h.set_mtime(0);
                 h.set_uid(0);
                 h.set_gid(0);
-                builder
+                self.builder
                     .append_data(&mut h, rel_path.join(OPAQUE_MARKER), io::empty())
                     .map_err(err("opaque marker"))?;
             }
-            walk(&path, &rel_path, builder, links, tidy)?;
+            self.dir(&path, &rel_path)?;
         } else if ft.is_file() {
             if meta.nlink() > 1 {
-                if let Some(first) = links.get(&(meta.dev(), meta.ino())) {
-                    let mut h = base_header(&meta, tar::EntryType::Link);
-                    builder
+                if let Some(first) = self.links.get(&(meta.dev(), meta.ino())) {
+                    let mut h = base_header(&meta, tar::EntryType::Link, owners, &rel_path)?;
+                    self.builder
                         .append_link(&mut h, &rel_path, first)
                         .map_err(err("hardlink"))?;
                     continue;
                 }
-                links.insert((meta.dev(), meta.ino()), rel_path.clone());
+                self.links.insert((meta.dev(), meta.ino()), rel_path.clone());
             }
-            let mut h = base_header(&meta, tar::EntryType::Regular);
+            let mut h = base_header(&meta, tar::EntryType::Regular, owners, &rel_path)?;
             h.set_size(meta.len());
             let file = fs::File::open(&path).map_err(err("open"))?;
             // The header (and a long-name entry if needed) through the builder, then the
             // contents and their padding straight into the output.
-            builder
+            self.builder
                 .append_data(&mut h, &rel_path, io::empty())
                 .map_err(err("file header"))?;
-            let out = builder.get_mut();
+            let out = self.builder.get_mut();
             out.file_contents(&file, meta.len())
                 .and_then(|()| pad_to_block(out, meta.len()))
                 .map_err(err("file"))?;
@@ -335,13 +354,13 @@ fn walk<W: TarOut>(
             // (`src/vmm/layer_sync.rs`), so the walk's disk writes are the blob's alone.
         } else if ft.is_symlink() {
             let target = fs::read_link(&path).map_err(err("readlink"))?;
-            let mut h = base_header(&meta, tar::EntryType::Symlink);
-            builder
+            let mut h = base_header(&meta, tar::EntryType::Symlink, owners, &rel_path)?;
+            self.builder
                 .append_link(&mut h, &rel_path, target)
                 .map_err(err("symlink"))?;
         } else if ft.is_fifo() {
-            let mut h = base_header(&meta, tar::EntryType::Fifo);
-            builder
+            let mut h = base_header(&meta, tar::EntryType::Fifo, owners, &rel_path)?;
+            self.builder
                 .append_data(&mut h, &rel_path, io::empty())
                 .map_err(err("fifo"))?;
         } else {
@@ -354,6 +373,7 @@ fn walk<W: TarOut>(
         }
     }
     Ok(())
+}
 }
 
 /// The node's extracted layers: `<root>/<hex>/`, overlay-format (whiteouts are 0/0 devices).
@@ -378,18 +398,33 @@ pub struct LayerCache {
     pub(super) changes: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Trees this process adopted and is syncing in the background (`src/vmm/layer_sync.rs`).
     pub(super) syncing: super::layer_sync::Syncing,
+    /// The host ids the trees' owners are written as (ADR 0021).
+    ids: IdRange,
 }
 
+/// The file in a layer cache's root that names the id range its trees are written for.
+const OWNERS_FILE: &str = ".owners";
+
 impl LayerCache {
-    pub fn open(root: impl Into<PathBuf>) -> Result<LayerCache> {
+    /// Opens the cache at `root` for sandboxes with ids `ids`. Trees an older strata extracted
+    /// with in-sandbox owners are unmarked (and so extracted again on next use); a cache written
+    /// for another range is refused, since its trees would give every file to the wrong owner.
+    pub fn open(root: impl Into<PathBuf>, ids: IdRange) -> Result<LayerCache> {
         let root = root.into();
         fs::create_dir_all(&root).map_err(VmmError::io(format!("creating {}", root.display())))?;
+        check_owners(&root, ids)?;
         Ok(LayerCache {
             root,
             budget: Default::default(),
             changes: Default::default(),
             syncing: Default::default(),
+            ids,
         })
+    }
+
+    /// The sandbox id range this cache's trees are written for.
+    pub fn ids(&self) -> IdRange {
+        self.ids
     }
 
     /// How many times this process completed or evicted a layer in this cache.
@@ -502,7 +537,7 @@ impl LayerCache {
         let tmp = staging.path();
         let result = (|| {
             let mut reader = blobs.open_verified(digest)?;
-            archive_policy::extract_tar(&mut reader, tmp, &ArchivePolicy::layer())?;
+            archive_policy::extract_tar(&mut reader, tmp, &ArchivePolicy::layer_for(self.ids))?;
             reader.finish()?;
             sync_tree(tmp)
         })();
@@ -578,6 +613,46 @@ impl LayerCache {
 }
 
 /// The publish lock of the layer cache at `root` (see [`LayerCache::publish_lock`]).
+/// Makes sure the trees under `root` are written for `ids` ([`LayerCache::open`]).
+fn check_owners(root: &Path, ids: IdRange) -> Result<()> {
+    let file = root.join(OWNERS_FILE);
+    let wanted = format!("{ids}\n");
+    match fs::read_to_string(&file) {
+        Ok(found) if found == wanted => return Ok(()),
+        Ok(found) => {
+            return Err(VmmError::Boot(format!(
+                "the layer cache {} holds trees for sandbox ids {}, and this node is set to {ids} \
+                 (STRATA_SANDBOX_ID_RANGE): set the range it was made with, or remove the \
+                 directory (it is a cache of the blob store)",
+                root.display(),
+                found.trim()
+            )))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(VmmError::io(format!("reading {}", file.display()))(e)),
+    }
+    // Written before ids were mapped: every tree holds in-sandbox owners. Unmarked, each is
+    // moved aside and extracted again when next used, as a torn one is.
+    let _lock = publish_lock(root)?;
+    let entries =
+        fs::read_dir(root).map_err(VmmError::io(format!("reading {}", root.display())))?;
+    for entry in entries.flatten() {
+        if entry.file_name().as_bytes().ends_with(b".complete") {
+            fs::remove_file(entry.path())
+                .map_err(VmmError::io(format!("unmarking {}", entry.path().display())))?;
+        }
+    }
+    let dir = fs::File::open(root).map_err(VmmError::io(format!("opening {}", root.display())))?;
+    dir.sync_all()
+        .map_err(VmmError::io(format!("syncing {}", root.display())))?;
+    let tmp = root.join(format!("{OWNERS_FILE}.tmp"));
+    fs::write(&tmp, &wanted)
+        .and_then(|()| fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| fs::rename(&tmp, &file))
+        .and_then(|()| dir.sync_all())
+        .map_err(VmmError::io(format!("writing {}", file.display())))
+}
+
 pub(super) fn publish_lock(root: &Path) -> Result<fs::File> {
     lock_exclusive(&root.join(".publish.lock"), "the layer cache")
 }
@@ -606,6 +681,7 @@ pub(super) fn lock_exclusive(path: &Path, what: &str) -> Result<fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vmm::id_range::IdRange;
     use crate::vmm::blob_store::LocalBlobStore;
 
     fn sample(dir: &Path) {
@@ -659,17 +735,19 @@ mod tests {
         for (name, bytes) in names {
             let path = tree.join(name);
             let meta = fs::symlink_metadata(&path).unwrap();
-            let mut h = base_header(&meta, tar::EntryType::Regular);
+            let mut h =
+                base_header(&meta, tar::EntryType::Regular, Owners::AsSandbox, Path::new(name))
+                    .unwrap();
             h.set_size(bytes.len() as u64);
             expected.append_data(&mut h, name, &bytes[..]).unwrap();
         }
         let expected = expected.into_inner().unwrap();
 
         let mut plain = Vec::new();
-        write_layer_tar(&tree, &mut plain).unwrap();
+        write_layer_tar(&tree, Owners::AsSandbox, &mut plain).unwrap();
         assert!(plain == expected, "plain writer: tar bytes differ");
         let store = LocalBlobStore::open(dir.path().join("blobs")).unwrap();
-        let sealed = seal_dir(&tree, &store).unwrap();
+        let sealed = seal_dir(&tree, &store, Owners::AsSandbox).unwrap();
         assert_eq!(sealed.digest, Digest::of(&expected));
         assert_eq!(sealed.size, expected.len() as u64);
         let mut stored = Vec::new();
@@ -685,11 +763,11 @@ mod tests {
     fn sealing_is_deterministic_and_survives_a_round_trip() {
         let store_dir = tempfile::tempdir().unwrap();
         let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
-        let cache = LayerCache::open(store_dir.path().join("layers")).unwrap();
+        let cache = LayerCache::open(store_dir.path().join("layers"), IdRange::default()).unwrap();
         let src = tempfile::tempdir().unwrap();
         sample(src.path());
-        let first = seal_dir(src.path(), &blobs).unwrap();
-        assert_eq!(seal_dir(src.path(), &blobs).unwrap(), first);
+        let first = seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap();
+        assert_eq!(seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap(), first);
         // The tar holds OCI whiteouts, not device nodes.
         let mut names = Vec::new();
         let mut r = blobs.open_verified(&first.digest).unwrap();
@@ -714,9 +792,115 @@ mod tests {
         );
         // Extracting gives back overlay's format, which seals to the same digest.
         let extracted = cache.ensure(&blobs, &first.digest).unwrap();
-        assert_eq!(seal_dir(&extracted, &blobs).unwrap(), first);
+        assert_eq!(seal_dir(&extracted, &blobs, Owners::Mapped(cache.ids())).unwrap(), first);
         let m = fs::symlink_metadata(extracted.join("a/deleted")).unwrap();
         assert!(m.file_type().is_char_device() && m.rdev() == 0);
+    }
+
+    /// Gives every entry under `dir` the host ids sandbox files have (`base + id`), keeping
+    /// modes: what an upper directory written by a sandbox looks like.
+    fn owned_by_sandbox(dir: &Path, ids: IdRange) {
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let m = fs::symlink_metadata(&path).unwrap();
+            // A second link to a file already given; or a whiteout, which overlay makes with
+            // its mounter's (the host's) ids.
+            if m.uid() >= ids.base() || m.file_type().is_char_device() {
+                continue;
+            }
+            std::os::unix::fs::lchown(
+                &path,
+                Some(ids.to_host("uid", m.uid() as u64).unwrap()),
+                Some(ids.to_host("gid", m.gid() as u64).unwrap()),
+            )
+            .unwrap();
+            if !m.file_type().is_symlink() {
+                fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(m.mode()))
+                    .unwrap();
+            }
+            if m.is_dir() {
+                owned_by_sandbox(&path, ids);
+            }
+        }
+    }
+
+    #[test]
+    fn trees_hold_host_ids_and_layers_hold_the_sandboxs() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
+        let ids = IdRange::new(300_000).unwrap();
+        let cache = LayerCache::open(store_dir.path().join("layers"), ids).unwrap();
+        let src = tempfile::tempdir().unwrap();
+        fs::write(src.path().join("root-file"), "r").unwrap();
+        fs::write(src.path().join("user-file"), "u").unwrap();
+        std::os::unix::fs::lchown(src.path().join("user-file"), Some(1000), Some(1000)).unwrap();
+        fs::set_permissions(
+            src.path().join("root-file"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o4755),
+        )
+        .unwrap();
+        let layer = seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap();
+        let tree = cache.ensure(&blobs, &layer.digest).unwrap();
+        let owner = |p: &str| {
+            let m = fs::symlink_metadata(tree.join(p)).unwrap();
+            (m.uid(), m.gid(), m.mode() & 0o7777)
+        };
+        // No setuid-root file on the host: the setuid file belongs to the sandbox's root.
+        assert_eq!(owner("root-file"), (300_000, 300_000, 0o4755));
+        assert_eq!(owner("user-file"), (301_000, 301_000, 0o644));
+        // Sealing the tree maps the owners back: the same layer, byte for byte.
+        assert_eq!(seal_dir(&tree, &blobs, Owners::Mapped(ids)).unwrap(), layer);
+        // A file of a host account is not a sandbox file, and no layer records it.
+        let stray = tempfile::tempdir().unwrap();
+        fs::write(stray.path().join("host-file"), "h").unwrap();
+        let err = seal_dir(stray.path(), &blobs, Owners::Mapped(ids)).unwrap_err();
+        assert!(err.to_string().contains("outside the sandbox id range"), "{err}");
+    }
+
+    #[test]
+    fn a_layer_owner_beyond_the_sandboxs_ids_is_refused() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
+        let cache = LayerCache::open(store_dir.path().join("layers"), IdRange::default()).unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mode(0o644);
+        h.set_uid(70_000);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_cksum();
+        b.append_data(&mut h, "far", &b"x"[..]).unwrap();
+        let bytes = b.into_inner().unwrap();
+        let mut w = blobs.writer().unwrap();
+        io::Write::write_all(&mut w, &bytes).unwrap();
+        let (digest, _) = w.commit().unwrap();
+        let err = cache.ensure(&blobs, &digest).unwrap_err();
+        assert!(err.to_string().contains("uid id 70000 is outside"), "{err}");
+        assert!(!cache.contains(&digest));
+    }
+
+    #[test]
+    fn a_cache_of_an_older_strata_is_extracted_again_and_another_range_is_refused() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
+        let root = store_dir.path().join("layers");
+        let src = tempfile::tempdir().unwrap();
+        fs::write(src.path().join("f"), "f").unwrap();
+        let layer = seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap();
+        // What an older strata left: the tree with in-sandbox owners, marked complete.
+        fs::create_dir_all(root.join(layer.digest.hex())).unwrap();
+        fs::write(root.join(layer.digest.hex()).join("f"), "f").unwrap();
+        fs::write(root.join(format!("{}.complete", layer.digest.hex())), "1").unwrap();
+        let cache = LayerCache::open(&root, IdRange::default()).unwrap();
+        assert!(!cache.contains(&layer.digest), "unmarked");
+        let tree = cache.ensure(&blobs, &layer.digest).unwrap();
+        let m = fs::metadata(tree.join("f")).unwrap();
+        assert_eq!(m.uid(), IdRange::default().base());
+        // Reopening with the same range keeps it; another range is refused with what to do.
+        assert!(LayerCache::open(&root, IdRange::default()).unwrap().contains(&layer.digest));
+        let err = LayerCache::open(&root, IdRange::new(200_000).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("STRATA_SANDBOX_ID_RANGE"), "{err}");
     }
 
     /// Everything a sandbox can observe of a tree, path by path.
@@ -767,10 +951,11 @@ mod tests {
     fn a_tree_sealed_into_the_cache_is_the_tree_an_extraction_gives() {
         let store_dir = tempfile::tempdir().unwrap();
         let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
-        let adopted_cache = LayerCache::open(store_dir.path().join("layers")).unwrap();
-        let extracted_cache = LayerCache::open(store_dir.path().join("layers-2")).unwrap();
+        let adopted_cache = LayerCache::open(store_dir.path().join("layers"), IdRange::default()).unwrap();
+        let extracted_cache = LayerCache::open(store_dir.path().join("layers-2"), IdRange::default()).unwrap();
         let upper = store_dir.path().join("upper");
         sample(&upper);
+        owned_by_sandbox(&upper, adopted_cache.ids());
         // What a tar does not carry: a sub-second mtime, an xattr, a socket.
         rustix::fs::setxattr(
             upper.join("z"),
@@ -794,7 +979,7 @@ mod tests {
         let adopted = adopted_cache.path(&layer.digest);
         let extracted = extracted_cache.ensure(&blobs, &layer.digest).unwrap();
         assert_eq!(observed(&adopted), observed(&extracted));
-        assert_eq!(seal_dir(&adopted, &blobs).unwrap(), layer);
+        assert_eq!(seal_dir(&adopted, &blobs, Owners::Mapped(adopted_cache.ids())).unwrap(), layer);
         assert_eq!(
             fs::metadata(&adopted).unwrap().mode() & 0o7777,
             fs::metadata(&extracted).unwrap().mode() & 0o7777
@@ -805,10 +990,10 @@ mod tests {
     fn a_torn_extracted_tree_is_extracted_again() {
         let store_dir = tempfile::tempdir().unwrap();
         let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
-        let cache = LayerCache::open(store_dir.path().join("layers")).unwrap();
+        let cache = LayerCache::open(store_dir.path().join("layers"), IdRange::default()).unwrap();
         let src = tempfile::tempdir().unwrap();
         sample(src.path());
-        let layer = seal_dir(src.path(), &blobs).unwrap();
+        let layer = seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap();
         let tree = cache.ensure(&blobs, &layer.digest).unwrap();
         assert_eq!(fs::read(tree.join("a/b/file")).unwrap(), b"content");
         // What a crash between the rename and the data reaching the disk leaves: the tree in
@@ -840,6 +1025,7 @@ mod tests {
         assert_eq!(
             names,
             [
+                ".owners".to_string(),
                 ".publish.lock".to_string(),
                 hex.to_string(),
                 format!("{hex}.complete")
@@ -853,10 +1039,10 @@ mod tests {
     fn a_corrupt_blob_is_never_extracted() {
         let store_dir = tempfile::tempdir().unwrap();
         let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
-        let cache = LayerCache::open(store_dir.path().join("layers")).unwrap();
+        let cache = LayerCache::open(store_dir.path().join("layers"), IdRange::default()).unwrap();
         let src = tempfile::tempdir().unwrap();
         fs::write(src.path().join("f"), "original").unwrap();
-        let layer = seal_dir(src.path(), &blobs).unwrap();
+        let layer = seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap();
         let path = blobs.path_of(&layer.digest);
         let mut bytes = fs::read(&path).unwrap();
         let at = bytes.windows(8).position(|w| w == b"original").unwrap();
@@ -865,15 +1051,18 @@ mod tests {
         let err = cache.ensure(&blobs, &layer.digest).unwrap_err();
         assert!(matches!(err, VmmError::DigestMismatch { .. }), "{err}");
         assert!(!cache.path(&layer.digest).exists());
+        let names: Vec<_> = fs::read_dir(store_dir.path().join("layers"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(
-            fs::read_dir(store_dir.path().join("layers"))
-                .unwrap()
-                .count(),
-            0
+            names,
+            [".owners", ".publish.lock"],
+            "nothing but the cache's id range and its lock is left"
         );
         // The torn blob is absent now, and sealing the same content again repairs it.
         assert!(!path.exists());
-        assert_eq!(seal_dir(src.path(), &blobs).unwrap(), layer);
+        assert_eq!(seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap(), layer);
         cache.ensure(&blobs, &layer.digest).unwrap();
     }
 }

@@ -200,13 +200,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + name.len()) as u8).collect();
         std::fs::write(dir.path().join(name), bytes).unwrap();
-        seal_dir(dir.path(), blobs).unwrap().digest
+        seal_dir(dir.path(), blobs, crate::vmm::id_range::Owners::AsSandbox).unwrap().digest
     }
 
     fn setup() -> (tempfile::TempDir, LocalBlobStore, LayerCache) {
         let dir = tempfile::tempdir().unwrap();
         let blobs = LocalBlobStore::open(dir.path().join("blobs")).unwrap();
-        let cache = LayerCache::open(dir.path().join("layers")).unwrap();
+        let cache = LayerCache::open(dir.path().join("layers"), Default::default()).unwrap();
         (dir, blobs, cache)
     }
 

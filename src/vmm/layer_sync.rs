@@ -167,6 +167,11 @@ mod tests {
         let upper = root.join("upper");
         fs::create_dir_all(upper.join("etc")).unwrap();
         fs::write(upper.join("etc/app.conf"), content).unwrap();
+        // Written by a sandbox: its root's host ids.
+        let root_id = crate::vmm::id_range::IdRange::default().base();
+        for p in [upper.join("etc"), upper.join("etc/app.conf")] {
+            std::os::unix::fs::lchown(p, Some(root_id), Some(root_id)).unwrap();
+        }
         upper
     }
 
@@ -177,7 +182,7 @@ mod tests {
     #[test]
     fn an_adopted_tree_is_used_at_once_and_marked_complete_once_synced() {
         let node = node();
-        let cache = LayerCache::open(node.root.join("layers")).unwrap();
+        let cache = LayerCache::open(node.root.join("layers"), Default::default()).unwrap();
         let upper = upper(&node.root, "v1");
         let adopted = inode(&upper);
         let layer = seal_into_cache(&upper, &node.blobs, &cache).unwrap();
@@ -198,7 +203,7 @@ mod tests {
             "the sync lock is removed with the mark written"
         );
         // Another process (a cache of its own) sees a complete tree and uses it as it is.
-        let other = LayerCache::open(node.root.join("layers")).unwrap();
+        let other = LayerCache::open(node.root.join("layers"), Default::default()).unwrap();
         assert_eq!(
             inode(&other.ensure(&node.blobs, &layer.digest).unwrap()),
             adopted
@@ -210,8 +215,13 @@ mod tests {
     /// any other descriptor's flock exactly as another process's would.
     fn tree_being_synced_elsewhere(node: &Node, content: &str) -> (LayerCache, Digest, fs::File) {
         let src = upper(&node.root, "v1");
-        let layer = seal_dir(&src, &node.blobs).unwrap();
-        let syncer = LayerCache::open(node.root.join("layers")).unwrap();
+        let layer = seal_dir(
+            &src,
+            &node.blobs,
+            crate::vmm::id_range::Owners::Mapped(Default::default()),
+        )
+        .unwrap();
+        let syncer = LayerCache::open(node.root.join("layers"), Default::default()).unwrap();
         let dest = syncer.path(&layer.digest);
         fs::create_dir_all(dest.join("etc")).unwrap();
         fs::write(dest.join("etc/app.conf"), content).unwrap();
@@ -225,7 +235,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let (root, blobs) = (node.root.clone(), node.blobs.clone());
         std::thread::spawn(move || {
-            let cache = LayerCache::open(root.join("layers")).unwrap();
+            let cache = LayerCache::open(root.join("layers"), Default::default()).unwrap();
             let _ = tx.send(cache.ensure(&blobs, &digest));
         });
         rx

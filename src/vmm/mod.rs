@@ -18,6 +18,7 @@ pub mod compact;
 pub mod copy;
 pub mod depth;
 pub mod error;
+pub mod id_range;
 pub mod image;
 pub mod layer;
 pub mod layer_budget;

@@ -85,6 +85,7 @@ impl Worker {
                 data_dir: settings.data_dir.clone(),
                 agent_binary: settings.agent_binary.clone(),
                 depth: settings.depth,
+                ids: settings.sandbox_ids,
             },
             blobs,
         )?;
@@ -95,6 +96,7 @@ impl Worker {
         let catalog = ImageCatalog::open(&settings.data_dir)?;
         let puller = crate::registry::Puller::new(
             &settings.data_dir,
+            backend.layers().clone(),
             backend.blobs(),
             settings.registry.clone(),
         )?;

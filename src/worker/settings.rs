@@ -17,6 +17,8 @@ pub struct WorkerSettings {
     pub layer_cache_bytes: Option<u64>,
     /// The strata binary, started inside sandboxes as their init and agent.
     pub agent_binary: PathBuf,
+    /// The host ids sandbox users are (`STRATA_SANDBOX_ID_RANGE`).
+    pub sandbox_ids: crate::vmm::id_range::IdRange,
     /// How long an attempt holds a build without renewal; renewed every third of it.
     pub lease: Duration,
     /// Builds this node runs at once.
@@ -54,6 +56,7 @@ impl WorkerSettings {
             blob_url: None,
             layer_cache_bytes: None,
             agent_binary: agent_binary.into(),
+            sandbox_ids: Default::default(),
             lease: Duration::from_secs(30),
             max_builds: 2,
             ready_timeout: Duration::from_secs(120),

@@ -363,7 +363,7 @@ fn layer(
     let dir = tempfile::tempdir().unwrap();
     let bytes: Vec<u8> = (0..len).map(|i| (i * 31 + name.len()) as u8).collect();
     std::fs::write(dir.path().join(name), bytes).unwrap();
-    strata::vmm::layer::seal_dir(dir.path(), blobs)
+    strata::vmm::layer::seal_dir(dir.path(), blobs, strata::vmm::id_range::Owners::AsSandbox)
         .unwrap()
         .digest
 }
@@ -385,7 +385,7 @@ async fn residency_follows_the_cache_and_a_silent_node_stops_counting() {
     let dir = tempfile::tempdir().unwrap();
     let blobs = strata::vmm::LocalBlobStore::open(dir.path().join("blobs")).unwrap();
     let layers = dir.path().join("layers");
-    let cache = strata::vmm::layer::LayerCache::open(&layers).unwrap();
+    let cache = strata::vmm::layer::LayerCache::open(&layers, Default::default()).unwrap();
     let (x, y) = (layer(&blobs, "x", 20_000), layer(&blobs, "y", 20_000));
 
     // A row an earlier run of this node left, for a layer its cache no longer has: the first

@@ -28,7 +28,14 @@ impl Node {
         Node { dir, blobs }
     }
     fn puller(&self, settings: RegistrySettings) -> Puller {
-        Puller::new(self.dir.path(), self.blobs.clone(), settings).unwrap()
+        Puller::new(
+            self.dir.path(),
+            strata::vmm::LayerCache::open(self.dir.path().join("layers"), Default::default())
+                .unwrap(),
+            self.blobs.clone(),
+            settings,
+        )
+        .unwrap()
     }
     fn layer_dir(&self, diff_id: &str) -> std::path::PathBuf {
         self.dir

@@ -13,7 +13,11 @@ use strata::vmm::{layer, BlobStore, NamespaceBackend, NamespaceConfig, SandboxBa
 fn make_layer(backend: &NamespaceBackend, fill: impl FnOnce(&std::path::Path)) -> Digest {
     let dir = tempfile::tempdir().unwrap();
     fill(dir.path());
-    layer::seal_dir(dir.path(), backend.blobs().as_ref() as &dyn BlobStore)
+    layer::seal_dir(
+        dir.path(),
+        backend.blobs().as_ref() as &dyn BlobStore,
+        strata::vmm::id_range::Owners::AsSandbox,
+    )
         .unwrap()
         .digest
 }
@@ -79,6 +83,7 @@ async fn a_hundred_layers_boot_and_an_over_budget_stack_is_refused() {
             overlay_max: 500,
             reserved: 450,
         },
+        ids: Default::default(),
     })
     .unwrap();
     let err = reserved

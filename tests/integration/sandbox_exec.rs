@@ -247,6 +247,7 @@ fn backend_with_strata_at(strata: &std::path::Path) -> strata::vmm::NamespaceBac
         data_dir: common::sandbox::node_dir(),
         agent_binary: strata.to_path_buf(),
         depth: Default::default(),
+        ids: Default::default(),
     })
     .unwrap()
 }

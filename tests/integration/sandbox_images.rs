@@ -56,7 +56,12 @@ async fn a_docker_save_archive_imports_verified_and_boots() {
         std::fs::create_dir(d.path().join("srv")).unwrap();
         std::fs::write(d.path().join("srv/imported"), "imported layer\n").unwrap();
         let mut v = Vec::new();
-        strata::vmm::layer::write_layer_tar(d.path(), &mut v).unwrap();
+        strata::vmm::layer::write_layer_tar(
+            d.path(),
+            strata::vmm::id_range::Owners::AsSandbox,
+            &mut v,
+        )
+        .unwrap();
         v
     };
     // gzip the second layer, as registries do.

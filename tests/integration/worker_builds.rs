@@ -607,6 +607,7 @@ async fn template_export_round_trips_through_image_import() {
         data_dir: fresh.path().to_path_buf(),
         agent_binary: common::strata_bin(),
         depth: Default::default(),
+        ids: Default::default(),
     })
     .unwrap();
     let mut spec = BootSpec::new(manifest.digests());

@@ -34,10 +34,6 @@ pub enum AgentRequest {
 pub const STATUS_FD: i32 = 3;
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Capabilities a sandboxed root keeps (Docker's default set without MKNOD: there is no device
-/// cgroup here, so a device node would reach the host's devices).
-const KEEP_CAPS: &[u32] = &[0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 29, 31];
-
 fn report(line: &str) {
     let msg = format!("{line}\n");
     // SAFETY: writing to the inherited status descriptor.
@@ -45,8 +41,14 @@ fn report(line: &str) {
 }
 
 /// Runs one request in a freshly forked agent (stdin, stdout and stderr on 0–2, the status
-/// pipe on [`STATUS_FD`]); returns the agent's exit code.
-pub fn serve(request_json: &str) -> i32 {
+/// pipe on [`STATUS_FD`]); returns the agent's exit code. The agent first becomes the
+/// sandbox's root and nothing more ([`confine`](super::confine)), so COPY extraction, user
+/// setup and every command run unprivileged on the host.
+pub fn serve(request_json: &str, seccomp: &[u8]) -> i32 {
+    if let Err(e) = super::confine::enter(seccomp) {
+        report(&format!("error confining the sandbox agent: {e}"));
+        return 1;
+    }
     if let Err(e) = std::env::set_current_dir("/") {
         report(&format!("error chdir /: {e}"));
         return 1;
@@ -98,15 +100,6 @@ pub fn serve(request_json: &str) -> i32 {
     }
 }
 
-fn drop_capabilities() {
-    for cap in 0..64u32 {
-        if !KEEP_CAPS.contains(&cap) {
-            // SAFETY: prctl on ourselves; EINVAL for caps the kernel does not know is fine.
-            unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-        }
-    }
-}
-
 fn work(request: AgentRequest) -> Result<(), String> {
     match request {
         AgentRequest::Exec {
@@ -130,7 +123,6 @@ fn work(request: AgentRequest) -> Result<(), String> {
                 vars.retain(|(old, _)| old != &k);
                 vars.push((k, v));
             }
-            drop_capabilities();
             let groups: Vec<libc::gid_t> = who.groups.clone();
             // SAFETY: dropping privileges in the forked worker, before exec.
             unsafe {

@@ -23,8 +23,26 @@ pub enum CgroupDriver {
         memory: Option<PathBuf>,
         pids: Option<PathBuf>,
         cpu: Option<PathBuf>,
+        /// The v1 device controller: deny by default (ADR 0021).
+        devices: Option<PathBuf>,
     },
 }
+
+/// What a sandbox may do with device nodes (v1 `devices.allow` lines after `a` is denied), as
+/// Docker's default: make any node (`m`; overlay's whiteouts are 0/0 character devices), open
+/// only null, zero, full, random, urandom, tty, ptmx and its own pseudo-terminals.
+const DEVICE_ALLOW: &[&str] = &[
+    "c *:* m",
+    "b *:* m",
+    "c 1:3 rwm",
+    "c 1:5 rwm",
+    "c 1:7 rwm",
+    "c 1:8 rwm",
+    "c 1:9 rwm",
+    "c 5:0 rwm",
+    "c 5:2 rwm",
+    "c 136:* rwm",
+];
 
 fn has_v2_controllers(dir: &Path) -> bool {
     fs::read_to_string(dir.join("cgroup.controllers"))
@@ -51,6 +69,7 @@ impl CgroupDriver {
             memory: v1(&["memory"], "cgroup.procs"),
             pids: v1(&["pids"], "cgroup.procs"),
             cpu: v1(&["cpu", "cpu,cpuacct"], "cgroup.procs"),
+            devices: v1(&["devices"], "devices.deny"),
         }
     }
 
@@ -60,7 +79,12 @@ impl CgroupDriver {
         let candidates: Vec<PathBuf> = match self {
             CgroupDriver::V2 { root } => vec![root.join("strata").join(id)],
             // The pids hierarchy first: it is how members are listed.
-            CgroupDriver::V1 { memory, pids, cpu } => [pids, memory, cpu]
+            CgroupDriver::V1 {
+                memory,
+                pids,
+                cpu,
+                devices,
+            } => [pids, memory, cpu, devices]
                 .into_iter()
                 .flatten()
                 .map(|h| h.join("strata").join(id))
@@ -110,7 +134,12 @@ impl CgroupDriver {
                     write(&dir.join("pids.max"), &p.to_string())?;
                 }
             }
-            CgroupDriver::V1 { memory, pids, cpu } => {
+            CgroupDriver::V1 {
+                memory,
+                pids,
+                cpu,
+                devices,
+            } => {
                 let need = |c: &Option<PathBuf>,
                             what: &str,
                             wanted: bool|
@@ -128,10 +157,20 @@ impl CgroupDriver {
                 let pids_dir = need(pids, "pids", limits.pids.is_some())?;
                 let mem_dir = need(memory, "memory", limits.memory_bytes.is_some())?;
                 let cpu_dir = need(cpu, "cpu", limits.cpus.is_some())?;
-                for d in [&pids_dir, &mem_dir, &cpu_dir].into_iter().flatten() {
+                let devices_dir = devices.as_ref().map(|p| p.join("strata").join(id));
+                for d in [&pids_dir, &mem_dir, &cpu_dir, &devices_dir]
+                    .into_iter()
+                    .flatten()
+                {
                     mkdir(d.parent().unwrap())?;
                     mkdir(d)?;
                     cg.dirs.push(d.clone());
+                }
+                if let Some(d) = &devices_dir {
+                    write(&d.join("devices.deny"), "a")?;
+                    for rule in DEVICE_ALLOW {
+                        write(&d.join("devices.allow"), rule)?;
+                    }
                 }
                 if let (Some(d), Some(p)) = (&pids_dir, limits.pids) {
                     write(&d.join("pids.max"), &p.to_string())?;

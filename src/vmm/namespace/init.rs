@@ -35,7 +35,15 @@ pub struct InitSpec {
     pub hostname: String,
     pub network_none: bool,
     pub tmpfs_tmp: bool,
+    /// The host ids of the sandbox's users: `/dev` and the tmpfs mounts belong to its root.
+    pub ids: crate::vmm::id_range::IdRange,
+    /// The system-call filter pid 1 and every agent install ([`super::seccomp`]).
+    pub seccomp: Vec<u8>,
 }
+
+/// The command that keeps a new user namespace alive until its maps are written and it is
+/// opened ([`super::userns`]): it reads standard input to its end and exits.
+pub const HOLD_USER_NAMESPACE: &str = "hold-user-namespace";
 
 /// The sources this code was built from (see `build.rs`): the host starts a sandbox with the
 /// small [`SMALL_BINARY`] only when it reports the host's own fingerprint.
@@ -66,6 +74,10 @@ pub fn main(mut args: impl Iterator<Item = std::ffi::OsString>) -> u8 {
                     2
                 }
             }
+        }
+        Some(HOLD_USER_NAMESPACE) => {
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+            0
         }
         Some("source-id") => {
             println!("{SOURCE_ID}");
@@ -108,7 +120,7 @@ pub fn run(spec_json: &str) -> i32 {
     let _ = writeln!(out, "init-pid {pid}");
     let _ = out.flush();
     if super::lifeline::inherited() {
-        return match supervise(pid) {
+        return match supervise(pid, &spec.seccomp) {
             Some(status) if libc::WIFEXITED(status) => libc::WEXITSTATUS(status),
             Some(status) => 128 + libc::WTERMSIG(status),
             // The strata process that started this sandbox is gone; so is the sandbox now.
@@ -135,7 +147,7 @@ pub fn run(spec_json: &str) -> i32 {
 /// Sandbox-init once pid 1 runs: forks an agent for each request on the control socket and
 /// reaps it, until pid 1 exits (returns its wait status) or the lifeline breaks (kills pid 1,
 /// reaps it, returns `None`).
-fn supervise(pid1: libc::pid_t) -> Option<libc::c_int> {
+fn supervise(pid1: libc::pid_t, seccomp: &[u8]) -> Option<libc::c_int> {
     use super::control::{self, CONTROL_FD};
     use super::lifeline::LIFELINE_FD;
     let pidfd_of = |pid: libc::pid_t| {
@@ -215,7 +227,7 @@ fn supervise(pid1: libc::pid_t) -> Option<libc::c_int> {
                 Ok(Some(request)) => {
                     let mut inherited = vec![LIFELINE_FD, CONTROL_FD, pid1fd];
                     inherited.extend(agents.iter().map(|(_, fd)| *fd));
-                    if let Some(pid) = fork_agent(request, &inherited) {
+                    if let Some(pid) = fork_agent(request, &inherited, seccomp) {
                         agents.push((pid, pidfd_of(pid)));
                     }
                 }
@@ -242,7 +254,11 @@ fn supervise(pid1: libc::pid_t) -> Option<libc::c_int> {
 /// Forks the agent for one request: its stdin, stdout, stderr and status pipe become its
 /// descriptors 0–3, the descriptors in `inherited` (sandbox-init's own) are closed in it.
 /// Returns the agent's pid, or `None` when it could not fork (reported on the status pipe).
-fn fork_agent(request: super::control::Received, inherited: &[libc::c_int]) -> Option<libc::pid_t> {
+fn fork_agent(
+    request: super::control::Received,
+    inherited: &[libc::c_int],
+    seccomp: &[u8],
+) -> Option<libc::pid_t> {
     use std::os::fd::AsRawFd;
     // SAFETY: sandbox-init is single-threaded.
     let pid = unsafe { libc::fork() };
@@ -279,7 +295,7 @@ fn fork_agent(request: super::control::Received, inherited: &[libc::c_int]) -> O
         }
     }
     std::env::set_var("PATH", "/usr/bin:/bin");
-    let code = super::agent::serve(&String::from_utf8_lossy(&request.request));
+    let code = super::agent::serve(&String::from_utf8_lossy(&request.request), seccomp);
     // SAFETY: ending the agent without running sandbox-init's destructors.
     unsafe { libc::_exit(code) }
 }
@@ -336,13 +352,34 @@ fn mount_overlay(spec: &InitSpec) -> Result<(), String> {
         let what = what.to_string();
         move |e: rustix::io::Errno| format!("overlay {what}: {e}")
     };
+    // Each directory goes by a descriptor (`/proc/self/fd/N`), which is what overlay records
+    // and `/proc/self/mountinfo` shows: no host path, no sandbox id, the same text for the same
+    // stack on every node and in every build.
+    let open_dir = |p: &Path| {
+        rustix::fs::open(
+            p,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| format!("opening {}: {e}", p.display()))
+    };
+    let by_fd = |fd: &std::os::fd::OwnedFd| {
+        use std::os::fd::AsRawFd;
+        format!("/proc/self/fd/{}", fd.as_raw_fd())
+    };
     let fs = fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC).map_err(err("fsopen"))?;
+    let mut held = Vec::with_capacity(spec.lowers.len() + 2);
     for lower in &spec.lowers {
-        fsconfig_set_string(&fs, "lowerdir+", lower.as_path())
+        let fd = open_dir(lower)?;
+        fsconfig_set_string(&fs, "lowerdir+", by_fd(&fd))
             .map_err(|e| format!("overlay lowerdir+ {}: {e}", lower.display()))?;
+        held.push(fd);
     }
-    fsconfig_set_string(&fs, "upperdir", spec.upper.as_path()).map_err(err("upperdir"))?;
-    fsconfig_set_string(&fs, "workdir", spec.work.as_path()).map_err(err("workdir"))?;
+    let upper = open_dir(&spec.upper)?;
+    fsconfig_set_string(&fs, "upperdir", by_fd(&upper)).map_err(err("upperdir"))?;
+    let work = open_dir(&spec.work)?;
+    fsconfig_set_string(&fs, "workdir", by_fd(&work)).map_err(err("workdir"))?;
+    held.extend([upper, work]);
     // Sealing reads the upper directory as plain files: renamed directories must be copied,
     // not recorded as redirects, and no metadata-only copy-ups.
     for (k, v) in [
@@ -359,7 +396,9 @@ fn mount_overlay(spec: &InitSpec) -> Result<(), String> {
     // the sealed tree itself before the layer cache marks it complete.
     fsconfig_set_flag(&fs, "volatile").map_err(err("volatile"))?;
     fsconfig_create(&fs).map_err(err("create"))?;
-    let mnt = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())
+    drop(held);
+    // No device node of a layer opens (sandbox devices live in the separate `/dev`).
+    let mnt = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::MOUNT_ATTR_NODEV)
         .map_err(err("fsmount"))?;
     move_mount(
         &mnt,
@@ -386,13 +425,13 @@ fn pivot(root: &Path) -> Result<(), String> {
     std::env::set_current_dir("/").map_err(|e| format!("chdir /: {e}"))
 }
 
-fn build_dev() -> Result<(), String> {
+fn build_dev(root: u32) -> Result<(), String> {
     mount(
         "tmpfs",
         "/dev",
         "tmpfs",
         libc::MS_NOSUID | libc::MS_STRICTATIME,
-        "mode=755,size=65536k",
+        &format!("mode=755,size=65536k,uid={root},gid={root}"),
     )?;
     for (name, major, minor) in [
         ("null", 1, 3),
@@ -417,6 +456,11 @@ fn build_dev() -> Result<(), String> {
             unsafe { libc::chmod(p.as_ptr(), 0o666) },
             &format!("chmod /dev/{name}"),
         )?;
+        // SAFETY: as above; the sandbox's root owns its devices, as a container's does.
+        check(
+            unsafe { libc::chown(p.as_ptr(), root, root) },
+            &format!("chown /dev/{name}"),
+        )?;
     }
     ensure_dir("/dev/pts", 0o755)?;
     mount(
@@ -424,7 +468,7 @@ fn build_dev() -> Result<(), String> {
         "/dev/pts",
         "devpts",
         libc::MS_NOSUID | libc::MS_NOEXEC,
-        "newinstance,ptmxmode=0666,mode=0620",
+        &format!("newinstance,ptmxmode=0666,mode=0620,gid={}", root + 5),
     )?;
     ensure_dir("/dev/shm", 0o1777)?;
     mount(
@@ -432,7 +476,7 @@ fn build_dev() -> Result<(), String> {
         "/dev/shm",
         "tmpfs",
         libc::MS_NOSUID | libc::MS_NODEV,
-        "mode=1777,size=65536k",
+        &format!("mode=1777,size=65536k,uid={root},gid={root}"),
     )?;
     for (link, target) in [
         ("/dev/ptmx", "pts/ptmx"),
@@ -442,6 +486,62 @@ fn build_dev() -> Result<(), String> {
         ("/dev/stderr", "/proc/self/fd/2"),
     ] {
         std::os::unix::fs::symlink(target, link).map_err(|e| format!("symlink {link}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Kernel interfaces a sandbox may read but not write, and ones it may not read at all (the
+/// lists Docker and containerd use). These mounts belong to the host's user namespace: nothing
+/// in the sandbox can remove them.
+const PROC_READ_ONLY: &[&str] = &[
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+    "/proc/irq",
+    "/proc/bus",
+    "/proc/fs",
+];
+const PROC_MASKED: &[&str] = &[
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+    "/proc/acpi",
+    "/proc/scsi",
+];
+
+fn harden_proc() -> Result<(), String> {
+    for path in PROC_READ_ONLY {
+        if std::fs::symlink_metadata(path).is_err() {
+            continue;
+        }
+        mount(path, path, "", libc::MS_BIND | libc::MS_REC, "")?;
+        mount(
+            path,
+            path,
+            "",
+            libc::MS_BIND
+                | libc::MS_REMOUNT
+                | libc::MS_RDONLY
+                | libc::MS_NOSUID
+                | libc::MS_NODEV
+                | libc::MS_NOEXEC,
+            "",
+        )?;
+    }
+    for path in PROC_MASKED {
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => mount(
+                "tmpfs",
+                path,
+                "tmpfs",
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                "size=0",
+            )?,
+            Ok(_) => mount("/dev/null", path, "", libc::MS_BIND, "")?,
+            Err(_) => {}
+        }
     }
     Ok(())
 }
@@ -473,6 +573,7 @@ fn pid1(spec: &InitSpec) -> Result<std::convert::Infallible, String> {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
         libc::umask(0o022);
         libc::close(super::lifeline::LIFELINE_FD);
+        libc::close(super::control::CONTROL_FD);
     }
     mount("none", "/", "", libc::MS_REC | libc::MS_PRIVATE, "")?;
     let resolv = if spec.network_none {
@@ -503,14 +604,15 @@ fn pid1(spec: &InitSpec) -> Result<std::convert::Infallible, String> {
         libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
         "",
     )?;
-    build_dev()?;
+    build_dev(spec.ids.base())?;
+    harden_proc()?;
     if spec.tmpfs_tmp {
         mount(
             "tmpfs",
             "/tmp",
             "tmpfs",
             libc::MS_NOSUID | libc::MS_NODEV,
-            "mode=1777",
+            &format!("mode=1777,uid={0},gid={0}", spec.ids.base()),
         )?;
     }
     if let Some(tree) = resolv {
@@ -538,6 +640,10 @@ fn pid1(spec: &InitSpec) -> Result<std::convert::Infallible, String> {
     if spec.network_none {
         loopback_up()?;
     }
+    super::confine::enter(&spec.seccomp)?;
+    // A change of credentials clears the parent-death signal: set it again.
+    // SAFETY: prctl on ourselves.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     let mut out = std::io::stdout();
     writeln!(out, "ready").map_err(|e| e.to_string())?;
     out.flush().map_err(|e| e.to_string())?;

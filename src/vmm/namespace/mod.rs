@@ -21,11 +21,14 @@
 
 pub mod agent;
 pub mod cgroup;
+pub mod confine;
 pub mod control;
 pub mod init;
 pub mod lifeline;
 pub mod owner;
+pub mod seccomp;
 pub mod sweep;
+pub mod userns;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -46,6 +49,7 @@ use super::blob_store::{BlobStore, LocalBlobStore};
 use super::copy::CopySpec;
 use super::depth::DepthBudget;
 use super::error::{Result, VmmError};
+use super::id_range::{IdRange, Owners};
 use super::layer::{self, LayerCache, LayerRef};
 use super::layer_budget::LayerPins;
 use crate::domain::ids::Digest;
@@ -58,6 +62,21 @@ pub struct NamespaceConfig {
     /// was built from the same sources, else this binary as `strata sandbox-init`.
     pub agent_binary: PathBuf,
     pub depth: DepthBudget,
+    /// The host ids sandbox users are (ADR 0021).
+    pub ids: IdRange,
+}
+
+impl NamespaceConfig {
+    /// A node at `data_dir` starting sandboxes with `agent_binary`, with the default depth
+    /// budget and sandbox id range.
+    pub fn new(data_dir: impl Into<PathBuf>, agent_binary: impl Into<PathBuf>) -> Self {
+        NamespaceConfig {
+            data_dir: data_dir.into(),
+            agent_binary: agent_binary.into(),
+            depth: Default::default(),
+            ids: Default::default(),
+        }
+    }
 }
 
 struct Shared {
@@ -68,6 +87,10 @@ struct Shared {
     layers: LayerCache,
     cgroups: CgroupDriver,
     owner: SandboxOwner,
+    /// The user namespace every sandbox process enters (ids mapped onto `config.ids`).
+    userns: userns::UserNamespace,
+    /// The system-call filter every sandbox process installs, as a BPF program.
+    seccomp: Arc<Vec<u8>>,
 }
 
 #[derive(Clone)]
@@ -92,18 +115,21 @@ impl NamespaceBackend {
         if unsafe { libc::geteuid() } != 0 {
             return Err(VmmError::NotRoot);
         }
-        let layers = LayerCache::open(config.data_dir.join("layers"))?;
+        private_dirs(&config.data_dir)?;
+        let layers = LayerCache::open(config.data_dir.join("layers"), config.ids)?;
         let sandboxes = config.data_dir.join("sandboxes");
-        std::fs::create_dir_all(&sandboxes)
-            .map_err(VmmError::io("creating the sandboxes directory"))?;
         let owner = SandboxOwner::register(&sandboxes)?;
         let cgroups = CgroupDriver::detect();
         sweep::sweep_dead_owners(&sandboxes, &cgroups, owner.id());
         // Extractions of dead processes, beside their sandboxes; a live one's are locked.
         layers.sweep_leftovers();
         let init_program = init_program(&config.agent_binary);
+        let userns = userns::UserNamespace::create(&init_program, config.ids)?;
+        let seccomp = Arc::new(seccomp::build()?);
         Ok(NamespaceBackend {
             shared: Arc::new(Shared {
+                userns,
+                seccomp,
                 init_program,
                 config,
                 blobs,
@@ -192,6 +218,22 @@ fn init_program(strata: &Path) -> PathBuf {
     }
 }
 
+/// The node directories that hold what sandboxes made (setuid files, device-less trees owned
+/// by the sandbox id range), made `0700 root` so that no other host account reaches into
+/// them; the layer trees and uppers inside are only ever mounted in sandboxes' own mount
+/// namespaces.
+fn private_dirs(data_dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for name in ["blobs", "layers", "sandboxes", "images"] {
+        let dir = data_dir.join(name);
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::os::unix::fs::chown(&dir, Some(0), Some(0)))
+            .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)))
+            .map_err(VmmError::io(format!("making {} private", dir.display())))?;
+    }
+    Ok(())
+}
+
 /// Keeps only the topmost occurrence of each lower directory (`lowers` is top first). Two
 /// steps with byte-identical diffs put one layer twice in a stack, and overlayfs refuses a
 /// lower directory that appears twice (ELOOP). Dropping the lower occurrence changes nothing
@@ -220,7 +262,11 @@ impl SandboxBackend for NamespaceBackend {
         if !self.shared.layers.contains(digest) {
             return Ok(false);
         }
-        let sealed = layer::seal_dir(&self.shared.layers.path(digest), self.shared.blobs.as_ref())?;
+        let sealed = layer::seal_dir(
+            &self.shared.layers.path(digest),
+            self.shared.blobs.as_ref(),
+            Owners::Mapped(self.shared.layers.ids()),
+        )?;
         Ok(&sealed.digest == digest)
     }
 
@@ -304,6 +350,19 @@ fn open_fds(paths: &[PathBuf], write: bool) -> Result<Vec<OwnedFd>> {
                 .map_err(VmmError::io(format!("opening {}", p.display())))
         })
         .collect()
+}
+
+/// Makes the upper directory's root, which is the sandbox's `/`, owned by the sandbox's root
+/// with the mode of the stack's top layer root (overlay shows the upper's root attributes).
+fn upper_root_like(upper: &Path, top: Option<&PathBuf>, ids: IdRange) -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mode = top
+        .and_then(|t| std::fs::metadata(t).ok())
+        .map(|m| m.mode() & 0o7777)
+        .unwrap_or(0o755);
+    std::os::unix::fs::chown(upper, Some(ids.base()), Some(ids.base()))
+        .and_then(|()| std::fs::set_permissions(upper, std::fs::Permissions::from_mode(mode)))
+        .map_err(VmmError::io(format!("preparing {}", upper.display())))
 }
 
 /// Kills every process of a sandbox and waits for them to exit: pid 1 and the rest first, then
@@ -410,8 +469,14 @@ impl NamespaceSandbox {
         let (control, init_control) = std::os::unix::net::UnixStream::pair()
             .map_err(VmmError::io("creating the control socket"))?;
         let raw_control = init_control.as_raw_fd();
-        let mut flags =
-            libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+        let raw_userns = self.shared().userns.as_raw_fd();
+        // After the cgroup join: the new cgroup namespace is rooted at the sandbox's cgroup, so
+        // `/proc/self/cgroup` inside reads `/` and names nothing of the host.
+        let mut flags = libc::CLONE_NEWNS
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWUTS
+            | libc::CLONE_NEWCGROUP;
         if network_none {
             flags |= libc::CLONE_NEWNET;
         }
@@ -441,6 +506,7 @@ impl NamespaceSandbox {
                 for (fd, target) in [
                     (lifeline, lifeline::LIFELINE_FD),
                     (raw_control, control::CONTROL_FD),
+                    (raw_userns, confine::USERNS_FD),
                 ]
                 .map(|(fd, target)| (libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16), target))
                 {
@@ -465,6 +531,7 @@ impl NamespaceSandbox {
             std::fs::create_dir_all(&d)
                 .map_err(VmmError::io(format!("creating {}", d.display())))?;
         }
+        upper_root_like(&self.upper(), lowers.first(), self.shared().layers.ids())?;
         let spec = InitSpec {
             lowers,
             upper: self.upper(),
@@ -473,6 +540,8 @@ impl NamespaceSandbox {
             hostname: "sandbox".into(),
             network_none: self.limits.network == Network::None,
             tmpfs_tmp: self.tmpfs_tmp,
+            ids: self.shared().layers.ids(),
+            seccomp: self.shared().seccomp.as_ref().clone(),
         };
         let spec_json = serde_json::to_vec(&spec).expect("init spec serializes");
         let mut spec_in = child.stdin.take().expect("piped stdin");

@@ -102,6 +102,7 @@ pub fn backend() -> NamespaceBackend {
         data_dir: node_dir(),
         agent_binary: super::strata_bin(),
         depth: Default::default(),
+        ids: Default::default(),
     })
     .expect("the namespace backend (these tests run as root)")
 }

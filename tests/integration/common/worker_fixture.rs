@@ -277,6 +277,7 @@ pub async fn boot_in(
         data_dir: dir.to_path_buf(),
         agent_binary: super::strata_bin(),
         depth: Default::default(),
+        ids: Default::default(),
     })
     .expect("the namespace backend (these tests run as root)");
     boot_with(&be, layers).await
