@@ -12,6 +12,8 @@ id postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 # Sandboxes: the Debian base image is made with debootstrap; openssl is the benchmark baseline.
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v openssl >/dev/null || need_apt+=(openssl)
+# The sandbox system-call filter is built with libseccomp (linked at build time).
+ls /usr/lib/*/libseccomp.so >/dev/null 2>&1 || need_apt+=(libseccomp-dev)
 # The operator page (/ui) is tested in a real headless browser.
 command -v chromium >/dev/null || need_apt+=(chromium)
 # README examples (tests/integration/ops_readme.rs) use curl.

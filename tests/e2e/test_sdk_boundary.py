@@ -136,5 +136,16 @@ def test_sudo_from_the_default_user_is_root_inside_only(strata, team):
     # The start command ran with the same set, and so does `strata template exec`.
     start = exec_in(strata, team_name, "sudo", "tr -d ' \\t' < /tmp/start-caps")
     assert start.split() == [f"CapEff:{NO_CAPS}", f"CapBnd:{SANDBOX_CAPS}", f"CapAmb:{NO_CAPS}"], start
-    execd = exec_in(strata, team_name, "sudo", "grep -E '^Cap(Eff|Bnd|Amb)' /proc/self/status | tr -d ' \\t'")
-    assert execd.split() == [f"CapEff:{SANDBOX_CAPS}", f"CapBnd:{SANDBOX_CAPS}", f"CapAmb:{NO_CAPS}"], execd
+    # `template exec` runs as the template's user, and its root is the sandbox's root.
+    execd = exec_in(
+        strata,
+        team_name,
+        "sudo",
+        "grep -E '^Cap(Eff|Bnd|Amb)' /proc/self/status | tr -d ' \\t'; sudo -n grep CapEff /proc/self/status | tr -d ' \\t'",
+    )
+    assert execd.split() == [
+        f"CapEff:{NO_CAPS}",
+        f"CapBnd:{SANDBOX_CAPS}",
+        f"CapAmb:{NO_CAPS}",
+        f"CapEff:{SANDBOX_CAPS}",
+    ], execd

@@ -30,6 +30,7 @@ mod placement;
 mod projections;
 mod reconcilers;
 mod registry_pull;
+mod sandbox_boundary;
 mod sandbox_checkpoint;
 mod sandbox_depth;
 mod sandbox_exec;

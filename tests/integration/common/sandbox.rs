@@ -184,7 +184,7 @@ done"#,
 pub fn assert_no_trace(id: &str) {
     let dir = node_dir().join("sandboxes").join(id);
     assert!(!dir.exists(), "{} is left behind", dir.display());
-    for ctrl in ["", "pids/", "memory/", "cpu/", "unified/"] {
+    for ctrl in ["", "pids/", "memory/", "cpu/", "devices/", "unified/"] {
         let cg = PathBuf::from(format!("/sys/fs/cgroup/{ctrl}strata/{id}"));
         assert!(!cg.exists(), "cgroup {} is left behind", cg.display());
     }
