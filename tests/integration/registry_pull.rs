@@ -43,9 +43,18 @@ impl Node {
             .join("layers")
             .join(diff_id.trim_start_matches("sha256:"))
     }
-    /// Stored blobs and extracted layers, plus anything left in temporary places.
+    /// Stored blobs and extracted layers, plus anything left in temporary places (not the
+    /// layer cache's own files, its id range and its lock, which start with a dot).
     fn contents(&self) -> (usize, usize, usize) {
-        let count = |p: &Path| std::fs::read_dir(p).map(|d| d.count()).unwrap_or(0);
+        let count = |p: &Path| {
+            std::fs::read_dir(p)
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| !matches!(e.file_name().to_str(), Some(".owners" | ".publish.lock")))
+                        .count()
+                })
+                .unwrap_or(0)
+        };
         let root = self.dir.path();
         (
             count(&root.join("blobs/sha256")),
