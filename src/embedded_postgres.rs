@@ -1,8 +1,11 @@
 //! A local Postgres cluster that strata creates and runs itself, for the one-command default
 //! (`strata up` without `DATABASE_URL`) and for the test harness.
 //!
-//! The cluster lives in a directory of its own, listens on 127.0.0.1 only, and is driven with
-//! the system's own `initdb` and `pg_ctl`. Postgres refuses to run as root, so when strata runs
+//! The cluster lives in a directory of its own and is driven with the system's own `initdb` and
+//! `pg_ctl`. It listens on no TCP address at all: only on a Unix socket in that directory, which
+//! is `0700` and owned by the server's user, so only root and that user reach it. Its `trust`
+//! authentication is then the file system's: a build step, another host account or anything
+//! on the network cannot log in (a step used to, as the superuser, over loopback). Postgres refuses to run as root, so when strata runs
 //! as root the cluster is owned by and run as the `postgres` system user (created by the
 //! distribution's package).
 
@@ -92,9 +95,15 @@ impl EmbeddedPostgres {
         &self.dir
     }
 
-    /// Connection URL for `database` on this cluster (trust auth on loopback).
+    /// Connection URL for `database` on this cluster: its Unix socket (`host=` names the
+    /// socket's directory; the port names the socket file).
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{}", self.port, database)
+        socket_url(&self.dir, self.port, database)
+    }
+
+    /// The socket file the server listens on.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join(format!(".s.PGSQL.{}", self.port))
     }
 
     fn log_file(&self) -> PathBuf {
@@ -143,7 +152,7 @@ impl EmbeddedPostgres {
         if !self.is_running() {
             tracing::info!(port = self.port, "starting embedded Postgres");
             let opts = format!(
-                "-c listen_addresses=127.0.0.1 -p {} -k {} -c max_connections=300 -c fsync=on -c shared_buffers=128MB",
+                "-c listen_addresses='' -p {} -k {} -c unix_socket_permissions=0700 -c max_connections=300 -c fsync=on -c shared_buffers=128MB",
                 self.port,
                 self.dir.display()
             );
@@ -224,7 +233,7 @@ impl EmbeddedPostgres {
     fn wait_ready(&self, limit: Duration) -> Result<()> {
         let deadline = std::time::Instant::now() + limit;
         loop {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            if std::os::unix::net::UnixStream::connect(self.socket()).is_ok()
                 && self.psql("SELECT 1").is_ok()
             {
                 return Ok(());
@@ -264,9 +273,10 @@ impl EmbeddedPostgres {
             }
             std::os::unix::fs::chown(&self.dir, Some(run_as.uid), Some(run_as.gid))
                 .map_err(io("chowning", &self.dir))?;
-            std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
-                .map_err(io("setting mode of", &self.dir))?;
         }
+        // The socket lives here: whoever can enter the directory can log in.
+        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io("setting mode of", &self.dir))?;
         Ok(())
     }
 
@@ -316,10 +326,23 @@ impl EmbeddedPostgres {
 pub fn running_url(dir: &Path) -> Option<String> {
     let pid_file = std::fs::read_to_string(dir.join("data").join("postmaster.pid")).ok()?;
     let port: u16 = pid_file.lines().nth(3)?.trim().parse().ok()?;
-    std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    Some(format!(
-        "postgres://postgres@127.0.0.1:{port}/{DATABASE_NAME}"
-    ))
+    std::os::unix::net::UnixStream::connect(dir.join(format!(".s.PGSQL.{port}"))).ok()?;
+    Some(socket_url(dir, port, DATABASE_NAME))
+}
+
+/// `postgres://postgres@localhost/DB?host=DIR&port=PORT`: the Unix socket `DIR/.s.PGSQL.PORT`,
+/// as both sqlx and libpq read it.
+fn socket_url(dir: &Path, port: u16, database: &str) -> String {
+    let mut host = String::new();
+    for b in dir.display().to_string().bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'-' | b'_' | b'.' | b'~' => {
+                host.push(b as char)
+            }
+            _ => host.push_str(&format!("%{b:02X}")),
+        }
+    }
+    format!("postgres://postgres@localhost/{database}?host={host}&port={port}")
 }
 
 fn check(step: &'static str, out: Output) -> Result<()> {

@@ -140,7 +140,11 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
     busybox_source(&seed);
     let (port1, port2) = (free_port(), free_port());
     let script = script
-        .replace("postgres://strata:secret@127.0.0.1:5432/strata", &db.url)
+        // Quoted: the test server's URL names its socket (`?host=…&port=…`).
+        .replace(
+            "postgres://strata:secret@127.0.0.1:5432/strata",
+            &format!("'{}'", db.url),
+        )
         .replace("http://127.0.0.1:9000", &s3.endpoint)
         .replace("/srv/strata", &root.path().display().to_string())
         .replace("/var/lib/strata", &seed.display().to_string())

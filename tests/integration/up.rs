@@ -56,7 +56,17 @@ async fn up_starts_embedded_postgres_serves_and_stops_cleanly() {
         data.path().join("postgres/data/PG_VERSION").exists(),
         "the cluster lives in the data directory"
     );
-    assert!(std::net::TcpStream::connect(("127.0.0.1", pg_port)).is_ok());
+    // Only on its socket in the 0700 cluster directory: nothing listens on TCP, so no build
+    // step (and no other host account) can log in.
+    let socket = data.path().join(format!("postgres/.s.PGSQL.{pg_port}"));
+    assert!(std::os::unix::net::UnixStream::connect(&socket).is_ok());
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", pg_port)).is_err(),
+        "the embedded Postgres listens on loopback TCP"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(data.path().join("postgres")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "the socket's directory is private");
 
     // SAFETY: plain kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -73,7 +83,7 @@ async fn up_starts_embedded_postgres_serves_and_stops_cleanly() {
     };
     assert!(status.success(), "strata up exited with {status}");
     assert!(
-        std::net::TcpStream::connect(("127.0.0.1", pg_port)).is_err(),
+        std::os::unix::net::UnixStream::connect(&socket).is_err(),
         "the embedded Postgres was left running"
     );
     assert!(

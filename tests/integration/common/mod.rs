@@ -64,11 +64,11 @@ pub fn server_admin_url() -> String {
 }
 
 fn with_database(url: &str, database: &str) -> String {
-    let (base, _) = url.rsplit_once('/').expect("database URL has a path");
-    let query = url
-        .split_once('?')
-        .map(|(_, q)| format!("?{q}"))
-        .unwrap_or_default();
+    let (path, query) = match url.split_once('?') {
+        Some((path, q)) => (path, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let (base, _) = path.rsplit_once('/').expect("database URL has a path");
     format!("{base}/{database}{query}")
 }
 
