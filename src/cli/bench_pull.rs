@@ -153,7 +153,11 @@ pub async fn run(args: BenchPullArgs) -> anyhow::Result<()> {
             &node,
             strata::vmm::LayerCache::open(node.join("layers"), Default::default())?,
             blobs,
-            RegistrySettings::default(),
+            // The benchmark's registry is on loopback: listed, as an operator would.
+            RegistrySettings {
+                insecure: vec![registry.addr.clone()],
+                ..Default::default()
+            },
         )?;
         let started = Instant::now();
         let (pulled, stats) = puller.pull(&reference, None, None).await?;

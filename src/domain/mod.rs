@@ -35,6 +35,7 @@ pub mod build_spec;
 pub mod cache_entry;
 pub mod cache_key;
 pub mod canonical;
+pub mod egress;
 pub mod files;
 pub mod ids;
 pub mod image_ref;

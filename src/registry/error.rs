@@ -32,6 +32,8 @@ pub enum PullError {
     },
     #[error("image {image}: {detail}")]
     Unsupported { image: String, detail: String },
+    #[error("image {image}: {detail}")]
+    Refused { image: String, detail: String },
     #[error("reaching the registry for {image} failed: {detail}; check the registry address, the network and STRATA_REGISTRY_MIRRORS / STRATA_INSECURE_REGISTRIES")]
     Transport { image: String, detail: String },
     #[error("the registry answered {status} for {image}: {detail}")]

@@ -5,6 +5,8 @@
 //! * [`manifest`]: indexes, manifests, configs, platform choice.
 //! * [`unpack`]: one layer, verified and unpacked while it downloads.
 //! * [`pull`]: the engine: [`Puller::pull`].
+//! * [`reach`]: which hosts a pull may reach (no loopback, private or metadata addresses
+//!   unless listed; realms on the registry's site).
 //! * [`error`]: [`PullError`], which never carries a credential.
 //! * [`layout`], [`local`]: OCI layouts and a loopback registry, for `strata bench pull` and tests.
 
@@ -15,6 +17,7 @@ pub mod layout;
 pub mod local;
 pub mod manifest;
 pub mod pull;
+pub mod reach;
 pub mod sealed;
 pub mod session;
 pub mod settings;

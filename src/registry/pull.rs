@@ -92,6 +92,7 @@ pub struct Puller {
 
 struct Inner {
     http: reqwest::Client,
+    reach: Arc<super::reach::Reach>,
     settings: RegistrySettings,
     blobs: Arc<dyn BlobStore>,
     layers: LayerCache,
@@ -144,9 +145,11 @@ impl Puller {
         let pulled_dir = data_dir.join("images").join("pulled");
         std::fs::create_dir_all(&pulled_dir)
             .map_err(VmmError::io(format!("creating {}", pulled_dir.display())))?;
+        let reach = Arc::new(super::reach::Reach::new(&settings));
         Ok(Puller {
             inner: Arc::new(Inner {
-                http: session::http_client(),
+                http: session::http_client(reach.clone()),
+                reach,
                 settings,
                 blobs,
                 layers,
@@ -180,6 +183,7 @@ impl Puller {
             reference.repository().to_owned(),
             image.clone(),
             credentials,
+            inner.reach.clone(),
         );
         let stats = Stats::default();
         let (top_bytes, top_digest) = self

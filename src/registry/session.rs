@@ -6,12 +6,20 @@
 //! `Bearer` sends them (if any) to the token realm for a token scoped to pulling this
 //! repository, and the request is retried once with it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use tokio::sync::Mutex;
 
 use super::challenge::{self, Challenge};
 use super::error::{summarize_body, PullError};
+use super::reach::{Reach, Resolver};
+
+/// How much of an error body is read (its summary shows 2 KiB of it).
+const ERROR_BODY_LIMIT: usize = 64 << 10;
+/// How large a token response may be.
+const TOKEN_LIMIT: usize = 1 << 20;
 
 /// A username and password for a registry. `Debug` never shows the password.
 #[derive(Clone, PartialEq, Eq)]
@@ -44,14 +52,27 @@ pub struct Session {
     image: String,
     credentials: Option<BasicAuth>,
     authorization: Mutex<Authorization>,
+    reach: Arc<Reach>,
 }
 
-/// The HTTP client every session shares: connection reuse across layers and pulls.
-pub fn http_client() -> reqwest::Client {
+/// The HTTP client every session shares: connection reuse across layers and pulls. Every name
+/// it resolves and every redirect it follows passes `reach`.
+pub fn http_client(reach: Arc<Reach>) -> reqwest::Client {
+    let redirects = reach.clone();
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(30))
         .read_timeout(Duration::from_secs(120))
         .user_agent(concat!("strata/", env!("CARGO_PKG_VERSION")))
+        .dns_resolver(Arc::new(Resolver(reach)))
+        .redirect(reqwest::redirect::Policy::custom(move |attempt| {
+            if attempt.previous().len() >= 10 {
+                return attempt.error("more than 10 redirects");
+            }
+            match redirects.check_url(attempt.url()) {
+                Ok(()) => attempt.follow(),
+                Err(why) => attempt.error(format!("refusing a redirect: {why}")),
+            }
+        }))
         .build()
         .expect("the HTTP client configuration is valid")
 }
@@ -63,6 +84,7 @@ impl Session {
         repository: String,
         image: String,
         credentials: Option<BasicAuth>,
+        reach: Arc<Reach>,
     ) -> Session {
         Session {
             http,
@@ -71,6 +93,14 @@ impl Session {
             image,
             credentials,
             authorization: Mutex::new(Authorization::None),
+            reach,
+        }
+    }
+
+    fn refused(&self, detail: String) -> PullError {
+        PullError::Refused {
+            image: self.image.clone(),
+            detail,
         }
     }
 
@@ -90,6 +120,8 @@ impl Session {
             "{}/v2/{}/{}/{}",
             self.endpoint, self.repository, kind, reference
         );
+        let parsed = reqwest::Url::parse(&url).map_err(|e| self.refused(format!("{url}: {e}")))?;
+        self.reach.check_url(&parsed).map_err(|e| self.refused(e))?;
         let mut authenticated = false;
         loop {
             let auth = self.authorization.lock().await.clone();
@@ -147,7 +179,12 @@ impl Session {
                 if let Some(s) = &service {
                     query.push(("service", s));
                 }
-                let mut request = self.http.get(&realm).query(&query);
+                // Checked before anything, credentials included, is sent there.
+                let realm = self
+                    .reach
+                    .check_realm(&self.endpoint, &realm)
+                    .map_err(|e| self.refused(e))?;
+                let mut request = self.http.get(realm).query(&query);
                 if let Some(c) = &self.credentials {
                     request = request.basic_auth(&c.username, Some(&c.password));
                 }
@@ -155,15 +192,14 @@ impl Session {
                 if !response.status().is_success() {
                     return Err(self.status_error(response).await);
                 }
-                let body: serde_json::Value =
-                    response
-                        .json_or_bytes()
-                        .await
-                        .map_err(|detail| PullError::Malformed {
-                            image: self.image.clone(),
-                            what: "token response",
-                            detail,
-                        })?;
+                let body: serde_json::Value = read_limited(response, TOKEN_LIMIT)
+                    .await
+                    .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
+                    .map_err(|detail| PullError::Malformed {
+                        image: self.image.clone(),
+                        what: "token response",
+                        detail,
+                    })?;
                 let token = body["token"]
                     .as_str()
                     .or(body["access_token"].as_str())
@@ -196,7 +232,9 @@ impl Session {
 
     async fn status_error(&self, response: reqwest::Response) -> PullError {
         let status = response.status();
-        let body = response.bytes().await.unwrap_or_default();
+        let body = read_limited(response, ERROR_BODY_LIMIT)
+            .await
+            .unwrap_or_default();
         let detail = summarize_body(&body);
         let image = self.image.clone();
         match status.as_u16() {
@@ -215,13 +253,17 @@ impl Session {
     }
 }
 
-trait JsonOrBytes {
-    async fn json_or_bytes(self) -> Result<serde_json::Value, String>;
-}
-
-impl JsonOrBytes for reqwest::Response {
-    async fn json_or_bytes(self) -> Result<serde_json::Value, String> {
-        let bytes = self.bytes().await.map_err(|e| e.to_string())?;
-        serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+/// The body, if it is at most `limit` bytes; a longer one is cut at `limit` and refused.
+async fn read_limited(response: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    let mut body = response.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| e.to_string())?;
+        let room = limit.saturating_sub(out.len());
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if chunk.len() > room {
+            return Err(format!("it is larger than {limit} bytes"));
+        }
     }
+    Ok(out)
 }

@@ -5,8 +5,10 @@
 //!   `docker.io=http://127.0.0.1:5000`. A mirrored registry is reached only through its mirror
 //!   (no fallback to the upstream: a node behind a pull-through cache usually has no other way
 //!   out, and a silent fallback would hide a broken mirror).
-//! * `STRATA_INSECURE_REGISTRIES`: comma-separated hosts that are reached over plain HTTP.
-//!   Loopback hosts (`localhost`, `127.0.0.0/8`, `[::1]`) always are, as in Docker.
+//! * `STRATA_INSECURE_REGISTRIES`: comma-separated hosts (`host` or `host:port`) that are
+//!   reached over plain HTTP, and may be at loopback or private addresses ([`super::reach`]).
+//!   Nothing is listed by default, loopback included: a build must not make the node fetch from
+//!   its own services.
 //! * `STRATA_PULL_MAX_BYTES`: a ceiling on the compressed bytes of one image.
 
 use std::collections::BTreeMap;
@@ -75,11 +77,6 @@ impl RegistrySettings {
     fn is_insecure(&self, registry: &str) -> bool {
         let host = host_of(registry);
         self.insecure.iter().any(|h| h == registry || h == host)
-            || host == "localhost"
-            || host == "::1"
-            || host
-                .parse::<std::net::Ipv4Addr>()
-                .is_ok_and(|ip| ip.is_loopback())
     }
 }
 
@@ -91,7 +88,7 @@ fn split(list: Option<&str>) -> impl Iterator<Item = &str> {
 }
 
 /// `host` of `host[:port]` or `[v6]:port`.
-fn host_of(registry: &str) -> &str {
+pub(crate) fn host_of(registry: &str) -> &str {
     if let Some(rest) = registry.strip_prefix('[') {
         return rest.split(']').next().unwrap_or(rest);
     }
@@ -113,8 +110,9 @@ mod tests {
         assert_eq!(s.endpoint("docker.io"), "http://127.0.0.1:5000");
         assert_eq!(s.endpoint("ghcr.io"), "https://mirror.example");
         assert_eq!(s.endpoint("reg.internal:8080"), "http://reg.internal:8080");
-        assert_eq!(s.endpoint("127.0.0.1:5001"), "http://127.0.0.1:5001");
-        assert_eq!(s.endpoint("[::1]:5001"), "http://[::1]:5001");
+        // Loopback is not listed by default (it is refused by `reach`, and would be HTTPS).
+        assert_eq!(s.endpoint("127.0.0.1:5001"), "https://127.0.0.1:5001");
+        assert_eq!(s.endpoint("[::1]:5001"), "https://[::1]:5001");
         assert_eq!(s.endpoint("quay.io"), "https://quay.io");
         let d = RegistrySettings::default();
         assert_eq!(d.endpoint("docker.io"), "https://registry-1.docker.io");

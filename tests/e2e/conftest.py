@@ -48,6 +48,8 @@ class Strata:
             # Above the SDK's 20 s default ready command (`wait_for_timeout(20_000)`, the Python
             # Dockerfile parser's ready command for CMD), below E2B's 10 minutes.
             "STRATA_READY_TIMEOUT_SECS": "60",
+            # The test registries run on loopback, which a pull never reaches unless listed.
+            "STRATA_INSECURE_REGISTRIES": "127.0.0.1",
         }
         self.env.pop("DATABASE_URL", None)
         self.log = open(data_dir / "strata.log", "w")

@@ -27,7 +27,13 @@ impl Node {
         let blobs = Arc::new(LocalBlobStore::open(dir.path().join("blobs")).unwrap());
         Node { dir, blobs }
     }
-    fn puller(&self, settings: RegistrySettings) -> Puller {
+    /// A puller for this test's loopback registries: 127.0.0.1 is listed, as an operator would
+    /// list a registry on the node (nothing is by default).
+    fn puller(&self, mut settings: RegistrySettings) -> Puller {
+        settings.insecure.push("127.0.0.1".into());
+        self.unlisted_puller(settings)
+    }
+    fn unlisted_puller(&self, settings: RegistrySettings) -> Puller {
         Puller::new(
             self.dir.path(),
             strata::vmm::LayerCache::open(self.dir.path().join("layers"), Default::default())
@@ -444,6 +450,8 @@ fn strata_image_pull_pulls_into_the_data_dir_and_image_ls_lists_it() {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_strata"));
         cmd.args(args)
             .env("STRATA_DATA_DIR", &data)
+            // The test's registry is on loopback: listed, as an operator would.
+            .env("STRATA_INSECURE_REGISTRIES", "127.0.0.1")
             .env_remove("STRATA_REGISTRY_PASSWORD");
         if let Some(p) = password {
             cmd.env("STRATA_REGISTRY_PASSWORD", p);
@@ -705,4 +713,59 @@ async fn docker_schema2_manifests_and_manifest_lists_are_pulled() {
         std::fs::read_to_string(fresh.layer_dir(&mine.diff_ids[1]).join("etc/marker")).unwrap(),
         "docker\n"
     );
+}
+
+
+/// A build names the registry and its realm: a registry on the node's loopback is refused
+/// unless listed, and a realm on another host over plain HTTP (here another loopback address)
+/// gets nothing, credentials least of all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unlisted_loopback_registries_and_foreign_realms_are_refused_before_anything_is_sent() {
+    use registry::{token_front, FrontMode};
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    registry::push_three_layers(&reg, work.path(), "team/realm:1", "realm\n");
+    let password = "r3alm-Pa55word";
+    let auth = Some(BasicAuth {
+        username: "builder".into(),
+        password: password.into(),
+    });
+
+    // Nothing listed: the loopback registry is not contacted at all.
+    let front = token_front(&reg.addr, "builder", password, FrontMode::Token).await;
+    let node = Node::new();
+    let err = node
+        .unlisted_puller(RegistrySettings::default())
+        .pull(&reference(&front.addr, "team/realm:1"), auth.clone(), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PullError::Refused { .. }), "{err}");
+    assert!(err.to_string().contains("STRATA_INSECURE_REGISTRIES"), "{err}");
+    assert_eq!(front.hits.load(Ordering::SeqCst), 0, "nothing reached it");
+
+    // Listed registry, realm on another (unlisted) host over plain HTTP: the realm's server,
+    // listening there, receives nothing.
+    let realm = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let realm_port = realm.local_addr().unwrap().port();
+    let arrived = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = arrived.clone();
+    let realm_task = tokio::spawn(async move {
+        while let Ok((_conn, _)) = realm.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let foreign = token_front(&reg.addr, "builder", password, FrontMode::RealmElsewhere(realm_port)).await;
+    let err = node
+        .puller(RegistrySettings::default())
+        .pull(&reference(&foreign.addr, "team/realm:1"), auth, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PullError::Refused { .. }), "{err}");
+    assert!(err.to_string().contains("no credentials"), "{err}");
+    assert!(!format!("{err:?}").contains(password));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(arrived.load(Ordering::SeqCst), 0, "no connection reached the realm");
+    assert_eq!(foreign.forwarded.load(Ordering::SeqCst), 0);
+    assert_eq!(node.contents(), (0, 0, 0), "nothing stored");
+    realm_task.abort();
 }

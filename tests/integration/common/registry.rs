@@ -255,6 +255,9 @@ pub enum FrontMode {
     TokenWithoutScope,
     /// Every registry request is answered `429 Too Many Requests` with a registry error body.
     RateLimited,
+    /// As `Token`, but the challenge sends clients to a realm on another loopback host
+    /// (`http://127.0.0.2:<port>/token`), which a client must refuse.
+    RealmElsewhere(u16),
 }
 
 /// The message a rate-limited [`TokenFront`] sends in its error body.
@@ -273,6 +276,8 @@ pub struct TokenFront {
     pub token_requests: Arc<std::sync::Mutex<Vec<TokenQuery>>>,
     /// Registry requests answered with a forwarded response (token accepted).
     pub forwarded: Arc<AtomicUsize>,
+    /// Every request the front received.
+    pub hits: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -312,6 +317,7 @@ pub async fn token_front(
     let addr = listener.local_addr().unwrap().to_string();
     let token_requests = Arc::new(std::sync::Mutex::new(Vec::new()));
     let forwarded = Arc::new(AtomicUsize::new(0));
+    let hits = Arc::new(AtomicUsize::new(0));
     // Issued tokens and the repository each may pull.
     let tokens: Arc<std::sync::Mutex<HashMap<String, String>>> = Arc::default();
     let client = reqwest::Client::builder()
@@ -324,7 +330,9 @@ pub async fn token_front(
     );
     let upstream = upstream.to_owned();
     let (requests, count, front) = (token_requests.clone(), forwarded.clone(), addr.clone());
+    let all = hits.clone();
     let handler = move |request: Request| {
+        all.fetch_add(1, Ordering::SeqCst);
         let (client, upstream, requests, count, tokens, expected_basic, front) = (
             client.clone(),
             upstream.clone(),
@@ -404,9 +412,13 @@ pub async fn token_front(
                 .strip_prefix("Bearer ")
                 .and_then(|t| tokens.lock().unwrap().get(t).cloned());
             if granted.as_deref() != Some(repository.as_str()) {
+                let realm = match mode {
+                    FrontMode::RealmElsewhere(port) => format!("http://127.0.0.2:{port}/token"),
+                    _ => format!("http://{front}/token"),
+                };
                 let mut challenge =
-                    format!("Bearer realm=\"http://{front}/token\",service=\"{FRONT_SERVICE}\"");
-                if mode == FrontMode::Token {
+                    format!("Bearer realm=\"{realm}\",service=\"{FRONT_SERVICE}\"");
+                if matches!(mode, FrontMode::Token | FrontMode::RealmElsewhere(_)) {
                     challenge.push_str(&format!(",scope=\"repository:{repository}:pull\""));
                 }
                 let mut response = error(401, "UNAUTHORIZED", "authentication required");
@@ -447,6 +459,7 @@ pub async fn token_front(
         addr,
         token_requests,
         forwarded,
+        hits,
         task,
     }
 }
