@@ -144,6 +144,7 @@ fn image_pull_shows_its_progress_on_a_terminal_only() {
     let env = [
         ("STRATA_DATA_DIR", tty_data.to_str().unwrap()),
         ("RUST_LOG", "warn"),
+        ("STRATA_INSECURE_REGISTRIES", "127.0.0.1"),
     ];
     let shown = on_terminal(&["image", "pull", &reference], &env);
     assert!(
@@ -159,6 +160,7 @@ fn image_pull_shows_its_progress_on_a_terminal_only() {
     let env = [
         ("STRATA_DATA_DIR", pipe_data.to_str().unwrap()),
         ("RUST_LOG", "warn"),
+        ("STRATA_INSECURE_REGISTRIES", "127.0.0.1"),
     ];
     let (stdout, stderr) = piped(&["image", "pull", &reference], &env);
     assert!(stdout.contains(&image.digest), "{stdout:?}");
