@@ -1,19 +1,14 @@
 #!/usr/bin/env bash
-# Installs what strata needs on a fresh Debian machine (run as root): the Postgres server
-# binaries (strata starts its own cluster with them), and the tools the sandboxes and base
-# images are built with. Idempotent; safe to run again.
+# Installs what the tests need on a fresh Debian machine (run as root): what running strata
+# needs (scripts/setup-run.sh), the test tools (a browser, a registry, skopeo, an S3 server, the
+# stock SDKs) and the base images, built with the debug binary the tests use. Idempotent; safe
+# to run again.
 set -euo pipefail
 
+"$(dirname "$0")/setup-run.sh"
 need_apt=()
-command -v cargo >/dev/null || { echo "setup: cargo is required (install Rust with rustup)" >&2; exit 1; }
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
-command -v psql >/dev/null || need_apt+=(postgresql-client)
-id postgres >/dev/null 2>&1 || need_apt+=(postgresql)
-# Sandboxes: the Debian base image is made with debootstrap; openssl is the benchmark baseline.
-command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+# openssl is the benchmark baseline.
 command -v openssl >/dev/null || need_apt+=(openssl)
-# The sandbox system-call filter is built with libseccomp (linked at build time).
-ls /usr/lib/*/libseccomp.so >/dev/null 2>&1 || need_apt+=(libseccomp-dev)
 # The operator page (/ui) is tested in a real headless browser.
 command -v chromium >/dev/null || need_apt+=(chromium)
 # README examples (tests/integration/ops_readme.rs) use curl.
@@ -30,7 +25,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
-# The Debian package starts its own cluster on 5432; strata does not use it.
 
 # The stock E2B SDK for the conformance suite, pinned, in a virtualenv beside the checkout.
 (
@@ -71,13 +65,8 @@ fi
 
 # Base images for sandboxes (busybox, debian:bookworm, e2bdev/base), built once into the node
 # data directory, where `cargo test` also finds them. Needs root (sandboxes are namespaces).
-if [ "$(id -u)" = 0 ]; then
-  ls /var/lib/apt/lists/*_Packages >/dev/null 2>&1 || apt-get update -qq
-  (
-    cd "$(dirname "$0")/.."
-    cargo build --quiet --bins
-    STRATA_DATA_DIR="${STRATA_DATA_DIR:-/var/lib/strata}" ./target/debug/strata image build-base
-  )
-else
-  echo "setup: not root; skipping the sandbox base images (sandbox tests need root)" >&2
-fi
+(
+  cd "$(dirname "$0")/.."
+  cargo build --quiet --bins
+  ./scripts/base-images.sh ./target/debug/strata
+)
