@@ -263,7 +263,10 @@ pub fn extract_tar(
             }
             continue;
         };
-        let parent = open_dirs(&root, parents, true, &name)?;
+        // A directory the archive names only as a parent is the sandbox root's, as one made
+        // by `mkdir -p` in the sandbox would be.
+        let implied_owner = policy.owners.map(|ids| (ids.base(), ids.base()));
+        let parent = open_dirs(&root, parents, true, implied_owner, &name)?;
 
         if policy.kind == ArchiveKind::Layer {
             let leaf_bytes = leaf.as_bytes();
@@ -296,7 +299,7 @@ pub fn extract_tar(
                     }
                     Err(_) => mkdir(&parent, leaf).map_err(io_err)?,
                 }
-                let dir = open_dirs(&parent, std::slice::from_ref(leaf), false, &name)?;
+                let dir = open_dirs(&parent, std::slice::from_ref(leaf), false, None, &name)?;
                 apply_meta(&dir, None, mode, owner, None).map_err(io_err)?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
@@ -365,7 +368,7 @@ pub fn extract_tar(
                         target: target_name,
                     });
                 };
-                let tparent = open_dirs(&root, tparents, false, &name)?;
+                let tparent = open_dirs(&root, tparents, false, None, &name)?;
                 remove_existing(&parent, leaf, &name, false)?;
                 rustix::fs::linkat(
                     &tparent,
@@ -399,11 +402,12 @@ fn mkdir(parent: &OwnedFd, name: &OsStr) -> io::Result<()> {
 }
 
 /// Opens `parts` below `base` one component at a time, never following a symlink; missing
-/// directories are created (0755) when `create` is set.
+/// directories are created (0755, owned by `owner` when given) when `create` is set.
 fn open_dirs(
     base: &OwnedFd,
     parts: &[OsString],
     create: bool,
+    owner: Option<(u32, u32)>,
     entry: &str,
 ) -> Result<OwnedFd, ArchiveError> {
     let mut current = rustix::io::dup(base).map_err(|e| ArchiveError::Io {
@@ -426,10 +430,22 @@ fn open_dirs(
                     entry: entry.to_string(),
                     source: e,
                 })?;
-                open(&current).map_err(|e| ArchiveError::Io {
+                let made = open(&current).map_err(|e| ArchiveError::Io {
                     entry: entry.to_string(),
                     source: e.into(),
-                })?
+                })?;
+                if let Some((uid, gid)) = owner {
+                    rustix::fs::fchown(
+                        &made,
+                        Some(rustix::fs::Uid::from_raw(uid)),
+                        Some(rustix::fs::Gid::from_raw(gid)),
+                    )
+                    .map_err(|e| ArchiveError::Io {
+                        entry: entry.to_string(),
+                        source: e.into(),
+                    })?;
+                }
+                made
             }
             Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::NOTDIR) => {
                 return Err(ArchiveError::ThroughLink {
@@ -469,7 +485,7 @@ fn remove_existing(
                     entry: entry.to_string(),
                 });
             }
-            let dir = open_dirs(parent, &[name.to_os_string()], false, entry)?;
+            let dir = open_dirs(parent, &[name.to_os_string()], false, None, entry)?;
             remove_tree_at(&dir).map_err(io_err)?;
             rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR).map_err(|e| io_err(e.into()))
         }

@@ -880,6 +880,35 @@ mod tests {
         assert!(!cache.contains(&digest));
     }
 
+    /// Registry layers often name a file without its directories: those directories belong to
+    /// the sandbox's root, not to the host's (a later checkpoint that copies one up records it).
+    #[test]
+    fn directories_a_layer_only_implies_belong_to_the_sandboxs_root() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
+        let ids = IdRange::default();
+        let cache = LayerCache::open(store_dir.path().join("layers"), ids).unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(2);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_cksum();
+        b.append_data(&mut h, "etc/app/conf", &b"x\n"[..]).unwrap();
+        let bytes = b.into_inner().unwrap();
+        let mut w = blobs.writer().unwrap();
+        io::Write::write_all(&mut w, &bytes).unwrap();
+        let (digest, _) = w.commit().unwrap();
+        let tree = cache.ensure(&blobs, &digest).unwrap();
+        for p in ["etc", "etc/app", "etc/app/conf"] {
+            let m = fs::symlink_metadata(tree.join(p)).unwrap();
+            assert_eq!((m.uid(), m.gid()), (ids.base(), ids.base()), "{p}");
+        }
+        assert!(seal_dir(&tree, &blobs, Owners::Mapped(ids)).is_ok());
+    }
+
     #[test]
     fn a_cache_of_an_older_strata_is_extracted_again_and_another_range_is_refused() {
         let store_dir = tempfile::tempdir().unwrap();
