@@ -857,24 +857,28 @@ mod tests {
         assert!(err.to_string().contains("outside the sandbox id range"), "{err}");
     }
 
+    /// Stores a layer of one file at `path` owned by sandbox uid `uid`, and returns its digest.
+    fn one_file_layer(blobs: &LocalBlobStore, path: &str, uid: u64) -> Digest {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(2);
+        h.set_mode(0o644);
+        h.set_uid(uid);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_cksum();
+        b.append_data(&mut h, path, &b"x\n"[..]).unwrap();
+        let mut w = blobs.writer().unwrap();
+        io::Write::write_all(&mut w, &b.into_inner().unwrap()).unwrap();
+        w.commit().unwrap().0
+    }
+
     #[test]
     fn a_layer_owner_beyond_the_sandboxs_ids_is_refused() {
         let store_dir = tempfile::tempdir().unwrap();
         let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
         let cache = LayerCache::open(store_dir.path().join("layers"), IdRange::default()).unwrap();
-        let mut b = tar::Builder::new(Vec::new());
-        let mut h = tar::Header::new_gnu();
-        h.set_size(1);
-        h.set_mode(0o644);
-        h.set_uid(70_000);
-        h.set_gid(0);
-        h.set_mtime(0);
-        h.set_cksum();
-        b.append_data(&mut h, "far", &b"x"[..]).unwrap();
-        let bytes = b.into_inner().unwrap();
-        let mut w = blobs.writer().unwrap();
-        io::Write::write_all(&mut w, &bytes).unwrap();
-        let (digest, _) = w.commit().unwrap();
+        let digest = one_file_layer(&blobs, "far", 70_000);
         let err = cache.ensure(&blobs, &digest).unwrap_err();
         assert!(err.to_string().contains("uid id 70000 is outside"), "{err}");
         assert!(!cache.contains(&digest));
@@ -888,19 +892,7 @@ mod tests {
         let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
         let ids = IdRange::default();
         let cache = LayerCache::open(store_dir.path().join("layers"), ids).unwrap();
-        let mut b = tar::Builder::new(Vec::new());
-        let mut h = tar::Header::new_gnu();
-        h.set_size(2);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(0);
-        h.set_cksum();
-        b.append_data(&mut h, "etc/app/conf", &b"x\n"[..]).unwrap();
-        let bytes = b.into_inner().unwrap();
-        let mut w = blobs.writer().unwrap();
-        io::Write::write_all(&mut w, &bytes).unwrap();
-        let (digest, _) = w.commit().unwrap();
+        let digest = one_file_layer(&blobs, "etc/app/conf", 0);
         let tree = cache.ensure(&blobs, &digest).unwrap();
         for p in ["etc", "etc/app", "etc/app/conf"] {
             let m = fs::symlink_metadata(tree.join(p)).unwrap();
