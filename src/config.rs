@@ -188,6 +188,7 @@ impl GcArgs {
             keep: self.gc_keep,
             grace: self.gc_grace,
             finals_per_template: self.gc_finals_per_template,
+            ..Default::default()
         }
     }
 }

@@ -11,7 +11,9 @@ use crate::domain::cache_key::CacheKey;
 use crate::domain::ids::{
     self, BuildId, Digest, Epoch, FilesHash, Scope, SnapshotId, TeamId, TemplateId,
 };
-use crate::domain::{build, cache_entry, files, object, promotion, snapshot, team, template};
+use crate::domain::{
+    build, cache_entry, files, gc_pass, object, promotion, snapshot, team, template,
+};
 use crate::events::{Aggregate, StreamId};
 
 /// A stream id from a name built by [`ids::stream`]: those are valid by construction.
@@ -47,6 +49,10 @@ pub fn object_stream(digest: &Digest) -> StreamId {
     id(ids::stream::object(digest))
 }
 
+pub fn gc_pass_stream(pass: &str) -> StreamId {
+    id(ids::stream::gc_pass(pass))
+}
+
 /// Binds a domain module's `State`, `Event`, `Command`, `Error`, `evolve` and `decide` to a
 /// stream kind: the adapters are this one line each.
 macro_rules! aggregate {
@@ -79,6 +85,7 @@ aggregate!(Promotion => promotion);
 aggregate!(Snapshot => snapshot);
 aggregate!(CacheEntry => cache_entry);
 aggregate!(Object => object);
+aggregate!(GcPass => gc_pass);
 
 /// The name claim: its command is the candidate template id for an unclaimed name.
 pub struct TemplateName;

@@ -20,7 +20,7 @@ use crate::domain::cache_entry;
 use crate::domain::cache_key::CacheKey;
 use crate::domain::ids::{Digest, Scope};
 use crate::domain::object::{self, Deletion, Lifecycle};
-use crate::events::command::{execute_writes, load};
+use crate::events::command::{execute_writes, execute_writes_with, load};
 use crate::events::{AppendOutcome, CommandError, EventStore};
 use crate::streams::{cache_key_stream, database_now, object_stream, CacheEntry, Object};
 
@@ -148,18 +148,39 @@ pub async fn lease(
 }
 
 /// Waits while a pass is deleting `digest` (at most `limit`), polling its stream: answers the
-/// lifecycle it ends in (`Deleted` once the pass confirmed, `Live` if it aborted).
+/// lifecycle it ends in (`Deleted` once the pass confirmed, `Live` if it aborted). A mark whose
+/// pass stopped renewing its lease is released here, by `by` ([`release_if_pass_stopped`]),
+/// so a writer waits at most one pass lease for a pass that died, never for a later pass.
 pub async fn wait_while_deleting(
     store: &EventStore,
+    ctx: &CommandContext,
     digest: &Digest,
+    by: &str,
     limit: Duration,
-) -> Result<Lifecycle, Error<object::Error>> {
+) -> Result<Lifecycle, Error<Refusal>> {
     let stream = object_stream(digest);
     let started = std::time::Instant::now();
+    let mut next_release = std::time::Instant::now();
     loop {
-        let state = load::<Object>(store, &stream).await?.state;
+        let state = load::<Object>(store, &stream)
+            .await
+            .map_err(CommandError::into_other)?
+            .state;
         if state.lifecycle != Lifecycle::Deleting || started.elapsed() >= limit {
             return Ok(state.lifecycle);
+        }
+        if std::time::Instant::now() >= next_release {
+            next_release = std::time::Instant::now() + Duration::from_secs(1);
+            match release_if_pass_stopped(store, ctx, digest, by).await {
+                Ok(Release::Released { owner }) => {
+                    tracing::warn!(%digest, %owner, by, "released the deletion mark of a pass that stopped renewing its lease");
+                    continue;
+                }
+                Ok(Release::NotMarked) => continue,
+                // Still leased (or a race): the pass is alive; wait for it.
+                Err(CommandError::Rejected(_) | CommandError::Contended { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -262,25 +283,6 @@ pub async fn abort_deletion(
     .await
 }
 
-/// Returns an object another pass marked before `marked_before` to Live: that pass died
-/// between its mark and its delete (fail closed: the bytes stay).
-pub async fn abandon_stale_mark(
-    store: &EventStore,
-    ctx: &CommandContext,
-    digest: &Digest,
-    pass: &str,
-    marked_before: DateTime<Utc>,
-) -> Result<AppendOutcome, Error<object::Error>> {
-    end_deletion(store, ctx, digest, |now| {
-        object::Command::AbandonStaleMark {
-            pass: pass.to_owned(),
-            marked_before,
-            now,
-        }
-    })
-    .await
-}
-
 async fn end_deletion(
     store: &EventStore,
     ctx: &CommandContext,
@@ -304,4 +306,78 @@ fn distinct(digests: &[Digest]) -> Vec<Digest> {
     out.sort();
     out.dedup();
     out
+}
+
+/// What [`release_if_pass_stopped`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// The marking pass had stopped: it is fenced and the object is Live again, bytes kept.
+    Released { owner: String },
+    /// The object is not being deleted (any more).
+    NotMarked,
+}
+
+/// A mark of a pass that keeps no lease (a strata from before pass leases) counts as abandoned
+/// this long after it was made.
+pub const LEGACY_STALE_MARK: chrono::Duration = chrono::Duration::minutes(10);
+
+/// Returns `digest` to Live if the pass that marked it can no longer delete it: its lease
+/// expired (or it ended without confirming). The pass is fenced in the same append, so its own
+/// renewal fails from then on and it deletes nothing more. Refused (`StillLeased`) while the
+/// pass holds its lease: the caller waits, or leaves the mark to the next pass.
+pub async fn release_if_pass_stopped(
+    store: &EventStore,
+    ctx: &CommandContext,
+    digest: &Digest,
+    by: &str,
+) -> Result<Release, Error<Refusal>> {
+    use crate::domain::gc_pass;
+    use crate::streams::{gc_pass_stream, GcPass};
+    let (_, release) = execute_writes_with(store, MAX_ROUNDS, move || async move {
+        let now = database_now(store.pool()).await?;
+        let stream = object_stream(digest);
+        let loaded = load::<Object>(store, &stream)
+            .await
+            .map_err(CommandError::into_other)?;
+        let (Lifecycle::Deleting, Some(deletion)) = (loaded.state.lifecycle, &loaded.state.deletion)
+        else {
+            // A guard on the stream's version: nothing is appended.
+            let guard = ctx.write(&stream, loaded.expected(), &[] as &[object::Event])?;
+            return Ok((vec![guard], Release::NotMarked));
+        };
+        let owner = deletion.pass.clone();
+        let pass_stream = gc_pass_stream(&owner);
+        let pass = load::<GcPass>(store, &pass_stream)
+            .await
+            .map_err(CommandError::into_other)?;
+        let mut writes = Vec::new();
+        let command = if pass.state.started {
+            let fence = gc_pass::decide(
+                &pass.state,
+                &gc_pass::Command::Fence {
+                    by: by.to_owned(),
+                    now,
+                },
+            )
+            .map_err(|e| CommandError::Rejected(e.into()))?;
+            writes.push(ctx.write(&pass_stream, pass.expected(), &fence)?);
+            object::Command::ReleaseMarkOfStoppedPass {
+                owner: owner.clone(),
+                by: by.to_owned(),
+                now,
+            }
+        } else {
+            object::Command::AbandonStaleMark {
+                pass: by.to_owned(),
+                marked_before: now - LEGACY_STALE_MARK,
+                now,
+            }
+        };
+        let events = object::decide(&loaded.state, &command)
+            .map_err(|e| CommandError::Rejected(e.into()))?;
+        writes.push(ctx.write(&stream, loaded.expected(), &events)?);
+        Ok((writes, Release::Released { owner }))
+    })
+    .await?;
+    Ok(release)
 }

@@ -18,6 +18,8 @@ pub enum Refusal {
     CacheEntry(#[from] cache_entry::Error),
     #[error(transparent)]
     Object(#[from] object::Error),
+    #[error(transparent)]
+    GcPass(#[from] crate::domain::gc_pass::Error),
     /// A stored object the write references is being (or was) deleted: the writer waits for
     /// the deletion to finish and stores the bytes again ([`crate::app::object`]).
     #[error("object {digest}: {error}")]

@@ -94,6 +94,7 @@ fn eager(budget: Option<u64>) -> GcPolicy {
         keep: chrono::Duration::zero(),
         grace: chrono::Duration::zero(),
         finals_per_template: 1,
+        ..GcPolicy::default()
     }
 }
 

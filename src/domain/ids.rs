@@ -450,6 +450,11 @@ pub mod stream {
     pub fn object(digest: &Digest) -> String {
         encode("object", &[&digest.hex()])
     }
+
+    /// A garbage-collection pass's lease (`domain/gc_pass.rs`).
+    pub fn gc_pass(pass: &str) -> String {
+        encode("gc-pass", &[pass])
+    }
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@ pub mod cache_key;
 pub mod canonical;
 pub mod egress;
 pub mod files;
+pub mod gc_pass;
 pub mod ids;
 pub mod image_ref;
 pub mod object;

@@ -114,8 +114,16 @@ pub enum Command {
         reason: String,
         now: DateTime<Utc>,
     },
-    /// Another pass found a mark made before `marked_before` (its pass died between mark and
-    /// delete): the object goes back to Live, keeping its bytes, and a later pass decides again.
+    /// The pass `owner` that marked the object lost its lease and was fenced in the same
+    /// append (`domain/gc_pass.rs`): the object goes back to Live, keeping its bytes.
+    ReleaseMarkOfStoppedPass {
+        owner: String,
+        by: String,
+        now: DateTime<Utc>,
+    },
+    /// Another pass found a mark made before `marked_before` by a pass that kept no lease (one
+    /// of a strata from before pass leases): the object goes back to Live, keeping its bytes,
+    /// and a later pass decides again.
     AbandonStaleMark {
         pass: String,
         marked_before: DateTime<Utc>,
@@ -319,6 +327,18 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             Lifecycle::Deleting => Err(Error::OtherPass {
                 owner: deleting_pass(),
                 pass: pass.clone(),
+            }),
+            _ => Err(Error::NotDeleting),
+        },
+        Command::ReleaseMarkOfStoppedPass { owner, by, now } => match state.lifecycle {
+            Lifecycle::Deleting if deleting_pass() == *owner => Ok(vec![Event::DeletionAborted {
+                pass: owner.clone(),
+                reason: format!("pass {owner} stopped renewing its lease ({by} released its mark)"),
+                at: *now,
+            }]),
+            Lifecycle::Deleting => Err(Error::OtherPass {
+                owner: deleting_pass(),
+                pass: owner.clone(),
             }),
             _ => Err(Error::NotDeleting),
         },

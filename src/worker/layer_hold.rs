@@ -105,9 +105,15 @@ pub async fn recreate(
     let mut stored_now = Vec::new();
     let mut missing = Vec::new();
     for digest in layers {
-        app::object::wait_while_deleting(&attempt.store, digest, WAIT_FOR_DELETION)
-            .await
-            .map_err(WorkerError::store)?;
+        app::object::wait_while_deleting(
+            &attempt.store,
+            &attempt.context(),
+            digest,
+            &format!("build {}", attempt.build),
+            WAIT_FOR_DELETION,
+        )
+        .await
+        .map_err(WorkerError::store)?;
         // Blocking, on a rare path: sealing one cached tree again (the backend is borrowed).
         let stored = backend.republish(digest)?;
         if stored {

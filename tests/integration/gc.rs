@@ -28,6 +28,7 @@ fn eager() -> GcPolicy {
         keep: chrono::Duration::zero(),
         grace: chrono::Duration::zero(),
         finals_per_template: 1,
+        ..GcPolicy::default()
     }
 }
 
@@ -432,7 +433,9 @@ async fn a_writer_that_meets_deleting_waits_and_stores_the_object_again() {
                 let task = tokio::spawn(async move {
                     let end = strata::app::object::wait_while_deleting(
                         &store,
+                        &ctx,
                         &victim_d,
+                        "test writer",
                         Duration::from_secs(30),
                     )
                     .await
@@ -1055,4 +1058,141 @@ async fn a_pass_deletes_quarantined_blobs_past_the_keep_period_in_an_s3_bucket()
         .expect("the S3 test server");
     let blobs = server.blob_store("quarantine", "strata").unwrap();
     quarantine_is_kept_for_the_keep_period(blobs).await;
+}
+
+/// Issue: a pass that ran longer than the stale-mark age had its marks returned to Live by
+/// another pass while it went on deleting, and a writer that revived the object kept a Live
+/// object without bytes. Now a pass holds a lease: here it pauses after marking for longer than
+/// its (shortened) lease; a writer waiting on the mark fences the pass and revives the object;
+/// the pass then finds its lease lost and deletes nothing. (Before leases the release took a
+/// 10-minute mark age, and the pass deleted without re-checking its mark.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_that_outlives_its_lease_is_fenced_and_deletes_nothing_a_writer_revived() {
+    let node = private_node(&["busybox"]);
+    let fx = Fixture::with_worker(None).await;
+    let blobs = local(node.path());
+    let (victim, _) = blobs.put_bytes(b"bytes a slow pass means to delete").unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut e = env(&fx, node.path(), blobs.clone());
+    e.gc.pass_lease = chrono::Duration::seconds(2);
+
+    let store = fx.store.clone();
+    let options = PassOptions {
+        dry_run: false,
+        after_mark: Some(Arc::new(move |marked: Vec<Digest>| {
+            let store = store.clone();
+            Box::pin(async move {
+                assert!(marked.contains(&victim));
+                // The pass stalls past its lease; a writer waits on the mark meanwhile.
+                let ctx = common::build_api::api_context();
+                let started = std::time::Instant::now();
+                let end = strata::app::object::wait_while_deleting(
+                    &store,
+                    &ctx,
+                    &victim,
+                    "test writer",
+                    Duration::from_secs(30),
+                )
+                .await
+                .unwrap();
+                assert_eq!(end, Lifecycle::Live, "released once the lease expired");
+                assert!(started.elapsed() < Duration::from_secs(10));
+                let fresh = common::build_api::api_context();
+                strata::app::object::reference(&store, &fresh, &[victim], "test writer")
+                    .await
+                    .unwrap();
+            })
+        })),
+    };
+    let err = gc::pass(&e, &e.gc, &options).await.unwrap_err();
+    assert!(err.to_string().contains("lost its lease"), "{err}");
+    assert!(stored(blobs.as_ref()).contains(&victim), "the bytes are kept");
+    assert_eq!(object_state(&fx, &victim).await.lifecycle, Lifecycle::Live);
+    let history: Vec<String> = fx
+        .store
+        .read_stream_all(&object_stream(&victim))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    assert!(!history.contains(&"ObjectDeleted.v1".to_string()), "{history:?}");
+}
+
+/// Issue: a pass that died after marking blocked writers for about 20 minutes (a base waited
+/// 120 s and failed). Now its marks are released within one lease by the first writer that
+/// meets one, fencing the dead pass, and the writer goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_passs_mark_is_released_within_one_lease_and_the_writer_goes_on() {
+    let fx = Fixture::with_worker(None).await;
+    let digest = Digest::of(format!("dead pass {}", uuid::Uuid::new_v4()).as_bytes());
+    let ctx = common::build_api::api_context;
+    strata::app::object::reference(&fx.store, &ctx(), &[digest], "first writer")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // A pass that starts, marks and dies: it never renews.
+    let pass = format!("gc-dead-{}", uuid::Uuid::new_v4().simple());
+    let lease = chrono::Duration::seconds(2);
+    strata::app::gc_pass::start(&fx.store, &ctx(), &pass, "dead-node", lease)
+        .await
+        .unwrap();
+    let now = strata::streams::database_now(fx.store.pool()).await.unwrap();
+    strata::app::object::mark_deleting(
+        &fx.store,
+        &ctx(),
+        &strata::app::object::Mark {
+            digest,
+            deletion: object::Deletion {
+                pass: pass.clone(),
+                tier: "orphan".into(),
+                reason: "test".into(),
+                last_referenced_by: None,
+            },
+            unused_since: now,
+            retire: vec![],
+        },
+    )
+    .await
+    .unwrap();
+    // Still leased: a writer is refused and waits.
+    let refused = strata::app::object::reference(&fx.store, &ctx(), &[digest], "writer").await;
+    assert!(matches!(
+        refused,
+        Err(strata::events::CommandError::Rejected(object::Error::Deleting { .. }))
+    ));
+    let started = std::time::Instant::now();
+    let end = strata::app::object::wait_while_deleting(
+        &fx.store,
+        &ctx(),
+        &digest,
+        "writer",
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert_eq!(end, Lifecycle::Live);
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(6), "waited {waited:?}: about one lease");
+    strata::app::object::reference(&fx.store, &ctx(), &[digest], "writer")
+        .await
+        .unwrap();
+    // The dead pass is fenced: if it woke up, its renewal is refused.
+    let renewed = strata::app::gc_pass::renew(&fx.store, &ctx(), &pass, lease).await;
+    assert!(
+        matches!(
+            &renewed,
+            Err(strata::events::CommandError::Rejected(strata::domain::gc_pass::Error::Lost { why })) if why.contains("fenced")
+        ),
+        "{renewed:?}"
+    );
+    let history: Vec<String> = fx
+        .store
+        .read_stream_all(&strata::streams::gc_pass_stream(&pass))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    assert_eq!(history, ["GcPassStarted.v1", "GcPassFenced.v1"]);
 }

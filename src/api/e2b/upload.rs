@@ -121,7 +121,9 @@ async fn reference_content(
             Err(crate::events::CommandError::Rejected(ObjectError::Deleting { .. })) => {
                 crate::app::object::wait_while_deleting(
                     &state.events,
+                    &CommandContext::new(api_metadata(state)),
                     &digest,
+                    &by,
                     std::time::Duration::from_secs(60),
                 )
                 .await

@@ -15,13 +15,20 @@
 //!    that committed before its mark) is returned to `Live` (`DeletionAborted`). From the mark
 //!    on, a writer or reader that meets the object waits for `Deleted` and writes it again.
 //! 5. **Delete** the bytes, then record `Deleted` (the tombstone). A delete that fails aborts
-//!    that object's deletion and every one after it in this pass.
+//!    that object's deletion and every one after it in this pass; so does a confirm that fails.
 //! 6. Remove temporary objects unwritten for an hour (crashed writers' leftovers), and blobs
 //!    quarantined (they failed verification) longer ago than the keep period: evidence for an
 //!    operator until then.
 //!
 //! Two passes at once are safe: each mark is a compare-and-set on the object's stream, and a
 //! second pass's mark of an object another pass owns is refused, so each object is deleted once.
+//!
+//! A pass holds a lease on its `gc-pass-{id}` stream from its first mark to its end, renewed
+//! every third of [`GcPolicy::pass_lease`], and deletes bytes only while at least a third of it
+//! is left. The marks of a pass that stopped renewing are
+//! released (by the next pass, or by a writer waiting on one) only after its lease expired, and
+//! only by fencing the pass in the same append, so a slow pass stops instead of deleting what
+//! was returned to Live (`domain/gc_pass.rs`).
 
 pub mod inventory;
 pub mod ownership;
@@ -35,6 +42,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::{ReconcileEnv, ReconcileError};
 use crate::app;
+use crate::domain::gc_pass;
 use crate::domain::ids::Digest;
 use crate::domain::object::Deletion;
 use crate::domain::reachability::{self, Classified, Keep, Standing, Stored};
@@ -46,9 +54,66 @@ use crate::streams::database_now;
 /// whatever the grace period: a writer may still be streaming into one, or about to publish it.
 pub const TEMPORARY_AGE: Duration = Duration::hours(1);
 
-/// A deletion mark older than this belongs to a pass that died between its mark and its
-/// delete; the next pass returns the object to Live. Passes finish in seconds to minutes.
-pub const STALE_MARK: Duration = Duration::minutes(10);
+/// A pass's lease: held from its first mark, renewed while it works.
+struct PassLease {
+    pass: String,
+    lease: Duration,
+    state: gc_pass::State,
+    renewed_at: DateTime<Utc>,
+}
+
+impl PassLease {
+    async fn start(
+        env: &ReconcileEnv,
+        pass: &str,
+        lease: Duration,
+    ) -> Result<PassLease, ReconcileError> {
+        let state = app::gc_pass::start(&env.store, &context(env), pass, &env.node, lease)
+            .await
+            .map_err(ReconcileError::store)?;
+        let renewed_at = database_now(env.store.pool()).await?;
+        Ok(PassLease {
+            pass: pass.to_owned(),
+            lease,
+            state,
+            renewed_at,
+        })
+    }
+
+    /// Renews the lease when a third of it has passed; an error when it is lost (expired or
+    /// fenced): the pass must stop.
+    async fn hold(&mut self, env: &ReconcileEnv) -> Result<DateTime<Utc>, ReconcileError> {
+        let now = database_now(env.store.pool()).await?;
+        if now - self.renewed_at < self.lease / 3 && self.state.holds_at(now) {
+            return Ok(now);
+        }
+        let (state, at) = app::gc_pass::renew(&env.store, &context(env), &self.pass, self.lease)
+            .await
+            .map_err(ReconcileError::store)?;
+        self.state = state;
+        self.renewed_at = at;
+        Ok(at)
+    }
+
+    /// [`Self::hold`], and whether a delete may start now (enough of the lease is left).
+    async fn may_delete(&mut self, env: &ReconcileEnv) -> Result<(), ReconcileError> {
+        let now = self.hold(env).await?;
+        if self.state.may_delete_at(now, gc_pass::delete_margin(self.lease)) {
+            Ok(())
+        } else {
+            Err(ReconcileError::Store(format!(
+                "GC pass {} cannot prove its lease for a delete (it holds until {:?}, now {now})",
+                self.pass, self.state.lease_until
+            )))
+        }
+    }
+
+    async fn end(self, env: &ReconcileEnv) {
+        if let Err(e) = app::gc_pass::end(&env.store, &context(env), &self.pass).await {
+            tracing::warn!(pass = %self.pass, error = %e, "could not end the GC pass's lease; it expires by itself");
+        }
+    }
+}
 
 /// What the retention rules keep.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,6 +126,9 @@ pub struct GcPolicy {
     pub grace: Duration,
     /// Cached final results kept per template before older ones are surplus.
     pub finals_per_template: usize,
+    /// How long one renewal of a pass's lease holds ([`gc_pass::LEASE`]): a pass that stops
+    /// renewing has its marks released this long after its last renewal.
+    pub pass_lease: Duration,
 }
 
 impl Default for GcPolicy {
@@ -70,6 +138,7 @@ impl Default for GcPolicy {
             keep: Duration::days(7),
             grace: Duration::hours(1),
             finals_per_template: 3,
+            pass_lease: gc_pass::LEASE,
         }
     }
 }
@@ -152,7 +221,7 @@ pub async fn pass(
     let Survey {
         classified,
         now,
-        stale_marks,
+        marked_elsewhere,
         broken,
     } = survey(env, policy).await?;
     let total: u64 = classified.iter().map(|c| c.stored.size).sum();
@@ -194,7 +263,7 @@ pub async fn pass(
             }
         })
         .collect();
-    let mut report = Report {
+    let report = Report {
         pass: pass_id.clone(),
         usage: usage_of(&classified),
         total_before: total,
@@ -207,23 +276,45 @@ pub async fn pass(
         return Ok(report);
     }
 
-    for digest in &stale_marks {
-        match app::object::abandon_stale_mark(
-            &env.store,
-            &context(env),
-            digest,
-            &pass_id,
-            now - STALE_MARK,
-        )
-        .await
+    // Marks of passes that stopped renewing their lease: released, their passes fenced.
+    for digest in &marked_elsewhere {
+        match app::object::release_if_pass_stopped(&env.store, &context(env), digest, &pass_id)
+            .await
         {
-            Ok(_) => {
-                tracing::warn!(pass = %pass_id, %digest, "returned an object with a stale deletion mark to live")
+            Ok(app::object::Release::Released { owner }) => {
+                tracing::warn!(pass = %pass_id, %digest, %owner, "returned an object marked by a pass that stopped to live")
             }
-            Err(CommandError::Rejected(_)) => {}
+            Ok(app::object::Release::NotMarked) | Err(CommandError::Rejected(_)) => {}
+            Err(CommandError::Contended { .. }) => {}
             Err(e) => return Err(ReconcileError::store(e)),
         }
     }
+    let mut lease = PassLease::start(env, &pass_id, policy.pass_lease).await?;
+    let result = mark_and_delete(env, policy, options, &pass_id, &mut lease, report, planned, &by_digest, broken).await;
+    lease.end(env).await;
+    result
+}
+
+/// Steps 3 to 6 of a pass, under its lease.
+#[allow(clippy::too_many_arguments)]
+async fn mark_and_delete(
+    env: &ReconcileEnv,
+    policy: &GcPolicy,
+    options: &PassOptions,
+    pass_id: &str,
+    lease: &mut PassLease,
+    mut report: Report,
+    planned: Vec<Planned>,
+    by_digest: &BTreeMap<Digest, &Classified>,
+    broken: Vec<(
+        crate::domain::ids::Scope,
+        crate::domain::cache_key::CacheKey,
+        u64,
+        Digest,
+    )>,
+) -> Result<Report, ReconcileError> {
+    let pass_id = pass_id.to_owned();
+    let now = lease.renewed_at;
     for (scope, key, generation, missing) in &broken {
         let reason =
             format!("layer {missing} is no longer in the store (cache repair by {pass_id})");
@@ -241,6 +332,10 @@ pub async fn pass(
     let unused_since = now - policy.grace;
     let mut marked = Vec::new();
     for p in &planned {
+        if let Err(e) = lease.hold(env).await {
+            abort_all(env, &pass_id, &marked, "the pass lost its lease").await;
+            return Err(e);
+        }
         let entries = by_digest
             .get(&p.digest)
             .map(|c| c.entries.clone())
@@ -315,6 +410,13 @@ pub async fn pass(
 
     let mut failed: Option<ReconcileError> = None;
     for (i, p) in doomed.iter().enumerate() {
+        // Only while the mark is provably this pass's: nobody releases it before the lease
+        // expires, and the delete starts with at least DELETE_MARGIN of it left.
+        if let Err(e) = lease.may_delete(env).await {
+            abort_all(env, &pass_id, &doomed[i..], "the pass lost its lease").await;
+            failed = Some(e);
+            break;
+        }
         let blobs = env.blobs.clone();
         let digest = p.digest;
         let deleted = tokio::task::spawn_blocking(move || blobs.delete(&digest))
@@ -331,9 +433,12 @@ pub async fn pass(
                         report.deleted.push(p.clone());
                     }
                     Err(e) => {
-                        // The bytes are gone; the mark stays until a later pass confirms.
-                        tracing::warn!(pass = %pass_id, digest = %p.digest, error = %e, "gc deleted an object but could not record it");
+                        // The bytes are gone; the mark stays until a later pass confirms. The
+                        // event store is failing: the pass stops, keeping every other object.
+                        tracing::warn!(pass = %pass_id, digest = %p.digest, error = %e, "gc deleted an object but could not record it; the pass stops");
+                        abort_all(env, &pass_id, &doomed[i + 1..], "the pass stopped: a confirm failed").await;
                         failed = Some(ReconcileError::store(e));
+                        break;
                     }
                 }
             }
@@ -370,8 +475,8 @@ struct Survey {
     classified: Vec<Classified>,
     /// The database's clock when the inventory was read.
     now: DateTime<Utc>,
-    /// Objects whose deletion mark is older than [`STALE_MARK`].
-    stale_marks: Vec<Digest>,
+    /// Objects marked `Deleting` (by another pass, or one that died).
+    marked_elsewhere: Vec<Digest>,
     /// Live cache entries pointing at a layer the store does not hold (cache repair).
     broken: Vec<(
         crate::domain::ids::Scope,
@@ -423,19 +528,16 @@ async fn survey(env: &ReconcileEnv, policy: &GcPolicy) -> Result<Survey, Reconci
     );
     let present: std::collections::BTreeSet<Digest> = stored.iter().map(|s| s.digest).collect();
     let broken = reachability::broken_entries(&inventory, &present);
-    let stale_marks = inventory
+    let marked_elsewhere = inventory
         .objects
         .iter()
-        .filter(|(_, o)| {
-            o.lifecycle == crate::domain::object::Lifecycle::Deleting
-                && o.marked_at.is_some_and(|at| at < now - STALE_MARK)
-        })
+        .filter(|(_, o)| o.lifecycle == crate::domain::object::Lifecycle::Deleting)
         .map(|(d, _)| *d)
         .collect();
     Ok(Survey {
         classified,
         now,
-        stale_marks,
+        marked_elsewhere,
         broken,
     })
 }
