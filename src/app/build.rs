@@ -16,6 +16,11 @@ use crate::events::EventStore;
 use crate::streams::{build_stream, Build};
 
 /// Freezes the build's bindings and queues it for a node until `queue_deadline`.
+///
+/// The command id is the start's own ([`start_command_id`]), whatever id `ctx` carries: a
+/// client that sends the same start again after a lost reply sends a new request, and it must
+/// be the same command, so that the store recognises the retry as a replay of the first
+/// (ADR 0009) instead of the caller taking the lost reply for a refusal.
 pub async fn start_build(
     store: &EventStore,
     ctx: &CommandContext,
@@ -24,6 +29,11 @@ pub async fn start_build(
     now: DateTime<Utc>,
     queue_deadline: DateTime<Utc>,
 ) -> Result<Executed<build::State>, Error<build::Error>> {
+    let ctx = CommandContext {
+        command_id: start_command_id(build, &spec),
+        ..ctx.clone()
+    };
+    let ctx = &ctx;
     let command = Command::StartBuild {
         spec,
         now,
@@ -31,6 +41,19 @@ pub async fn start_build(
         attempt: None,
     };
     run(store, ctx, build, &command).await
+}
+
+/// The id of the start of `build` with this request (its request digest): the same request
+/// to start the same build is the same command.
+pub fn start_command_id(build: &BuildId, spec: &TemplateBuildStartV2) -> uuid::Uuid {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(b"strata.start-build-command-id.v1\0");
+    hasher.update(build.as_uuid().as_bytes());
+    hasher.update(spec.request_digest().hex().as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&hasher.finalize()[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
 }
 
 /// Ends a build still Waiting or Queued past its deadline.
