@@ -641,7 +641,7 @@ async fn a_lost_reply_on_completing_an_upload_is_answered_by_the_retried_put() {
     let bytes = single_file_tar("hello.txt", b"hello after a lost reply\n");
     let completion = fx
         .api
-        .upload_until_completion(fx.blobs.as_ref(), build, &hash, &bytes)
+        .upload_until_completion(&fx.blobs, build, &hash, &bytes)
         .await;
 
     fx.store.lose_next_reply_to("UploadCompleted.v1");

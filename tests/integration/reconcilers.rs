@@ -292,7 +292,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
             tar.append_data(&mut h, "hello.txt", &b"hello"[..]).unwrap();
             let bytes = tar.into_inner().unwrap();
             let blobs = common::sandbox::backend().blobs();
-            api.upload(blobs.as_ref(), build, &hash, &bytes).await;
+            api.upload(&blobs, build, &hash, &bytes).await;
             json!({"type": "COPY", "args": ["hello.txt", "/tmp/", "", ""], "filesHash": hash.as_str(), "force": false})
         }
         Crash::At(_) => step("RUN", &["echo two > /tmp/two"]),
