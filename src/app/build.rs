@@ -7,15 +7,31 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{CommandContext, Error, Executed};
-use crate::domain::build::{self, Command};
-use crate::domain::build_spec::TemplateBuildStartV2;
-use crate::domain::ids::{BuildId, IntentId};
-use crate::events::command::{execute, execute_from, Loaded};
-use crate::events::EventStore;
-use crate::streams::{build_stream, Build};
+use std::collections::BTreeMap;
 
-/// Freezes the build's bindings and queues it for a node until `queue_deadline`.
+use super::{CommandContext, Error, Executed};
+use crate::domain::build::{self, Binding, Command};
+use crate::domain::build_spec::{Step, TemplateBuildStartV2};
+use crate::domain::ids::{BuildId, FilesHash, IntentId};
+use crate::domain::{object, reachability};
+use crate::events::command::{execute, execute_from, execute_writes, load, Loaded};
+use crate::events::{AppendOutcome, CommandError, EventStore, StreamWrite};
+use crate::streams::{build_stream, files_stream, object_stream, Build, Files, Object};
+
+/// Decide-and-append rounds before a contended start gives up.
+const MAX_ROUNDS: u32 = 16;
+
+/// Freezes the build's bindings and queues it for a node until `queue_deadline`, in one append
+/// with the files streams it read: a COPY hash the build never linked is bound to the scope's
+/// latest present generation (its bytes referenced on their object stream in the same append,
+/// as a link does), so two builds of one template started at once both freeze with the
+/// context one of them uploaded. Whether those bytes are intact is not read here: a build that
+/// finds them torn fails at its COPY and retires the generation.
+///
+/// The command id is the start's own ([`start_command_id`]), whatever id `ctx` carries: a
+/// client that sends the same start again after a lost reply sends a new request, and it must
+/// be the same command, so that its retry decides nothing new and its events keep the ids of
+/// the first (ADR 0009) instead of the caller taking the lost reply for a refusal.
 pub async fn start_build(
     store: &EventStore,
     ctx: &CommandContext,
@@ -23,14 +39,97 @@ pub async fn start_build(
     spec: TemplateBuildStartV2,
     now: DateTime<Utc>,
     queue_deadline: DateTime<Utc>,
-) -> Result<Executed<build::State>, Error<build::Error>> {
-    let command = Command::StartBuild {
-        spec,
-        now,
-        queue_deadline,
-        attempt: None,
+) -> Result<AppendOutcome, Error<build::Error>> {
+    let ctx = CommandContext {
+        command_id: start_command_id(build, &spec),
+        ..ctx.clone()
     };
-    run(store, ctx, build, &command).await
+    let (ctx, spec) = (&ctx, &spec);
+    let bstream = build_stream(build);
+    let bstream = &bstream;
+    execute_writes(store, MAX_ROUNDS, move || async move {
+        let b = load::<Build>(store, bstream).await?;
+        let mut writes = Vec::new();
+        let mut present = BTreeMap::new();
+        if let (None, Some(scope)) = (&b.state.freeze, b.state.scope()) {
+            for hash in copied_hashes(spec) {
+                if b.state.bindings.contains_key(hash) || present.contains_key(hash) {
+                    continue;
+                }
+                let fstream = files_stream(&scope, hash);
+                let f = load::<Files>(store, &fstream)
+                    .await
+                    .map_err(CommandError::into_other)?;
+                writes.push(StreamWrite::guard(fstream, f.expected()));
+                let Some(p) = f.state.present() else { continue };
+                let ostream = object_stream(&p.blob_digest);
+                let o = load::<Object>(store, &ostream)
+                    .await
+                    .map_err(CommandError::into_other)?;
+                if !reachability::usable(Some(&o.state)) {
+                    continue;
+                }
+                let by = format!("build {build} context {hash}");
+                let Ok(events) = object::decide(&o.state, &object::Command::Register { by, now })
+                else {
+                    continue;
+                };
+                writes.push(ctx.write(&ostream, o.expected(), &events)?);
+                present.insert(
+                    hash.clone(),
+                    Binding {
+                        generation: p.generation,
+                        blob_digest: p.blob_digest,
+                        size: p.size,
+                    },
+                );
+            }
+        }
+        let command = Command::StartBuild {
+            spec: spec.clone(),
+            now,
+            queue_deadline,
+            attempt: None,
+            present,
+        };
+        let events = build::decide(&b.state, &command).map_err(CommandError::Rejected)?;
+        if events.is_empty() {
+            // Started already with this request (a retry after a lost reply): nothing else to
+            // write either.
+            return Ok(vec![StreamWrite::guard(bstream.clone(), b.expected())]);
+        }
+        writes.insert(0, ctx.write(bstream, b.expected(), &events)?);
+        Ok(writes)
+    })
+    .await
+}
+
+/// The context hashes the steps of `spec` copy, each once.
+fn copied_hashes(spec: &TemplateBuildStartV2) -> Vec<&FilesHash> {
+    let mut hashes: Vec<&FilesHash> = spec
+        .steps
+        .iter()
+        .filter_map(|step| match step {
+            Step::Copy { files_hash, .. } => Some(files_hash),
+            _ => None,
+        })
+        .collect();
+    hashes.sort();
+    hashes.dedup();
+    hashes
+}
+
+/// The id of the start of `build` with this request (its request digest): the same request
+/// to start the same build is the same command.
+pub fn start_command_id(build: &BuildId, spec: &TemplateBuildStartV2) -> uuid::Uuid {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(b"strata.start-build-command-id.v1\0");
+    hasher.update(build.as_uuid().as_bytes());
+    hasher.update(spec.request_digest().hex().as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&hasher.finalize()[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
 }
 
 /// Ends a build still Waiting or Queued past its deadline.

@@ -29,7 +29,8 @@ use std::sync::Arc;
 
 use super::Refusal;
 use crate::domain::build::{self, BuildResult};
-use crate::domain::ids::{BuildId, Epoch, TemplateId};
+use crate::domain::ids::{BuildId, Digest, Epoch, TemplateId};
+use crate::domain::object::{self, Lifecycle};
 use crate::domain::promotion::{self, PromotionPlan, Stage};
 use crate::domain::template;
 use crate::events::command::load;
@@ -39,7 +40,8 @@ use crate::events::{
 };
 use crate::fault::crash_point;
 use crate::streams::{
-    build_stream, database_now, promotion_stream, template_stream, Build, Promotion, Template,
+    build_stream, database_now, object_stream, promotion_stream, template_stream, Build, Object,
+    Promotion, Template,
 };
 use crate::vmm::BlobStore;
 
@@ -199,6 +201,10 @@ pub enum Ending {
     /// The template was deleted before the flip: the outbox is abandoned and the build is in
     /// `error` with a reason that says so.
     TemplateDeleted { template: TemplateId },
+    /// A layer of the result was deleted by garbage collection before the layers were
+    /// committed: the outbox is abandoned and the build is in `error` (`PromotionFailed`) with a
+    /// reason that names the layer.
+    LayerDeleted { layer: Digest },
 }
 
 impl PromotionDriver<'_> {
@@ -265,6 +271,14 @@ impl PromotionDriver<'_> {
             {
                 Ok(done) => appended += done.events.len(),
                 Err(CommandError::Rejected(e)) => {
+                    if let Some(layer) = self.deleted_layer(&plan).await? {
+                        appended += self.fail_for_deleted_layer(build, epoch, layer).await?;
+                        return Ok(Driven {
+                            from,
+                            appended,
+                            ending: Ending::LayerDeleted { layer },
+                        });
+                    }
                     return Err(PromoteError::Store(format!(
                         "promotion of build {build} (epoch {epoch}) cannot commit its layers: {e}; \
                          it stays staged and is retried (is this node's blob store the one the build wrote to?)"
@@ -341,6 +355,97 @@ impl PromotionDriver<'_> {
         .await
         .map_err(|e| PromoteError::from_command(build, epoch, e))?;
         tracing::info!(%build, %epoch, %template, "the template was deleted before the build was published; the build ended in error");
+        Ok(outcome.events.len())
+    }
+
+    /// A layer of `plan` that garbage collection deleted (its object `Deleted`), whose bytes
+    /// the layer check just found missing: an authoritative absence, which no retry repairs. A
+    /// layer missing from this blob store but Live is not one (this may be the wrong store, or
+    /// a node may still store it again), and its promotion is retried.
+    async fn deleted_layer(&self, plan: &PromotionPlan) -> Result<Option<Digest>, PromoteError> {
+        for layer in &plan.layers {
+            let object = load::<Object>(self.store, &object_stream(layer))
+                .await
+                .map_err(PromoteError::store)?;
+            if object.state.lifecycle != Lifecycle::Deleted {
+                continue;
+            }
+            let (blobs, digest) = (self.blobs.clone(), *layer);
+            let intact = tokio::task::spawn_blocking(move || blobs.intact_size(&digest))
+                .await
+                .map_err(|e| PromoteError::Store(format!("layer check task: {e}")))?;
+            if matches!(intact, Ok(None)) {
+                return Ok(Some(*layer));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The build in `error` (`PromotionFailed`, naming `layer`) and the outbox abandoned, in one
+    /// append guarded by the layer's object stream at the version that says `Deleted` (a node
+    /// storing it again meanwhile makes this decide again, and the promotion go on).
+    async fn fail_for_deleted_layer(
+        &self,
+        build: BuildId,
+        epoch: Epoch,
+        layer: Digest,
+    ) -> Result<usize, PromoteError> {
+        let ctx = self.context();
+        let (pstream, ostream, bstream) = (
+            promotion_stream(&build, epoch),
+            object_stream(&layer),
+            build_stream(&build),
+        );
+        let (store, ctx, pstream, ostream, bstream) =
+            (self.store, &ctx, &pstream, &ostream, &bstream);
+        let outcome = execute_writes(store, MAX_ROUNDS, move || async move {
+            let now = database_now(store.pool()).await?;
+            let o = load::<Object>(store, ostream)
+                .await
+                .map_err(CommandError::into_other)?;
+            if o.state.lifecycle != Lifecycle::Deleted {
+                return Err(CommandError::Rejected(Refusal::Object(
+                    object::Error::NotLive {
+                        lifecycle: o.state.lifecycle,
+                    },
+                )));
+            }
+            let pass = o
+                .state
+                .deletion
+                .as_ref()
+                .map(|d| format!(" (pass {}, {})", d.pass, d.reason))
+                .unwrap_or_default();
+            let message = format!(
+                "layer {layer} of the result was deleted by garbage collection{pass} before the build was published; the result cannot be promoted, build again"
+            );
+            let b = load::<Build>(store, bstream)
+                .await
+                .map_err(CommandError::into_other)?;
+            let b_events = build::decide(
+                &b.state,
+                &build::Command::FailBuild {
+                    epoch,
+                    message,
+                    step: None,
+                    now,
+                },
+            )
+            .map_err(refused)?;
+            let p = load::<Promotion>(store, pstream)
+                .await
+                .map_err(CommandError::into_other)?;
+            let p_events = promotion::decide(&p.state, &promotion::Command::Abandon { now })
+                .map_err(refused)?;
+            Ok(vec![
+                StreamWrite::guard(ostream.clone(), o.expected()),
+                ctx.write(bstream, b.expected(), &b_events)?,
+                ctx.write(pstream, p.expected(), &p_events)?,
+            ])
+        })
+        .await
+        .map_err(|e| PromoteError::from_command(build, epoch, e))?;
+        tracing::warn!(%build, %epoch, %layer, "a layer of the result was deleted before the build was published; the build ended in error");
         Ok(outcome.events.len())
     }
 

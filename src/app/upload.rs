@@ -11,21 +11,29 @@ use crate::domain::build::upload::{
     complete_upload as decide_completion, reserve_upload, CompleteUpload, Decision, LinkResponse,
     ReserveUpload, UploadError,
 };
-use crate::domain::ids::{BuildId, FilesHash};
+use std::sync::Arc;
+
+use crate::domain::files::PublishedGeneration;
+use crate::domain::ids::{BuildId, Digest, FilesHash, Generation, Scope};
 use crate::domain::{build, files, reachability};
 use crate::events::command::{execute_writes_with, load, CommandContext};
 use crate::events::{CommandError, EventStore};
 use crate::streams::{
     build_stream, database_now, files_stream, object_stream, Build, Files, Object,
 };
+use crate::vmm::BlobStore;
 
 /// Decide-and-append rounds before a contended upload write gives up.
 const MAX_ROUNDS: u32 = 16;
 
-/// Reserves an upload intent for `command.hash` on its build: what the link response says.
+/// Reserves an upload intent for `command.hash` on its build: what the link response says. The
+/// name is present only if the bytes of its latest generation are intact in `blobs` (read and
+/// checked against their digest, once per stored file per process): a torn or missing archive
+/// is absent, so the SDK uploads it again instead of every build failing on it.
 pub async fn link_upload(
     store: &EventStore,
     ctx: &CommandContext,
+    blobs: &Arc<dyn BlobStore>,
     command: &ReserveUpload,
 ) -> Result<LinkResponse, CommandError<UploadError>> {
     decide_build_and_files(
@@ -33,9 +41,50 @@ pub async fn link_upload(
         ctx,
         &command.build,
         &command.hash,
+        Some(blobs),
         |build, files, present_stored| reserve_upload(build, files, present_stored, command),
     )
     .await
+}
+
+/// Retires `generation` of `hash` in `scope`: a build found its bytes (`blob_digest`) torn or
+/// missing, so the name is no longer present and the next link asks for an upload.
+pub async fn retire_generation(
+    store: &EventStore,
+    ctx: &CommandContext,
+    scope: &Scope,
+    hash: &FilesHash,
+    generation: Generation,
+    blob_digest: Digest,
+    reason: &str,
+) -> Result<(), CommandError<files::Error>> {
+    let command = files::Command::RetireGeneration {
+        generation,
+        blob_digest,
+        reason: reason.to_owned(),
+    };
+    crate::events::command::execute::<Files>(store, &files_stream(scope, hash), &command, ctx)
+        .await
+        .map(drop)
+}
+
+/// Whether `blobs` holds the bytes of `published` intact. A store that cannot answer is not a
+/// verdict on the bytes; the name is then not called present (the SDK uploads again, which
+/// costs an upload, never a failed build).
+async fn intact(blobs: &Arc<dyn BlobStore>, published: &PublishedGeneration) -> bool {
+    let (blobs, digest) = (blobs.clone(), published.blob_digest);
+    match tokio::task::spawn_blocking(move || blobs.intact_size(&digest)).await {
+        Ok(Ok(Some(size))) => size == published.size,
+        Ok(Ok(None)) => false,
+        Ok(Err(e)) => {
+            tracing::warn!(%digest, error = %e, "the blob store could not check an uploaded archive; answering not present");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(%digest, error = %e, "the archive check task failed; answering not present");
+            false
+        }
+    }
 }
 
 /// Completes an intent with the stored blob and binds its generation.
@@ -49,6 +98,7 @@ pub async fn complete_upload(
         ctx,
         &command.build,
         &command.hash,
+        None,
         |build, files, _| decide_completion(build, files, command).map(|decision| (decision, ())),
     )
     .await
@@ -59,11 +109,14 @@ pub async fn complete_upload(
 /// both streams at the versions read, in one transaction (deciding again on a version
 /// conflict). The bytes a decision binds or completes are referenced on their object stream in
 /// the same append, so a garbage-collection pass can no longer take them (docs/adr/0019).
+/// With `blobs`, the latest generation counts as stored only if its bytes are intact there;
+/// without (a completion, which does not ask), `decide` is told it is not.
 async fn decide_build_and_files<T>(
     store: &EventStore,
     ctx: &CommandContext,
     build_id: &BuildId,
     hash: &FilesHash,
+    blobs: Option<&Arc<dyn BlobStore>>,
     decide: impl Fn(&build::State, &files::State, bool) -> Result<(Decision, T), UploadError>,
 ) -> Result<T, CommandError<UploadError>> {
     let decide = &decide;
@@ -80,14 +133,14 @@ async fn decide_build_and_files<T>(
         let files = load::<Files>(store, &f_stream)
             .await
             .map_err(CommandError::into_other)?;
-        let present_stored = match files.state.present() {
-            Some(p) => {
+        let present_stored = match (files.state.present(), blobs) {
+            (Some(p), Some(blobs)) => {
                 let object = load::<Object>(store, &object_stream(&p.blob_digest))
                     .await
                     .map_err(CommandError::into_other)?;
-                reachability::usable(Some(&object.state))
+                reachability::usable(Some(&object.state)) && intact(blobs, &p).await
             }
-            None => false,
+            _ => false,
         };
         let (decision, value) =
             decide(&build.state, &files.state, present_stored).map_err(CommandError::Rejected)?;

@@ -14,8 +14,6 @@
 //! entry fail lineage instead of gluing generations together. Retiring (repair, GC) empties the
 //! key; the next publication takes the next generation, so a generation never names two targets.
 
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -296,6 +294,8 @@ pub enum Invalid {
     RootMismatch { expected: CacheKey, found: CacheKey },
     #[error("parent {key:?} is not a checkpoint of this build's key chain")]
     ParentUnknown { key: CacheKey },
+    #[error("the entry names {found} as its parent, not the nearest checkpoint below it ({expected}): it skips a step whose rebuild would not break it")]
+    NotNearestParent { expected: String, found: String },
     #[error("parent {key:?} no longer points where this entry was built (lineage broken: expected snapshot {snapshot} at generation {generation})")]
     LineageBroken {
         key: CacheKey,
@@ -321,18 +321,25 @@ fn check_one(entry: &Entry) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// Validates `state` as a `wanted` entry of a build whose base key is `base_key`: kind,
-/// versions, and lineage back to the root. `chain` holds the loaded states of the build's
-/// checkpoint keys; a parent outside it cannot be part of this build's lineage. Artifacts (are
-/// the layers still stored?) are the caller's check: that is I/O, and its failure is
-/// "unapplied", not invalid.
+/// Validates `state`, the entry under `key`, as a `wanted` entry of a build whose base key is
+/// `base_key`: kind, versions, and lineage back to the root. `chain` holds the build's
+/// checkpoint keys with their loaded states, in step order (shallowest first); a parent outside
+/// it cannot be part of this build's lineage. Artifacts (are the layers still stored?) are the
+/// caller's check: that is I/O, and its failure is "unapplied", not invalid.
+///
+/// A checkpoint entry must name the nearest checkpoint below it (the root for the first): a
+/// build writes its checkpoints in order and stops at the first it cannot write, so an entry
+/// naming an older ancestor skipped one, and a forced rebuild of the skipped step would
+/// replace that entry without breaking this one. A final result may name any checkpoint of
+/// the chain: past the depth budget a build runs its last steps without checkpoints.
 pub fn validate(
     state: &State,
     wanted: EntryKind,
+    key: &CacheKey,
     base_key: &CacheKey,
-    chain: &BTreeMap<CacheKey, State>,
+    chain: &[(CacheKey, State)],
 ) -> Validity {
-    match walk(state, wanted, base_key, chain) {
+    match walk(state, wanted, key, base_key, chain) {
         Ok(()) => Validity::Valid,
         Err(i) => Validity::Invalid(i),
     }
@@ -341,13 +348,14 @@ pub fn validate(
 fn walk(
     state: &State,
     wanted: EntryKind,
+    key: &CacheKey,
     base_key: &CacheKey,
-    chain: &BTreeMap<CacheKey, State>,
+    chain: &[(CacheKey, State)],
 ) -> Result<(), Invalid> {
-    let (mut entry, _) = match (&state.entry, state.retired) {
+    let mut entry = match (&state.entry, state.retired) {
         (None, _) => return Err(Invalid::Absent),
         (Some(_), true) => return Err(Invalid::Retired),
-        (Some(e), false) => (e, state.pointer_generation),
+        (Some(e), false) => e,
     };
     if entry.target.kind() != wanted {
         return Err(Invalid::WrongKind {
@@ -355,11 +363,30 @@ fn walk(
             found: entry.target.kind(),
         });
     }
-    // Each step moves to a distinct ancestor, so a chain longer than the map is a cycle.
-    for _ in 0..=chain.len() {
+    // Where the current entry sits in the chain: a checkpoint's parent must be the one just
+    // below it; a final result's may be any of the chain.
+    let mut at = match wanted {
+        EntryKind::Checkpoint => Some(
+            chain
+                .iter()
+                .position(|(k, _)| k == key)
+                .ok_or(Invalid::ParentUnknown { key: *key })?,
+        ),
+        EntryKind::FinalResult => None,
+    };
+    // Each step moves strictly down the chain, so this ends within its length.
+    loop {
         check_one(entry)?;
+        let below = at.unwrap_or(chain.len());
+        let nearest = below.checked_sub(1).map(|i| chain[i].0);
         match &entry.parent {
             ParentEdge::Root { base_key: found } => {
+                if let (Some(expected), Some(_)) = (nearest, at) {
+                    return Err(Invalid::NotNearestParent {
+                        expected: format!("{expected:?}"),
+                        found: "the root".to_owned(),
+                    });
+                }
                 return if found == base_key {
                     Ok(())
                 } else {
@@ -370,40 +397,45 @@ fn walk(
                 };
             }
             ParentEdge::Checkpoint {
-                key,
+                key: parent_key,
                 snapshot,
                 pointer_generation,
             } => {
-                let parent = chain.get(key).ok_or(Invalid::ParentUnknown { key: *key })?;
+                let index = chain[..below]
+                    .iter()
+                    .position(|(k, _)| k == parent_key)
+                    .ok_or(Invalid::ParentUnknown { key: *parent_key })?;
+                if at.is_some() && index + 1 != below {
+                    return Err(Invalid::NotNearestParent {
+                        expected: format!("{:?}", chain[below - 1].0),
+                        found: format!("{parent_key:?}"),
+                    });
+                }
                 let broken = Invalid::LineageBroken {
-                    key: *key,
+                    key: *parent_key,
                     snapshot: *snapshot,
                     generation: *pointer_generation,
                 };
-                match parent.live() {
+                match chain[index].1.live() {
                     Some((p, generation))
                         if generation == *pointer_generation
                             && p.target.snapshot() == *snapshot
                             && p.target.kind() == EntryKind::Checkpoint =>
                     {
-                        entry = p
+                        entry = p;
+                        at = Some(index);
                     }
                     _ => return Err(broken),
                 }
             }
         }
     }
-    Err(Invalid::ParentUnknown {
-        key: match &entry.parent {
-            ParentEdge::Checkpoint { key, .. } => *key,
-            ParentEdge::Root { base_key } => *base_key,
-        },
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
     use crate::domain::ids::Digest;
     use chrono::TimeZone;
     use proptest::prelude::*;
@@ -574,7 +606,7 @@ mod tests {
     }
 
     /// A chain base -> k1 -> k2 -> final, as a build publishes it.
-    fn chain() -> (BTreeMap<CacheKey, State>, State) {
+    fn chain() -> (Vec<(CacheKey, State)>, State) {
         let s1 = apply(
             State::default(),
             Command::Publish {
@@ -604,39 +636,39 @@ mod tests {
             },
         )
         .unwrap();
-        (BTreeMap::from([(key(1), s1), (key(2), s2)]), f)
+        (vec![(key(1), s1), (key(2), s2)], f)
     }
 
     #[test]
     fn a_published_chain_validates_back_to_the_root() {
         let (map, fin) = chain();
         assert_eq!(
-            validate(&fin, EntryKind::FinalResult, &key(0), &map),
+            validate(&fin, EntryKind::FinalResult, &key(9), &key(0), &map),
             Validity::Valid
         );
         assert_eq!(
-            validate(&map[&key(2)], EntryKind::Checkpoint, &key(0), &map),
+            validate(&map[1].1, EntryKind::Checkpoint, &key(2), &key(0), &map),
             Validity::Valid
         );
         assert_eq!(
-            validate(&fin, EntryKind::Checkpoint, &key(0), &map),
+            validate(&fin, EntryKind::Checkpoint, &key(9), &key(0), &map),
             Validity::Invalid(Invalid::WrongKind {
                 wanted: EntryKind::Checkpoint,
                 found: EntryKind::FinalResult
             })
         );
         assert!(matches!(
-            validate(&fin, EntryKind::FinalResult, &key(7), &map),
+            validate(&fin, EntryKind::FinalResult, &key(9), &key(7), &map),
             Validity::Invalid(Invalid::RootMismatch { .. })
         ));
         assert_eq!(
-            validate(&State::default(), EntryKind::Checkpoint, &key(0), &map),
+            validate(&State::default(), EntryKind::Checkpoint, &key(1), &key(0), &map),
             Validity::Invalid(Invalid::Absent)
         );
         let mut partial = map.clone();
-        partial.remove(&key(1));
+        partial.remove(0);
         assert!(matches!(
-            validate(&fin, EntryKind::FinalResult, &key(0), &partial),
+            validate(&fin, EntryKind::FinalResult, &key(9), &key(0), &partial),
             Validity::Invalid(Invalid::ParentUnknown { .. })
         ));
     }
@@ -646,7 +678,7 @@ mod tests {
         let (mut map, fin) = chain();
         let forced = checkpoint(snap(10), root());
         let s1 = apply(
-            map[&key(1)].clone(),
+            map[0].1.clone(),
             Command::Replace {
                 entry: forced,
                 expected_generation: 1,
@@ -654,20 +686,68 @@ mod tests {
             },
         )
         .unwrap();
-        map.insert(key(1), s1);
+        map[0].1 = s1;
         assert_eq!(
-            validate(&map[&key(1)], EntryKind::Checkpoint, &key(0), &map),
+            validate(&map[0].1, EntryKind::Checkpoint, &key(1), &key(0), &map),
             Validity::Valid
         );
-        for (state, kind) in [
-            (&map[&key(2)], EntryKind::Checkpoint),
-            (&fin, EntryKind::FinalResult),
+        for (state, kind, at) in [
+            (&map[1].1, EntryKind::Checkpoint, key(2)),
+            (&fin, EntryKind::FinalResult, key(9)),
         ] {
             assert!(matches!(
-                validate(state, kind, &key(0), &map),
+                validate(state, kind, &at, &key(0), &map),
                 Validity::Invalid(Invalid::LineageBroken { .. })
             ));
         }
+    }
+
+    /// Issue 24, item 10: an entry built on a grandparent (what a writer that lost track of the
+    /// entry between them wrote) is invalid, so a forced rebuild of the step it skipped still
+    /// invalidates it; a final result may name any checkpoint (the depth budget).
+    #[test]
+    fn a_checkpoint_entry_must_name_the_nearest_checkpoint_below_it() {
+        let s1 = apply(
+            State::default(),
+            Command::Publish {
+                entry: checkpoint(snap(1), root()),
+                now: now(),
+            },
+        )
+        .unwrap();
+        let s2 = apply(
+            State::default(),
+            Command::Publish {
+                entry: checkpoint(snap(2), root()),
+                now: now(),
+            },
+        )
+        .unwrap();
+        let s3 = apply(
+            State::default(),
+            Command::Publish {
+                entry: checkpoint(snap(3), edge(1, &s1)),
+                now: now(),
+            },
+        )
+        .unwrap();
+        let map = vec![(key(1), s1.clone()), (key(2), s2), (key(3), s3.clone())];
+        for (state, at) in [(&map[1].1, key(2)), (&s3, key(3))] {
+            assert!(matches!(
+                validate(state, EntryKind::Checkpoint, &at, &key(0), &map),
+                Validity::Invalid(Invalid::NotNearestParent { .. })
+            ));
+        }
+        let mut fin = checkpoint(snap(4), edge(1, &s1));
+        fin.target = Target::FinalResult {
+            candidate: snap(4),
+            build_base_checkpoint: None,
+        };
+        let fin = apply(State::default(), Command::Publish { entry: fin, now: now() }).unwrap();
+        assert_eq!(
+            validate(&fin, EntryKind::FinalResult, &key(9), &key(0), &map),
+            Validity::Valid
+        );
     }
 
     #[test]
@@ -683,7 +763,7 @@ mod tests {
             },
         );
         assert!(matches!(
-            validate(&s, EntryKind::Checkpoint, &key(0), &BTreeMap::new()),
+            validate(&s, EntryKind::Checkpoint, &key(1), &key(0), &[(key(1), s.clone())]),
             Validity::Invalid(Invalid::FormatVersion { found: 0, .. })
         ));
     }
@@ -722,9 +802,9 @@ mod tests {
             },
         )
         .unwrap();
-        let map = BTreeMap::from([(key(1), s1.clone()), (key(2), s2)]);
+        let map = vec![(key(1), s1.clone()), (key(2), s2)];
         assert!(matches!(
-            validate(&s1, EntryKind::Checkpoint, &key(0), &map),
+            validate(&s1, EntryKind::Checkpoint, &key(1), &key(0), &map),
             Validity::Invalid(_)
         ));
     }
@@ -798,13 +878,13 @@ mod tests {
                     }
                 }
             }
-            let map: BTreeMap<CacheKey, State> = (1..=N).map(|i| (key(i as u8), states[i].clone())).collect();
+            let map: Vec<(CacheKey, State)> = (1..=N).map(|i| (key(i as u8), states[i].clone())).collect();
             for j in 1..=N {
                 let model = (1..=j).all(|i| {
                     states[i].live().is_some()
                         && (i == 1 || (states[i - 1].live().is_some() && built_on[i] == states[i - 1].pointer_generation))
                 });
-                let verdict = validate(&states[j], EntryKind::Checkpoint, &key(0), &map);
+                let verdict = validate(&states[j], EntryKind::Checkpoint, &key(j as u8), &key(0), &map);
                 prop_assert_eq!(verdict == Validity::Valid, model, "key {}: {:?}", j, verdict);
             }
         }

@@ -10,7 +10,10 @@
 //! which generation a build is bound to; this stream only says which generations exist.
 //!
 //! "Present" for the link response means: a published generation exists in this scope, so a
-//! build without a binding can be bound to the latest one and the SDK may skip its upload.
+//! build without a binding can be bound to the latest one and the SDK may skip its upload. A
+//! generation whose stored bytes a build found torn or missing is *retired*: the name is then
+//! absent until the next upload publishes a newer generation (RFC: a digest-mismatched object is
+//! absent and repairable, never permanently present).
 
 use std::collections::BTreeMap;
 
@@ -35,12 +38,16 @@ pub struct State {
     pub published: BTreeMap<Generation, PublishedGeneration>,
     /// The most recently published generation: the freshest bytes under this name.
     pub latest: Option<Generation>,
+    /// Generations whose bytes a reader found torn or missing: never present again.
+    pub retired: std::collections::BTreeSet<Generation>,
 }
 
 impl State {
     /// The generation a build without a binding gets bound to at link time, if any.
     pub fn present(&self) -> Option<PublishedGeneration> {
-        self.latest.and_then(|g| self.published.get(&g).copied())
+        self.latest
+            .filter(|g| !self.retired.contains(g))
+            .and_then(|g| self.published.get(&g).copied())
     }
 }
 
@@ -55,6 +62,13 @@ pub enum Command {
         size: u64,
         build: BuildId,
         intent: IntentId,
+    },
+    /// A build could not read the bytes of `generation` (missing, or not matching
+    /// `blob_digest`): the generation is no longer present, so the next link asks for an upload.
+    RetireGeneration {
+        generation: Generation,
+        blob_digest: Digest,
+        reason: String,
     },
 }
 
@@ -75,6 +89,12 @@ pub enum Event {
         build: BuildId,
         intent: IntentId,
     },
+    #[serde(rename = "GenerationRetired.v1")]
+    GenerationRetired {
+        generation: Generation,
+        blob_digest: Digest,
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,6 +112,12 @@ pub enum Error {
         generation: Generation,
         published: Digest,
         attempted: Digest,
+    },
+    #[error("generation {generation} holds {published}, not {named}; nothing to retire")]
+    RetireMismatch {
+        generation: Generation,
+        published: Digest,
+        named: Digest,
     },
 }
 
@@ -145,7 +171,39 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
                 }]),
             }
         }
+        Command::RetireGeneration {
+            generation,
+            blob_digest,
+            reason,
+        } => retire(state, *generation, *blob_digest, reason),
     }
+}
+
+fn retire(
+    state: &State,
+    generation: Generation,
+    blob_digest: Digest,
+    reason: &str,
+) -> Result<Vec<Event>, Error> {
+    let published = state
+        .published
+        .get(&generation)
+        .ok_or(Error::NotReserved { generation })?;
+    if published.blob_digest != blob_digest {
+        return Err(Error::RetireMismatch {
+            generation,
+            published: published.blob_digest,
+            named: blob_digest,
+        });
+    }
+    if state.retired.contains(&generation) {
+        return Ok(vec![]);
+    }
+    Ok(vec![Event::GenerationRetired {
+        generation,
+        blob_digest,
+        reason: reason.to_owned(),
+    }])
 }
 
 pub fn evolve(mut state: State, event: &Event) -> State {
@@ -172,6 +230,9 @@ pub fn evolve(mut state: State, event: &Event) -> State {
             );
             state.latest = Some(*generation);
         }
+        Event::GenerationRetired { generation, .. } => {
+            state.retired.insert(*generation);
+        }
     }
     state
 }
@@ -190,6 +251,39 @@ mod tests {
     }
     fn apply(state: State, command: &Command) -> Result<State, Error> {
         Ok(decide(&state, command)?.iter().fold(state, evolve))
+    }
+
+    #[test]
+    fn a_retired_latest_generation_is_absent_until_a_newer_one_is_published() {
+        let reserve = |s, i| apply(s, &Command::ReserveGeneration { build: build(), intent: intent(i) }).unwrap();
+        let publish = |s, g, i| {
+            apply(
+                s,
+                &Command::PublishGeneration {
+                    generation: Generation(g),
+                    blob_digest: Digest::of(b"abc"),
+                    size: 3,
+                    build: build(),
+                    intent: intent(i),
+                },
+            )
+            .unwrap()
+        };
+        let s = publish(reserve(State::default(), 1), 1, 1);
+        let retire = |digest| Command::RetireGeneration {
+            generation: Generation(1),
+            blob_digest: digest,
+            reason: "torn".into(),
+        };
+        assert!(matches!(
+            decide(&s, &retire(Digest::of(b"other"))),
+            Err(Error::RetireMismatch { .. })
+        ));
+        let s = apply(s, &retire(Digest::of(b"abc"))).unwrap();
+        assert_eq!(s.present(), None);
+        assert_eq!(decide(&s, &retire(Digest::of(b"abc"))).unwrap(), vec![]);
+        let s = publish(reserve(s, 2), 2, 2);
+        assert_eq!(s.present().unwrap().generation, Generation(2));
     }
 
     #[test]

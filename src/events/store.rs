@@ -87,6 +87,9 @@ impl EventStore {
         from_version: u64,
         limit: u32,
     ) -> Result<Vec<RecordedEvent>, ReadError> {
+        if let Some(failed) = self.faults.failed_read(stream) {
+            return Err(failed);
+        }
         read_stream(&self.pool, stream, from_version, limit).await
     }
 

@@ -44,6 +44,9 @@ pub async fn finish(env: &ReconcileEnv, build: BuildId) -> Result<bool, Reconcil
                     Ending::TemplateDeleted { template } => {
                         tracing::info!(%build, %epoch, %template, "the template was deleted before the build was published; the build ended in error")
                     }
+                    Ending::LayerDeleted { layer } => {
+                        tracing::info!(%build, %epoch, %layer, "a layer of the result was deleted before the build was published; the build ended in error")
+                    }
                 }
             }
             Ok(driven.appended > 0)

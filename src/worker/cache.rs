@@ -208,12 +208,12 @@ pub async fn lookup(
     steps: &[Step],
     log: &BuildLog,
 ) -> Result<Lookup, Transient> {
-    let mut states = BTreeMap::new();
+    let mut states = Vec::with_capacity(plan.checkpoints.len());
     for (_, key) in &plan.checkpoints {
         let loaded = load::<CacheEntry>(store, &cache_key_stream(&plan.scope, key))
             .await
             .map_err(transient)?;
-        states.insert(*key, loaded.state);
+        states.push((*key, loaded.state));
     }
     let mut repair = BTreeMap::new();
     let total = steps.len();
@@ -223,7 +223,7 @@ pub async fn lookup(
             .await
             .map_err(transient)?
             .state;
-        let probe = probe(store, blobs, &state, EntryKind::FinalResult, plan, &states).await?;
+        let probe = probe(store, blobs, &state, &key, EntryKind::FinalResult, plan, &states).await?;
         report(log, None, total, "final result", &probe);
         match probe {
             Probe::Hit(candidate) => {
@@ -255,12 +255,11 @@ pub async fn lookup(
             format!("[cache] force from step {from}: the cache is not read from there on"),
         );
     }
-    for (step, key) in plan.checkpoints.iter().rev() {
+    for ((step, key), (_, state)) in plan.checkpoints.iter().zip(&states).rev() {
         if !plan.readable(*step) {
             continue;
         }
-        let state = &states[key];
-        let probe = probe(store, blobs, state, EntryKind::Checkpoint, plan, &states).await?;
+        let probe = probe(store, blobs, state, key, EntryKind::Checkpoint, plan, &states).await?;
         let what = format!(
             "{} {}",
             steps[step - 1].kind(),
@@ -361,11 +360,12 @@ async fn probe(
     store: &EventStore,
     blobs: &Arc<dyn BlobStore>,
     state: &cache_entry::State,
+    key: &CacheKey,
     kind: EntryKind,
     plan: &Plan,
-    chain: &BTreeMap<CacheKey, cache_entry::State>,
+    chain: &[(CacheKey, cache_entry::State)],
 ) -> Result<Probe, Transient> {
-    match cache_entry::validate(state, kind, &plan.chain.base, chain) {
+    match cache_entry::validate(state, kind, key, &plan.chain.base, chain) {
         Validity::Invalid(Invalid::Absent) => return Ok(Probe::Miss(None)),
         Validity::Invalid(why) => return Ok(Probe::Miss(Some(why))),
         Validity::Valid => {}
@@ -593,19 +593,25 @@ impl Writer {
             None => "the final result".to_owned(),
         };
         match outcome {
-            Ok(_) => {
-                let state = load::<CacheEntry>(&attempt.store, &stream)
-                    .await
-                    .ok()?
-                    .state;
-                match state.live() {
+            Ok(_) => match load::<CacheEntry>(&attempt.store, &stream).await {
+                Ok(loaded) => match loaded.state.live() {
                     Some((e, generation)) if e.target == entry.target => Some(generation),
                     _ => {
                         self.stopped = true;
                         None
                     }
+                },
+                Err(e) => {
+                    // Whether this build's entry is the one under the key, and at which
+                    // generation, is unknown: the next entry would not know its parent. Naming
+                    // an older one instead would glue it past this step, where a later forced
+                    // rebuild of this step could not break its lineage. Stop, as after a failed
+                    // write.
+                    tracing::error!(build = %attempt.build, error = %e, "reading a cache entry back after writing it failed; this build writes no more entries");
+                    self.stopped = true;
+                    None
                 }
-            }
+            },
             Err(CommandError::Rejected(reason)) => {
                 log.info(
                     tag.as_deref(),

@@ -42,6 +42,13 @@ pub enum WorkerError {
         build: BuildId,
         template: TemplateId,
     },
+    /// A layer of the build's result was deleted by a GC pass before it was published; the
+    /// build was ended in `error` naming it (by the promotion, this node's or a reconciler's).
+    #[error("layer {layer} of build {build} was deleted before the build was published; the build ended in error")]
+    LayerDeleted {
+        build: BuildId,
+        layer: crate::domain::ids::Digest,
+    },
     /// A layer this attempt references is being (or was) deleted by a GC pass: the attempt
     /// waits for the deletion and stores the layer again from its local copy.
     #[error("layer {digest} is being deleted by garbage collection ({error})")]

@@ -727,10 +727,13 @@ impl Executor<'_> {
                         format!("COPY {src}: no upload is bound for filesHash {files_hash}"),
                     )
                 })?;
-                let archive = self
-                    .fetch_archive(binding)
-                    .await
-                    .map_err(|m| fail(at, format!("COPY {src}: {m}")))?;
+                let archive = match self.fetch_archive(binding).await {
+                    Ok(archive) => archive,
+                    Err(m) => {
+                        self.retire_if_torn(job, files_hash, binding).await;
+                        return Err(fail(at, format!("COPY {src}: {m}")));
+                    }
+                };
                 let mut request = CopyRequest::new(src.clone(), dest.clone());
                 request.owner = owner.clone();
                 request.mode = mode.clone();
@@ -825,7 +828,7 @@ impl Executor<'_> {
                 format!("the uploaded archive {digest} cannot be read: {e}; upload it again")
             })?;
             std::io::copy(&mut reader, file.as_file_mut())
-                .map_err(|e| format!("reading the uploaded archive {digest}: {e}"))?;
+                .map_err(|e| format!("reading the uploaded archive {digest}: {e}; upload it again"))?;
             reader
                 .finish()
                 .map_err(|e| format!("the uploaded archive {digest} is corrupt: {e}"))?;
@@ -836,6 +839,41 @@ impl Executor<'_> {
         })
         .await
         .map_err(|e| format!("archive task: {e}"))?
+    }
+
+    /// After a failed fetch of `binding`: when the blob store's own check says its bytes are
+    /// missing or torn (a torn file is moved to quarantine by that check), the generation is
+    /// retired, so that the next link answers `present: false` and the SDK uploads again
+    /// instead of every build of this content failing. A check that cannot answer (a store
+    /// outage) retires nothing. This build still fails: its bindings are frozen.
+    async fn retire_if_torn(&self, job: &BuildJob, hash: &ids::FilesHash, binding: &Binding) {
+        let (blobs, digest) = (self.blobs.clone(), binding.blob_digest);
+        let intact = tokio::task::spawn_blocking(move || blobs.intact_size(&digest)).await;
+        if !matches!(intact, Ok(Ok(None))) {
+            return;
+        }
+        let reason = format!(
+            "build {} could not read archive {digest}: missing or torn in the blob store",
+            self.attempt.build
+        );
+        let retired = crate::app::upload::retire_generation(
+            &self.attempt.store,
+            &self.attempt.context(),
+            &crate::domain::ids::Scope::team(&job.team),
+            hash,
+            binding.generation,
+            digest,
+            &reason,
+        )
+        .await;
+        match retired {
+            Ok(()) => {
+                tracing::warn!(build = %self.attempt.build, %hash, generation = %binding.generation, %digest, "an uploaded archive is torn or missing; retired its generation, the next link asks for an upload")
+            }
+            Err(e) => {
+                tracing::error!(build = %self.attempt.build, %hash, %digest, error = %e, "retiring the generation of a torn archive failed")
+            }
+        }
     }
 
     /// Seals the sandbox's changes as a layer (no step record). A step that changed nothing

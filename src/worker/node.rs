@@ -263,7 +263,11 @@ impl Worker {
         crate::metrics::build_finished_in(phase.as_deref(), result.is_ok(), started);
         match result {
             Ok(()) => {}
-            Err(e @ (WorkerError::Fenced { .. } | WorkerError::TemplateDeleted { .. })) => {
+            Err(
+                e @ (WorkerError::Fenced { .. }
+                | WorkerError::TemplateDeleted { .. }
+                | WorkerError::LayerDeleted { .. }),
+            ) => {
                 tracing::info!(build = %attempt.build, "{e}")
             }
             Err(e) => {

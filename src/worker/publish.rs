@@ -110,6 +110,10 @@ pub async fn publish(
             build: attempt.build,
             template,
         }),
+        Ending::LayerDeleted { layer } => Err(WorkerError::LayerDeleted {
+            build: attempt.build,
+            layer,
+        }),
     }
 }
 

@@ -684,3 +684,48 @@ async fn a_skewed_local_clock_does_not_change_expiry_decisions() {
     let (status, body) = b.put(&url, tar_gz(&[("app/y", b"y")])).await;
     assert_eq!(status, 403, "an expired link is refused: {body}");
 }
+
+/// Issue 24, item 4: two clients build one template name at once. The link call names only the
+/// template, so client A's link and upload land on client B's build, the newest one waiting.
+/// Before, A's start then failed with 400 `MissingBinding`: A's build never linked the hash. E2B
+/// scopes files per template and both builds succeed; now a hash a build never linked is bound
+/// at the freeze to the scope's latest present generation, and both starts are accepted with
+/// the same bytes.
+#[tokio::test]
+async fn two_concurrent_builds_of_one_template_both_start_with_the_uploaded_context() {
+    let (db, _data, api) = setup(&[]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let (template, build_a) = c.register("concurrent").await;
+    let (same, build_b) = c.register("concurrent").await;
+    assert_eq!(template, same);
+
+    // A's link and upload: bound to B, the newest waiting build.
+    let (present, url) = c.link(&template, HASH_A).await;
+    assert!(!present);
+    let (status, body) = c.put(&url, tar_gz(&[("app/a.txt", b"hello")])).await;
+    assert_eq!(status, 200, "{body}");
+    // B's link finds the content present.
+    assert!(c.link(&template, HASH_A).await.0);
+
+    let (code, body) = c.start(&template, &build_a, HASH_A).await;
+    assert_eq!(code, 202, "A's start: {body}");
+    let (code, body) = c.start(&template, &build_b, HASH_A).await;
+    assert_eq!(code, 202, "B's start: {body}");
+
+    let store = strata::app::event_store(db.pool.clone());
+    let mut frozen = Vec::new();
+    for build in [&build_a, &build_b] {
+        let build = strata::domain::ids::BuildId::parse(build).unwrap();
+        let state = strata::events::command::load::<strata::streams::Build>(
+            &store,
+            &common::build_api::stream(strata::domain::ids::stream::build(&build)),
+        )
+        .await
+        .unwrap()
+        .state;
+        let freeze = state.freeze.expect("frozen");
+        let hash = strata::domain::ids::FilesHash::parse(HASH_A).unwrap();
+        frozen.push(freeze.bindings[&hash].blob_digest);
+    }
+    assert_eq!(frozen[0], frozen[1], "both builds copy the uploaded bytes");
+}

@@ -712,15 +712,17 @@ async fn a_link_does_not_call_deleted_content_present_and_the_upload_comes_again
 
     // A first build uploads the archive and ends: nothing in flight binds it any more.
     let (_, first) = fx.api.register("up").await;
-    fx.api.upload(blobs.as_ref(), first, &hash, &archive).await;
+    fx.api.upload(&blobs, first, &hash, &archive).await;
     let link = |build| {
         let api = &fx.api;
         let hash = hash.clone();
+        let blobs = blobs.clone();
         async move {
             let now = Utc::now();
             strata::app::upload::link_upload(
                 &api.store,
                 &common::build_api::api_context(),
+                &blobs,
                 &strata::domain::build::upload::ReserveUpload {
                     build,
                     intent: strata::domain::ids::IntentId::from_uuid(uuid::Uuid::new_v4()),
@@ -752,7 +754,7 @@ async fn a_link_does_not_call_deleted_content_present_and_the_upload_comes_again
     // The next build's link does not call it present: the client sends it again.
     let (_, third) = fx.api.register("up2").await;
     assert!(!link(third).await.present, "deleted bytes are not present");
-    fx.api.upload(blobs.as_ref(), third, &hash, &archive).await;
+    fx.api.upload(&blobs, third, &hash, &archive).await;
     assert!(
         blobs.size(&upload.digest).unwrap().is_some(),
         "the upload stored it again"

@@ -53,7 +53,8 @@ async fn pending_intents_follow_the_build_stream() {
 
     // An upload reserves an intent of its own and completes it.
     let blobs_dir = tempfile::tempdir().unwrap();
-    let blobs = strata::vmm::LocalBlobStore::open(blobs_dir.path()).unwrap();
+    let blobs: std::sync::Arc<dyn strata::vmm::BlobStore> =
+        std::sync::Arc::new(strata::vmm::LocalBlobStore::open(blobs_dir.path()).unwrap());
     api.upload(&blobs, build, &hash(3), b"context").await;
     assert_eq!(
         pending(&db.pool, build).await,
@@ -152,7 +153,8 @@ async fn the_migration_lists_the_pending_intents_of_builds_already_waiting() {
         .reserve(build, &hash(1), Utc::now() + Duration::hours(1))
         .await;
     let blobs_dir = tempfile::tempdir().unwrap();
-    let blobs = strata::vmm::LocalBlobStore::open(blobs_dir.path()).unwrap();
+    let blobs: std::sync::Arc<dyn strata::vmm::BlobStore> =
+        std::sync::Arc::new(strata::vmm::LocalBlobStore::open(blobs_dir.path()).unwrap());
     api.upload(&blobs, build, &hash(2), b"context").await;
     sqlx::query(
         "INSERT INTO builds (build_id, template_id, team_id, phase, registered_at, updated_at, stream_version)

@@ -641,7 +641,7 @@ async fn a_lost_reply_on_completing_an_upload_is_answered_by_the_retried_put() {
     let bytes = single_file_tar("hello.txt", b"hello after a lost reply\n");
     let completion = fx
         .api
-        .upload_until_completion(fx.blobs.as_ref(), build, &hash, &bytes)
+        .upload_until_completion(&fx.blobs, build, &hash, &bytes)
         .await;
 
     fx.store.lose_next_reply_to("UploadCompleted.v1");
@@ -745,4 +745,65 @@ async fn a_lost_reply_on_deleting_a_template_ends_its_queued_build_once() {
             .is_none(),
         "no node claims the ended build"
     );
+}
+
+/// `POST /v2/templates/{id}/builds/{bid}` with private-registry credentials: the start (the
+/// freeze that queues the build) commits and its reply is lost, so the handler sees a store
+/// error. Before: it took any error after sealing for a refusal and deleted the sealed
+/// credentials, so the node that claimed the queued build found none and failed at `base`. Now
+/// only a refusal deletes them, and the client's retry (a new request with the same body) is a
+/// replay of the first start.
+#[tokio::test]
+async fn a_lost_reply_on_starting_a_build_keeps_its_sealed_registry_credentials() {
+    use strata::registry::sealed;
+
+    let db = common::test_db().await;
+    let data = common::data_dir();
+    let api = common::api::serve(db.pool.clone(), data.path(), None, &[]).await;
+    let client =
+        common::http_build::SdkClient::new(&api.base, &db.url, "team-lost-start").await;
+    let (template, build) = client.register("lost-start").await;
+    let build = BuildId::parse(&build).unwrap();
+    let path = format!("/v2/templates/{template}/builds/{build}");
+    let body = json!({
+        "fromImage": "registry.example/private/app:1",
+        "fromImageRegistry": {"type": "registry", "username": "u", "password": "secret"},
+        "force": false,
+        "steps": [{"type": "RUN", "args": ["true"], "force": false}],
+    });
+
+    api.state.events.lose_next_reply_to("BuildFrozen.v1");
+    let (status, reply) = client
+        .call(reqwest::Method::POST, &path, Some(body.clone()))
+        .await;
+    assert!(status >= 500, "the reply was lost: {status} {reply}");
+    assert_eq!(api.state.events.lost_replies_pending(), 0);
+
+    // The start committed: a node claims the queued build before the client retries, and the
+    // credentials it needs at `base` are there.
+    let store = api.state.events.clone();
+    let epoch = attempt::acquire(&store, build, "node-a", LEASE)
+        .await
+        .unwrap()
+        .expect("the committed start queued the build")
+        .epoch;
+    let opened = sealed::load(&db.pool, &api.state.credential_seal, &build, epoch)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            opened,
+            Some(strata::domain::build_spec::RegistryCredentials::Registry { ref username, .. })
+                if username == "u"
+        ),
+        "the claiming node reads the build's registry credentials"
+    );
+
+    // The retried request is answered as the start it repeats, and stores nothing new.
+    let (status, reply) = client
+        .call(reqwest::Method::POST, &path, Some(body))
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    assert_counts(&event_types(&store, build).await, &[("BuildFrozen.v1", 1)]);
+    assert!(sealed::is_stored(&db.pool, &build).await.unwrap());
 }

@@ -292,7 +292,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
             tar.append_data(&mut h, "hello.txt", &b"hello"[..]).unwrap();
             let bytes = tar.into_inner().unwrap();
             let blobs = common::sandbox::backend().blobs();
-            api.upload(blobs.as_ref(), build, &hash, &bytes).await;
+            api.upload(&blobs, build, &hash, &bytes).await;
             json!({"type": "COPY", "args": ["hello.txt", "/tmp/", "", ""], "filesHash": hash.as_str(), "force": false})
         }
         Crash::At(_) => step("RUN", &["echo two > /tmp/two"]),
@@ -1208,5 +1208,105 @@ fn reconcile_validates_names_and_schedules_and_lists_the_reconcilers() {
     assert!(
         err.contains("invalid schedule") && err.contains("six fields"),
         "{err}"
+    );
+}
+
+/// Issue 24, item 9: a build in Publishing whose node died, with a layer of its result deleted
+/// by a garbage-collection pass (its object `Deleted`, its bytes gone from the blob store).
+/// Before, `CommitLayers` was refused, the refusal became a store error, and the promotion
+/// reconciler retried it every pass forever: the build never ended. That absence is
+/// authoritative, so the pass ends the build in `error` (`PromotionFailed`) with a reason that
+/// names the layer, and closes the outbox, in one append; the next pass finds nothing to do.
+#[tokio::test]
+async fn a_publishing_build_whose_layer_was_deleted_ends_in_error_naming_the_layer() {
+    use strata::domain::object::Deletion;
+
+    let db = common::test_db().await;
+    let store = strata::app::event_store(db.pool.clone());
+    let api = Api {
+        store: store.clone(),
+        team: TeamId::parse("team-layer-gone").unwrap(),
+    };
+    let (template, build) = api.register("layer-gone").await;
+    api.start(
+        build,
+        json!({"fromImage": "busybox", "force": false, "steps": [{"type": "RUN", "args": ["true"], "force": false}]}),
+    )
+    .await;
+    let now = strata::streams::database_now(store.pool()).await.unwrap();
+    strata::app::attempt::acquire_attempt(
+        &store,
+        &common::build_api::api_context(),
+        build,
+        None,
+        AttemptGrant {
+            node: NodeId::parse("died-publishing").unwrap(),
+            lease_expires_at: now + chrono::Duration::minutes(5),
+        },
+        now,
+    )
+    .await
+    .unwrap();
+
+    // The layer: stored once, then deleted by a pass (no bytes under its digest any more).
+    let layer = ids::Digest::of(format!("layer-gone-{}", Uuid::new_v4()).as_bytes());
+    let ctx = common::build_api::api_context;
+    strata::app::object::reference(&store, &ctx(), &[layer], "test: the build's layer")
+        .await
+        .unwrap();
+    strata::app::object::mark_deleting(
+        &store,
+        &ctx(),
+        &strata::app::object::Mark {
+            digest: layer,
+            deletion: Deletion {
+                pass: "pass-1".into(),
+                tier: "test".into(),
+                reason: "test: taken by a pass".into(),
+                last_referenced_by: None,
+            },
+            unused_since: now + chrono::Duration::hours(1),
+            retire: vec![],
+        },
+    )
+    .await
+    .unwrap();
+    strata::app::object::confirm_deleted(&store, &ctx(), &layer, "pass-1")
+        .await
+        .unwrap();
+    common::publishing::enter_publishing_with_layers(&store, build, &template, vec![layer]).await;
+
+    let env = strata::reconcilers::ReconcileEnv {
+        store: store.clone(),
+        node: "layer-gone-reconciler".into(),
+        blobs: common::sandbox::backend().blobs(),
+        gc: Default::default(),
+        catalog: None,
+    };
+    let driven = strata::reconcilers::promotion::finish(&env, build).await;
+    assert!(
+        matches!(driven, Ok(true)),
+        "the pass ends the build: {driven:?}"
+    );
+    let state = load::<Build>(&store, &stream(ids::stream::build(&build)))
+        .await
+        .unwrap()
+        .state;
+    match &state.phase {
+        Phase::Error { reason, .. } => {
+            assert_eq!(reason.kind, FailureKind::PromotionFailed);
+            assert!(
+                reason.message.contains(&layer.to_string()),
+                "the reason names the layer: {}",
+                reason.message
+            );
+        }
+        other => panic!("expected error, got {other:?}"),
+    }
+    assert!(
+        !strata::reconcilers::promotion::finish(&env, build)
+            .await
+            .unwrap(),
+        "nothing is left to do"
     );
 }

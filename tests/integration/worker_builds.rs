@@ -27,11 +27,11 @@ async fn a_recipe_of_every_step_type_builds_and_boots_with_its_files_and_context
     let app = files_hash("app");
     let single = files_hash("single");
     fx.api
-        .upload(fx.blobs.as_ref(), build, &app, &gzip(&app_tar()))
+        .upload(&fx.blobs, build, &app, &gzip(&app_tar()))
         .await;
     fx.api
         .upload(
-            fx.blobs.as_ref(),
+            &fx.blobs,
             build,
             &single,
             &single_file_tar("single.txt", b"single\n"),
@@ -534,7 +534,7 @@ async fn template_export_round_trips_through_image_import() {
     let (_, build) = fx.api.register("exported").await;
     let app = files_hash("export-app");
     fx.api
-        .upload(fx.blobs.as_ref(), build, &app, &app_tar())
+        .upload(&fx.blobs, build, &app, &app_tar())
         .await;
     fx.api
         .start(
@@ -841,5 +841,100 @@ async fn sealed_credentials_are_destroyed_when_the_build_ends_ready_or_in_error(
             "{name}: the credentials outlived the build"
         );
     }
+    fx.stop().await;
+}
+
+/// Issue 24, item 3: whether a context is `present` is decided from its bytes. The stored
+/// archive of a name's latest generation is torn (its bytes replaced behind the store's back, as
+/// a failing disk would). Before, every link still answered `present: true` (the object's
+/// lifecycle said Live), the SDK skipped its upload, and every build copying it failed with
+/// "upload it again". Now a link checks the bytes and answers `present: false`, so the upload
+/// comes and the build succeeds. When the bytes tear after a link said present, the build that
+/// fetches them fails, but its failed fetch moves the blob to quarantine and retires the
+/// generation, so the next link asks for the upload again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_torn_context_is_not_present_and_a_failed_fetch_retires_its_generation() {
+    use strata::domain::build::upload::ReserveUpload;
+    use strata::domain::ids::{Digest, IntentId, Scope};
+
+    let node = common::sandbox::private_node(&["busybox"]);
+    let mut fx = Fixture::on_node(node.path()).await;
+    let hash = files_hash(&format!("torn-context-{}", Uuid::new_v4()));
+    let archive = single_file_tar("hello.txt", b"hello from an intact archive\n");
+    let digest = Digest::of(&archive);
+    let spec = json!({"fromImage": "busybox", "force": false, "steps": [
+        copy("hello.txt", "/srv/", "root", "0644", &hash),
+    ]});
+    let present = |build| {
+        let (store, hash) = (fx.store.clone(), hash.clone());
+        let blobs = fx.blobs.clone();
+        async move {
+            let now = Utc::now();
+            strata::app::upload::link_upload(
+                &store,
+                &common::build_api::api_context(),
+                &blobs,
+                &ReserveUpload {
+                    build,
+                    intent: IntentId::from_uuid(Uuid::new_v4()),
+                    hash,
+                    now,
+                    expires_at: now + chrono::Duration::hours(1),
+                },
+            )
+            .await
+            .unwrap()
+            .present
+        }
+    };
+
+    let (_, first) = fx.api.register("torn-context").await;
+    fx.api
+        .upload(&fx.blobs, first, &hash, &archive)
+        .await;
+    fx.api.start(first, spec.clone()).await;
+    assert_ready(&fx.wait_terminal(first).await);
+
+    // Torn at rest: the next link says absent, the SDK uploads again, and the build succeeds.
+    common::torn_blob::tear(fx.blobs.as_ref(), &digest, &archive).await;
+    let (_, second) = fx.api.register("torn-context").await;
+    assert!(!present(second).await, "a torn archive is not present");
+    fx.api
+        .upload(&fx.blobs, second, &hash, &archive)
+        .await;
+    fx.api.start(second, spec.clone()).await;
+    assert_ready(&fx.wait_terminal(second).await);
+
+    // Torn after a link said present: that build fails, and its fetch retires the generation.
+    let (_, third) = fx.api.register("torn-context").await;
+    assert!(present(third).await, "the re-uploaded archive is present");
+    common::torn_blob::tear(fx.blobs.as_ref(), &digest, &archive).await;
+    // Forced, so that the COPY runs instead of the cached result being promoted.
+    let mut forced = spec.clone();
+    forced["force"] = json!(true);
+    fx.api.start(third, forced).await;
+    match fx.wait_terminal(third).await.phase {
+        Phase::Error { reason, .. } => {
+            assert!(reason.message.contains("upload it again"), "{}", reason.message)
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    let stored = node.path().join("blobs/sha256").join(digest.hex());
+    assert!(!stored.exists(), "the torn archive was moved to quarantine");
+    let scope = Scope::team(&fx.api.team);
+    let files: Vec<String> = fx
+        .store
+        .read_stream_all(&stream(ids::stream::files(&scope, &hash)))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect();
+    assert!(
+        files.iter().any(|t| t == "GenerationRetired.v1"),
+        "{files:?}"
+    );
+    let (_, fourth) = fx.api.register("torn-context").await;
+    assert!(!present(fourth).await, "the retired generation is not present");
     fx.stop().await;
 }

@@ -606,6 +606,66 @@ async fn a_forced_early_step_breaks_the_lineage_of_stale_later_entries() {
     fx.stop().await;
 }
 
+/// Issue 24, item 10: the read that follows a checkpoint entry's publication fails (a connection
+/// dropped between the append and the reload: produced with the store's fault hook
+/// `fail_next_read_after`, since nothing outside can place a drop exactly there). Before, the
+/// writer shrugged it off (`.ok()?`) and went on without advancing its parent, so step 2's entry
+/// named the base as its parent instead of step 1, and the lookup accepted that. A later forced
+/// step 1 then replaced step 1's entry without breaking step 2's or the final result's lineage,
+/// and an unforced build was served the final result made on the old step 1. Now the writer stops
+/// at the failed read, and an entry must name the nearest checkpoint below it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_read_after_a_cache_write_cannot_keep_a_stale_result_servable_after_force() {
+    let mut fx = Fixture::new(settings()).await;
+    let nonce = Uuid::new_v4();
+    let recipe = |force_first: bool, second: &str| {
+        json!({"fromImage": "busybox", "force": false, "steps": [
+            {"type": "RUN", "args": [format!("echo {nonce} $(cat /proc/sys/kernel/random/uuid) > /tmp/a")], "force": force_first},
+            run(second),
+        ]})
+    };
+    fx.store.fail_next_read_after("CacheEntryPublished.v1");
+    let (_, s1) = fx
+        .build("stale-after-force", &[], recipe(false, "cp /tmp/a /tmp/b"))
+        .await;
+    assert_ready(&s1);
+    assert_eq!(executed_steps(&s1), [1, 2]);
+    assert_eq!(fx.store.failed_reads_pending(), 0, "the armed read failed");
+
+    // Step 1 forced (with another step 2): its entry is replaced by compare-and-set.
+    let (_, s2) = fx
+        .build("stale-after-force", &[], recipe(true, "echo other > /tmp/c"))
+        .await;
+    assert_ready(&s2);
+    assert_eq!(executed_steps(&s2), [1, 2]);
+    let forced = fx.result("stale-after-force").await;
+    let mut sb = boot_on(&forced.record.layers).await;
+    let forced_a = sh(&mut sb, "cat /tmp/a").await;
+    sb.destroy().await.unwrap();
+
+    // The first recipe again: step 1 resumes from the forced entry and step 2 runs on it; the
+    // first build's step 2 and final result were made on the replaced step 1.
+    let (b3, s3) = fx
+        .build("stale-after-force", &[], recipe(false, "cp /tmp/a /tmp/b"))
+        .await;
+    assert_ready(&s3);
+    assert_eq!(
+        executed_steps(&s3),
+        [2],
+        "{:#?}",
+        fx.messages(b3).await
+    );
+    let result = fx.result("stale-after-force").await;
+    let mut sb = boot_on(&result.record.layers).await;
+    assert_eq!(
+        sh(&mut sb, "cat /tmp/a /tmp/b").await,
+        format!("{forced_a}{forced_a}"),
+        "the result is built on the forced step 1, and its step 2 copied that one"
+    );
+    sb.destroy().await.unwrap();
+    fx.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixteen_identical_builds_at_once_execute_each_step_once() {
     let mut s = settings();

@@ -84,7 +84,7 @@ async fn waiting_build(
 /// One compare-and-set over the build and the files stream of the hash.
 async fn reserve(state: &AppState, command: &ReserveUpload) -> Result<LinkResponse, ApiError> {
     let ctx = CommandContext::new(api_metadata(state));
-    crate::app::upload::link_upload(&state.events, &ctx, command)
+    crate::app::upload::link_upload(&state.events, &ctx, &state.blobs, command)
         .await
         .map_err(|e| command_error(e, upload_error))
 }

@@ -16,6 +16,7 @@ use crate::domain::build_spec::{BaseSource, TemplateBuildStartV2};
 use crate::domain::ids::{BuildId, TeamId, TemplateId};
 use crate::domain::image_ref::ImageRef;
 use crate::events::command::load;
+use crate::events::CommandError;
 use crate::registry::sealed;
 use crate::streams::{build_stream, Build};
 use tracing::Instrument;
@@ -60,8 +61,12 @@ pub async fn start_build(
         crate::app::build::start_build(&state.events, &ctx, &build_id, spec, now, queue_deadline)
             .instrument(span)
             .await;
-    if let (Err(_), Some(sealed)) = (&started, &sealed) {
-        // This start stored them and was refused: they belong to no build.
+    if let (Err(CommandError::Rejected(_)), Some(sealed)) = (&started, &sealed) {
+        // This start stored them and the build refused it: they belong to no build. Any other
+        // error leaves the outcome unknown (the freeze may have committed and only its reply
+        // been lost, and a node may be claiming the build now), so they stay: the event that
+        // ends the build deletes them either way (`projections/builds.rs`), and a retry of
+        // this request is a replay of the same start.
         let _ = sealed::discard(&state.pool, &build_id, sealed).await;
     }
     started.map_err(|e| command_error(e, start_error))?;

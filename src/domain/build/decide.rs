@@ -11,9 +11,11 @@
 
 use chrono::{DateTime, Utc};
 
+use std::collections::BTreeMap;
+
 use super::{
-    BuildResult, Event, FailedStep, FailureKind, FailureReason, IntentState, Phase, State,
-    StepOutcome,
+    Binding, BindingSource, BuildResult, Event, FailedStep, FailureKind, FailureReason,
+    IntentState, Phase, State, StepOutcome,
 };
 use crate::domain::build_spec::{Resources, Step, Tag, TemplateBuildStartV2};
 use crate::domain::ids::{Digest, Epoch, FilesHash, IntentId, NodeId, TeamId, TemplateId};
@@ -44,6 +46,12 @@ pub enum Command {
         /// How long a frozen build may wait for a node before it fails.
         queue_deadline: DateTime<Utc>,
         attempt: Option<AttemptGrant>,
+        /// The scope's latest present generation of COPY hashes this build has no binding for,
+        /// as the caller read them (bytes still stored). The link call names only the template,
+        /// so with two builds of one template waiting, one build's links and uploads bind the
+        /// other; the freeze binds such a hash to what is present, as E2B, which scopes files
+        /// per template, would copy.
+        present: BTreeMap<FilesHash, Binding>,
     },
     /// A worker claims a queued build.
     AcquireAttempt {
@@ -231,7 +239,8 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             now,
             queue_deadline,
             attempt,
-        } => start(state, spec, *now, *queue_deadline, attempt.as_ref()),
+            present,
+        } => start(state, spec, *now, *queue_deadline, attempt.as_ref(), present),
         Command::AcquireAttempt { grant, now } => acquire(state, grant, *now),
         Command::RenewLease {
             epoch,
@@ -316,6 +325,7 @@ fn start(
     now: DateTime<Utc>,
     queue_deadline: DateTime<Utc>,
     attempt: Option<&AttemptGrant>,
+    present: &BTreeMap<FilesHash, Binding>,
 ) -> Result<Vec<Event>, Error> {
     let request_digest = spec.request_digest();
     if let Some(freeze) = &state.freeze {
@@ -340,27 +350,41 @@ fn start(
     if now >= deadline {
         return Err(Error::DeadlinePassed { deadline });
     }
-    let mut bindings = std::collections::BTreeMap::new();
+    let mut bindings = BTreeMap::new();
+    let mut bound_now = Vec::new();
     for (i, step) in spec.steps.iter().enumerate() {
         if let Step::Copy { files_hash, .. } = step {
-            let binding = state
-                .bindings
-                .get(files_hash)
-                .ok_or_else(|| Error::MissingBinding {
-                    step: i + 1,
-                    hash: files_hash.clone(),
-                })?;
-            bindings.insert(files_hash.clone(), *binding);
+            let binding = match (state.bindings.get(files_hash), present.get(files_hash)) {
+                (Some(binding), _) => *binding,
+                (None, Some(binding)) => {
+                    if !bindings.contains_key(files_hash) {
+                        bound_now.push(Event::ContextBound {
+                            hash: files_hash.clone(),
+                            binding: *binding,
+                            source: BindingSource::Present,
+                        });
+                    }
+                    *binding
+                }
+                (None, None) => {
+                    return Err(Error::MissingBinding {
+                        step: i + 1,
+                        hash: files_hash.clone(),
+                    })
+                }
+            };
+            bindings.insert(files_hash.clone(), binding);
         }
     }
-    let mut events = vec![Event::BuildFrozen {
+    let mut events = bound_now;
+    events.push(Event::BuildFrozen {
         request_digest,
         spec: spec.without_credentials(),
         registry_credentials: spec.has_registry_credentials(),
         bindings,
         frozen_at: now,
         queue_deadline,
-    }];
+    });
     if let Some(grant) = attempt {
         events.push(Event::AttemptAcquired {
             epoch: Epoch::FIRST,

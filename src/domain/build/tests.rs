@@ -143,6 +143,7 @@ impl World {
                 node: node("n1"),
                 lease_expires_at: now + Duration::seconds(30),
             }),
+            present: Default::default(),
         })
     }
 }
@@ -795,6 +796,7 @@ fn step(w: &mut World, now: &mut i64, op: &Op) -> (Option<Command>, bool) {
                     node: node("n1"),
                     lease_expires_at: at + Duration::seconds(30),
                 }),
+                present: Default::default(),
             }
         }
         Op::Acquire => Command::AcquireAttempt {

@@ -111,9 +111,10 @@ pub enum UploadError {
 }
 
 /// Decides a link response over the build and the files stream of `cmd.hash`.
-/// `present_stored` says whether the bytes of the name's latest generation are still stored
-/// (no garbage-collection pass is deleting or has deleted them): only then is the name present,
-/// so the SDK may skip its upload.
+/// `present_stored` says whether the bytes of the name's latest generation are still stored:
+/// no garbage-collection pass is deleting or has deleted them, and the blob store holds them
+/// intact (read and checked against their digest). Only then is the name present, so the SDK
+/// may skip its upload.
 pub fn reserve_upload(
     build: &State,
     files_state: &files::State,
@@ -146,11 +147,11 @@ pub fn reserve_upload(
     )?;
     let generation = files_events
         .iter()
-        .map(|e| match e {
-            files::Event::GenerationReserved { generation, .. } => *generation,
-            files::Event::GenerationPublished { generation, .. } => *generation,
+        .find_map(|e| match e {
+            files::Event::GenerationReserved { generation, .. }
+            | files::Event::GenerationPublished { generation, .. } => Some(*generation),
+            files::Event::GenerationRetired { .. } => None,
         })
-        .next()
         .or_else(|| files_state.reservations.get(&cmd.intent).copied())
         .unwrap_or_default();
     decision.files = files_events;

@@ -2,6 +2,8 @@
 //! registration, the link request and upload of a COPY archive, and build start. For tests that
 //! drive builds without running `strata api`.
 
+use std::sync::Arc;
+
 use chrono::Utc;
 use strata::app::upload::{complete_upload, link_upload};
 use strata::app::CommandContext;
@@ -70,7 +72,7 @@ impl Api {
     /// their object stream before they are stored, as the upload handler does.
     pub async fn upload(
         &self,
-        blobs: &dyn BlobStore,
+        blobs: &Arc<dyn BlobStore>,
         build: BuildId,
         hash: &FilesHash,
         bytes: &[u8],
@@ -87,7 +89,7 @@ impl Api {
     /// stored; the returned completion is what the PUT appends next.
     pub async fn upload_until_completion(
         &self,
-        blobs: &dyn BlobStore,
+        blobs: &Arc<dyn BlobStore>,
         build: BuildId,
         hash: &FilesHash,
         bytes: &[u8],
@@ -106,6 +108,7 @@ impl Api {
         let link = link_upload(
             &self.store,
             &api_context(),
+            blobs,
             &ReserveUpload {
                 build,
                 intent,
@@ -136,9 +139,15 @@ impl Api {
         expires_at: chrono::DateTime<Utc>,
     ) -> IntentId {
         let intent = IntentId::from_uuid(Uuid::new_v4());
+        // Nothing is uploaded under these hashes, so the link's check of stored bytes never
+        // runs: an empty store answers for it.
+        let dir = tempfile::tempdir().unwrap();
+        let empty: Arc<dyn BlobStore> =
+            Arc::new(strata::vmm::LocalBlobStore::open(dir.path().join("blobs")).unwrap());
         link_upload(
             &self.store,
             &api_context(),
+            &empty,
             &ReserveUpload {
                 build,
                 intent,

@@ -117,7 +117,7 @@ impl Fixture {
         let (_, build) = self.api.register(name).await;
         for (hash, bytes) in files {
             self.api
-                .upload(self.blobs.as_ref(), build, hash, bytes)
+                .upload(&self.blobs, build, hash, bytes)
                 .await;
         }
         self.api.start(build, spec).await;
