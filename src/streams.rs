@@ -12,7 +12,7 @@ use crate::domain::ids::{
     self, BuildId, Digest, Epoch, FilesHash, Scope, SnapshotId, TeamId, TemplateId,
 };
 use crate::domain::{
-    build, cache_entry, files, gc_pass, object, promotion, snapshot, team, template,
+    build, cache_entry, files, gc_pass, node_catalog, object, promotion, snapshot, team, template,
 };
 use crate::events::{Aggregate, StreamId};
 
@@ -47,6 +47,10 @@ pub fn cache_key_stream(scope: &Scope, key: &CacheKey) -> StreamId {
 }
 pub fn object_stream(digest: &Digest) -> StreamId {
     id(ids::stream::object(digest))
+}
+
+pub fn node_catalog_stream(node: &str) -> StreamId {
+    id(ids::stream::node_catalog(node))
 }
 
 pub fn gc_pass_stream(pass: &str) -> StreamId {
@@ -86,6 +90,7 @@ aggregate!(Snapshot => snapshot);
 aggregate!(CacheEntry => cache_entry);
 aggregate!(Object => object);
 aggregate!(GcPass => gc_pass);
+aggregate!(NodeCatalog => node_catalog);
 
 /// The name claim: its command is the candidate template id for an unclaimed name.
 pub struct TemplateName;

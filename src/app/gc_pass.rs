@@ -1,4 +1,4 @@
-//! A garbage-collection pass's lease on its `gc-pass-{id}` stream: started, renewed while the
+//! A garbage-collection pass's lease on its `gcpass-{id}` stream: started, renewed while the
 //! pass works, ended when it finishes, fenced by whoever releases the marks of a pass that
 //! stopped renewing (rules: `domain/gc_pass.rs`).
 

@@ -42,6 +42,7 @@
 pub mod attempt;
 pub mod build;
 pub mod cache;
+pub mod catalog;
 pub mod gc_pass;
 pub mod object;
 pub mod publish;

@@ -1,4 +1,4 @@
-//! A garbage-collection pass's lease: the `gc-pass-{id}` aggregate.
+//! A garbage-collection pass's lease: the `gcpass-{id}` aggregate.
 //!
 //! A pass marks objects `Deleting` and later deletes their bytes. If it dies in between, its
 //! marks block every writer of those objects until another pass (or a writer) returns them to

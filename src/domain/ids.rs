@@ -451,9 +451,14 @@ pub mod stream {
         encode("object", &[&digest.hex()])
     }
 
+    /// A node's image catalog as published to the cluster (`domain/node_catalog.rs`).
+    pub fn node_catalog(node: &str) -> String {
+        encode("catalog", &[node])
+    }
+
     /// A garbage-collection pass's lease (`domain/gc_pass.rs`).
     pub fn gc_pass(pass: &str) -> String {
-        encode("gc-pass", &[pass])
+        encode("gcpass", &[pass])
     }
 }
 

@@ -40,6 +40,7 @@ pub mod files;
 pub mod gc_pass;
 pub mod ids;
 pub mod image_ref;
+pub mod node_catalog;
 pub mod object;
 pub mod placement;
 pub mod promotion;

@@ -21,6 +21,7 @@ pub mod attempt;
 pub mod base;
 pub mod build_log;
 pub mod cache;
+pub mod catalog_publisher;
 pub mod cache_consultation;
 pub mod error;
 pub mod executor;

@@ -138,6 +138,16 @@ impl Worker {
             .run(self.settings.residency_heartbeat, reporting.clone())
             .in_current_span(),
         );
+        let catalog_publisher = tokio::spawn(
+            super::catalog_publisher::run(
+                self.store.clone(),
+                self.settings.node_id.clone(),
+                self.catalog.clone(),
+                self.settings.residency_heartbeat,
+                reporting.clone(),
+            )
+            .in_current_span(),
+        );
         tracing::info!(node = %self.settings.node_id, max_builds = self.settings.max_builds, "build node started");
         loop {
             while tasks.try_join_next().is_some() {}
@@ -188,6 +198,7 @@ impl Worker {
         while tasks.join_next().await.is_some() {}
         reporting.cancel();
         let _ = reporter.await;
+        let _ = catalog_publisher.await;
         // Checkpoint trees still syncing in the background: let them be marked complete, or
         // the next start extracts them again from their blobs.
         let layers = self.layers.clone();

@@ -1198,3 +1198,37 @@ async fn a_dead_passs_mark_is_released_within_one_lease_and_the_writer_goes_on()
         .collect();
     assert_eq!(history, ["GcPassStarted.v1", "GcPassFenced.v1"]);
 }
+
+/// Issue: in the README's multi-node layout the reconcile node's data directory has no
+/// `images/`, so its passes rooted no catalog and deleted the base images' layers, which
+/// nothing can fetch again. Now every worker publishes its catalog, and a pass on a node
+/// without one roots every published catalog's layers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_without_a_catalog_of_its_own_keeps_every_nodes_base_images() {
+    let node = private_node(&["busybox"]);
+    let fx = Fixture::on_node(node.path()).await;
+    let base: BTreeSet<Digest> = strata::vmm::image::ImageCatalog::open(node.path())
+        .unwrap()
+        .get("busybox")
+        .unwrap()
+        .digests()
+        .into_iter()
+        .collect();
+    let blobs = local(node.path());
+    // The worker publishes its catalog when it starts.
+    let published = strata::streams::node_catalog_stream(&common::worker_fixture::settings().node_id);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while fx.store.read_stream_all(&published).await.unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the worker published no catalog");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut e = env(&fx, node.path(), blobs.clone());
+    e.catalog = None; // the reconcile node of the README: no images/ of its own
+    let report = gc::pass(&e, &e.gc, &PassOptions::default()).await.unwrap();
+    let deleted: BTreeSet<Digest> = report.deleted.iter().map(|p| p.digest).collect();
+    assert!(deleted.is_disjoint(&base), "deleted base layers: {deleted:?}");
+    assert!(base.is_subset(&stored(blobs.as_ref())));
+    let usage = gc::usage(&e, &e.gc).await.unwrap();
+    assert!(usage["rooted"].objects >= base.len() as u64, "{usage:?}");
+}

@@ -6,13 +6,13 @@ use crate::domain::ids::{self, BuildId, Digest, Scope, SnapshotId, TeamId, Templ
 use crate::domain::reachability::{CacheKeyState, Inventory};
 use crate::domain::snapshot;
 use crate::events::{Aggregate, DomainEvent, EventStore, RecordedEvent};
-use crate::streams::{Build, CacheEntry, Files, Object, Snapshot, Template};
+use crate::streams::{Build, CacheEntry, Files, NodeCatalog, Object, Snapshot, Template};
 
 use super::super::ReconcileError;
 
 /// The stream categories whose events reference objects.
-const CATEGORIES: [&str; 6] = [
-    "template", "build", "snapshot", "cachekey", "files", "object",
+const CATEGORIES: [&str; 7] = [
+    "template", "build", "snapshot", "cachekey", "files", "object", "catalog",
 ];
 
 pub async fn read(store: &EventStore) -> Result<Inventory, ReconcileError> {
@@ -93,6 +93,18 @@ fn add_stream(
         "object" => {
             let digest = Digest::from_hex(&one(&parts)?).map_err(|_| malformed(stream))?;
             inv.objects.insert(digest, fold::<Object>(events)?);
+        }
+        // Every node's published image catalog: base layers nothing can fetch again.
+        "catalog" => {
+            let node = one(&parts)?;
+            let state = fold::<NodeCatalog>(events)?;
+            for image in state.images {
+                for digest in image.digests {
+                    inv.pinned
+                        .entry(digest)
+                        .or_insert_with(|| format!("image {} in node {node}'s catalog", image.name));
+                }
+            }
         }
         _ => {}
     }

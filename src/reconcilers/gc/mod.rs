@@ -23,7 +23,7 @@
 //! Two passes at once are safe: each mark is a compare-and-set on the object's stream, and a
 //! second pass's mark of an object another pass owns is refused, so each object is deleted once.
 //!
-//! A pass holds a lease on its `gc-pass-{id}` stream from its first mark to its end, renewed
+//! A pass holds a lease on its `gcpass-{id}` stream from its first mark to its end, renewed
 //! every third of [`GcPolicy::pass_lease`], and deletes bytes only while at least a third of it
 //! is left. The marks of a pass that stopped renewing are
 //! released (by the next pass, or by a writer waiting on one) only after its lease expired, and
