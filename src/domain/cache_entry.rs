@@ -702,7 +702,7 @@ mod tests {
         }
     }
 
-    /// Issue 24, item 10: an entry built on a grandparent (what a writer that lost track of the
+    /// Found in review: an entry built on a grandparent (what a writer that lost track of the
     /// entry between them wrote) is invalid, so a forced rebuild of the step it skipped still
     /// invalidates it; a final result may name any checkpoint (the depth budget).
     #[test]

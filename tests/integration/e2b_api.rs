@@ -685,7 +685,7 @@ async fn a_skewed_local_clock_does_not_change_expiry_decisions() {
     assert_eq!(status, 403, "an expired link is refused: {body}");
 }
 
-/// Issue 24, item 4: two clients build one template name at once. The link call names only the
+/// Found in review: two clients build one template name at once. The link call names only the
 /// template, so client A's link and upload land on client B's build, the newest one waiting.
 /// Before, A's start then failed with 400 `MissingBinding`: A's build never linked the hash. E2B
 /// scopes files per template and both builds succeed; now a hash a build never linked is bound

@@ -1062,7 +1062,7 @@ async fn a_pass_deletes_quarantined_blobs_past_the_keep_period_in_an_s3_bucket()
     quarantine_is_kept_for_the_keep_period(blobs).await;
 }
 
-/// Issue: a pass that ran longer than the stale-mark age had its marks returned to Live by
+/// Found in review: a pass that ran longer than the stale-mark age had its marks returned to Live by
 /// another pass while it went on deleting, and a writer that revived the object kept a Live
 /// object without bytes. Now a pass holds a lease: here it pauses after marking for longer than
 /// its (shortened) lease; a writer waiting on the mark fences the pass and revives the object;
@@ -1121,7 +1121,7 @@ async fn a_pass_that_outlives_its_lease_is_fenced_and_deletes_nothing_a_writer_r
     assert!(!history.contains(&"ObjectDeleted.v1".to_string()), "{history:?}");
 }
 
-/// Issue: a pass that died after marking blocked writers for about 20 minutes (a base waited
+/// Found in review: a pass that died after marking blocked writers for about 20 minutes (a base waited
 /// 120 s and failed). Now its marks are released within one lease by the first writer that
 /// meets one, fencing the dead pass, and the writer goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1199,7 +1199,7 @@ async fn a_dead_passs_mark_is_released_within_one_lease_and_the_writer_goes_on()
     assert_eq!(history, ["GcPassStarted.v1", "GcPassFenced.v1"]);
 }
 
-/// Issue: in the README's multi-node layout the reconcile node's data directory has no
+/// Found in review: in the README's multi-node layout the reconcile node's data directory has no
 /// `images/`, so its passes rooted no catalog and deleted the base images' layers, which
 /// nothing can fetch again. Now every worker publishes its catalog, and a pass on a node
 /// without one roots every published catalog's layers.

@@ -1211,7 +1211,7 @@ fn reconcile_validates_names_and_schedules_and_lists_the_reconcilers() {
     );
 }
 
-/// Issue 24, item 9: a build in Publishing whose node died, with a layer of its result deleted
+/// Found in review: a build in Publishing whose node died, with a layer of its result deleted
 /// by a garbage-collection pass (its object `Deleted`, its bytes gone from the blob store).
 /// Before, `CommitLayers` was refused, the refusal became a store error, and the promotion
 /// reconciler retried it every pass forever: the build never ended. That absence is

@@ -844,7 +844,7 @@ async fn sealed_credentials_are_destroyed_when_the_build_ends_ready_or_in_error(
     fx.stop().await;
 }
 
-/// Issue 24, item 3: whether a context is `present` is decided from its bytes. The stored
+/// Found in review: whether a context is `present` is decided from its bytes. The stored
 /// archive of a name's latest generation is torn (its bytes replaced behind the store's back, as
 /// a failing disk would). Before, every link still answered `present: true` (the object's
 /// lifecycle said Live), the SDK skipped its upload, and every build copying it failed with

@@ -606,7 +606,7 @@ async fn a_forced_early_step_breaks_the_lineage_of_stale_later_entries() {
     fx.stop().await;
 }
 
-/// Issue 24, item 10: the read that follows a checkpoint entry's publication fails (a connection
+/// Found in review: the read that follows a checkpoint entry's publication fails (a connection
 /// dropped between the append and the reload: produced with the store's fault hook
 /// `fail_next_read_after`, since nothing outside can place a drop exactly there). Before, the
 /// writer shrugged it off (`.ok()?`) and went on without advancing its parent, so step 2's entry

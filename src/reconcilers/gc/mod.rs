@@ -115,6 +115,14 @@ impl PassLease {
     }
 }
 
+/// A live cache entry (scope, key, pointer generation) whose layer the store does not hold.
+type BrokenEntry = (
+    crate::domain::ids::Scope,
+    crate::domain::cache_key::CacheKey,
+    u64,
+    Digest,
+);
+
 /// What the retention rules keep.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GcPolicy {
@@ -306,12 +314,7 @@ async fn mark_and_delete(
     mut report: Report,
     planned: Vec<Planned>,
     by_digest: &BTreeMap<Digest, &Classified>,
-    broken: Vec<(
-        crate::domain::ids::Scope,
-        crate::domain::cache_key::CacheKey,
-        u64,
-        Digest,
-    )>,
+    broken: Vec<BrokenEntry>,
 ) -> Result<Report, ReconcileError> {
     let pass_id = pass_id.to_owned();
     let now = lease.renewed_at;
@@ -478,12 +481,7 @@ struct Survey {
     /// Objects marked `Deleting` (by another pass, or one that died).
     marked_elsewhere: Vec<Digest>,
     /// Live cache entries pointing at a layer the store does not hold (cache repair).
-    broken: Vec<(
-        crate::domain::ids::Scope,
-        crate::domain::cache_key::CacheKey,
-        u64,
-        Digest,
-    )>,
+    broken: Vec<BrokenEntry>,
 }
 
 /// Lists the store, then reads and classifies the inventory. Listing first: an object written
