@@ -249,6 +249,8 @@ async fn a_budget_deletes_cache_entries_cheapest_first_and_a_kept_entry_still_hi
 struct Faulty {
     inner: Arc<dyn BlobStore>,
     fail_list: bool,
+    /// Left out of listings: objects stored after the listing was taken.
+    unlisted: BTreeSet<Digest>,
     /// Deletes that succeed before every later one fails.
     deletes_before_failing: usize,
     deletes: AtomicUsize,
@@ -281,7 +283,9 @@ impl BlobStore for Faulty {
                 "injected: the store is unreachable",
             )));
         }
-        self.inner.list()
+        let mut listed = self.inner.list()?;
+        listed.retain(|b| !self.unlisted.contains(&b.digest));
+        Ok(listed)
     }
     fn delete(&self, digest: &strata::domain::ids::Digest) -> strata::vmm::error::Result<()> {
         if self.deletes.fetch_add(1, Ordering::SeqCst) >= self.deletes_before_failing {
@@ -331,6 +335,7 @@ async fn store_errors_mid_pass_delete_nothing_more_and_leave_every_object_live()
     let faulty = Arc::new(Faulty {
         inner: blobs.clone(),
         fail_list: true,
+        unlisted: BTreeSet::new(),
         deletes_before_failing: usize::MAX,
         deletes: AtomicUsize::new(0),
     });
@@ -348,6 +353,7 @@ async fn store_errors_mid_pass_delete_nothing_more_and_leave_every_object_live()
     let faulty = Arc::new(Faulty {
         inner: blobs.clone(),
         fail_list: false,
+        unlisted: BTreeSet::new(),
         deletes_before_failing: 1,
         deletes: AtomicUsize::new(0),
     });
@@ -1231,4 +1237,34 @@ async fn a_pass_without_a_catalog_of_its_own_keeps_every_nodes_base_images() {
     assert!(base.is_subset(&stored(blobs.as_ref())));
     let usage = gc::usage(&e, &e.gc).await.unwrap();
     assert!(usage["rooted"].objects >= base.len() as u64, "{usage:?}");
+}
+
+/// Found in review: a pass lists the store, then reads the inventory; a cache entry published
+/// in between names a layer the listing lacks, and the pass retired it as broken, so the next
+/// identical build ran again. The layers of a just-built result are left out of the listing
+/// here (a fake store: the interleaving needs a publish to land between two reads of one pass);
+/// the pass must keep the entry, since the layer is in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cache_repair_keeps_an_entry_whose_layer_was_stored_after_the_listing() {
+    let node = private_node(&["busybox"]);
+    let fx = Fixture::on_node(node.path()).await;
+    let blobs = local(node.path());
+    let nonce = uuid::Uuid::new_v4();
+    let recipe = busybox_run(&format!("echo {nonce} > /home/user/fresh"));
+    build_ready(&fx, "fresh", recipe.clone()).await;
+    let layers: BTreeSet<Digest> = stored(blobs.as_ref());
+    let faulty = Arc::new(Faulty {
+        inner: blobs.clone(),
+        fail_list: false,
+        unlisted: layers,
+        deletes_before_failing: usize::MAX,
+        deletes: AtomicUsize::new(0),
+    });
+    let mut e = env(&fx, node.path(), faulty);
+    e.gc.grace = chrono::Duration::hours(1);
+    let report = gc::pass(&e, &e.gc, &PassOptions::default()).await.unwrap();
+    assert_eq!(report.repaired, 0, "no entry is broken: its layers are stored");
+    let (_, again) = fx.build("fresh", &[], recipe).await;
+    assert_ready(&again);
+    assert_fully_cached(&again, "the rebuild is served from the cache");
 }

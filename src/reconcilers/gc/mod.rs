@@ -319,6 +319,16 @@ async fn mark_and_delete(
     let pass_id = pass_id.to_owned();
     let now = lease.renewed_at;
     for (scope, key, generation, missing) in &broken {
+        // Absent from the listing, but an entry published after the listing names a layer
+        // stored after it: only a layer that is absent now makes the entry broken.
+        let blobs = env.blobs.clone();
+        let digest = *missing;
+        let present_now = tokio::task::spawn_blocking(move || blobs.size(&digest))
+            .await
+            .map_err(|e| ReconcileError::Store(format!("presence task: {e}")))?;
+        if !matches!(present_now, Ok(None)) {
+            continue;
+        }
         let reason =
             format!("layer {missing} is no longer in the store (cache repair by {pass_id})");
         match app::cache::retire_entry(&env.store, &context(env), scope, key, *generation, &reason)
