@@ -35,4 +35,3 @@ pub async fn publish_catalog(
     .await?;
     Ok(())
 }
-

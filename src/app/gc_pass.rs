@@ -24,7 +24,10 @@ async fn run(
         let events =
             gc_pass::decide(&loaded.state, &command(now)).map_err(CommandError::Rejected)?;
         let after = events.iter().fold(loaded.state.clone(), gc_pass::evolve);
-        Ok((vec![ctx.write(stream, loaded.expected(), &events)?], (after, now)))
+        Ok((
+            vec![ctx.write(stream, loaded.expected(), &events)?],
+            (after, now),
+        ))
     })
     .await?;
     Ok(decided)
@@ -55,7 +58,11 @@ pub async fn renew(
     pass: &str,
     lease: chrono::Duration,
 ) -> Result<(State, chrono::DateTime<chrono::Utc>), Error<gc_pass::Error>> {
-    run(store, ctx, pass, |now| gc_pass::Command::Renew { lease, now }).await
+    run(store, ctx, pass, |now| gc_pass::Command::Renew {
+        lease,
+        now,
+    })
+    .await
 }
 
 /// Ends pass `pass`: its lease no longer holds anything.

@@ -339,7 +339,8 @@ pub async fn release_if_pass_stopped(
         let loaded = load::<Object>(store, &stream)
             .await
             .map_err(CommandError::into_other)?;
-        let (Lifecycle::Deleting, Some(deletion)) = (loaded.state.lifecycle, &loaded.state.deletion)
+        let (Lifecycle::Deleting, Some(deletion)) =
+            (loaded.state.lifecycle, &loaded.state.deletion)
         else {
             // A guard on the stream's version: nothing is appended.
             let guard = ctx.write(&stream, loaded.expected(), &[] as &[object::Event])?;

@@ -282,7 +282,7 @@ impl PromotionDriver<'_> {
                     return Err(PromoteError::Store(format!(
                         "promotion of build {build} (epoch {epoch}) cannot commit its layers: {e}; \
                          it stays staged and is retried (is this node's blob store the one the build wrote to?)"
-                    )))
+                    )));
                 }
                 Err(e) => return Err(PromoteError::store(e)),
             }

@@ -142,7 +142,10 @@ fn run_blocking(args: BenchBlobsArgs) -> anyhow::Result<()> {
     let layer = strata::vmm::layer::seal_dir(&src, &store, Owners::AsSandbox)?;
     let (mut new, mut plain) = (Vec::new(), Vec::new());
     for i in 0..runs {
-        let cache = LayerCache::open(scratch.path().join(format!("layers-{i}")), IdRange::default())?;
+        let cache = LayerCache::open(
+            scratch.path().join(format!("layers-{i}")),
+            IdRange::default(),
+        )?;
         let t = Instant::now();
         cache.ensure(&store, &layer.digest)?;
         new.push(t.elapsed());
@@ -151,7 +154,11 @@ fn run_blocking(args: BenchBlobsArgs) -> anyhow::Result<()> {
         let t = Instant::now();
         std::fs::create_dir(&tmp)?;
         let mut reader = store.open_verified(&layer.digest)?;
-        archive_policy::extract_tar(&mut reader, &tmp, &ArchivePolicy::layer_for(IdRange::default()))?;
+        archive_policy::extract_tar(
+            &mut reader,
+            &tmp,
+            &ArchivePolicy::layer_for(IdRange::default()),
+        )?;
         reader.finish()?;
         std::fs::rename(&tmp, &dir)?;
         plain.push(t.elapsed());

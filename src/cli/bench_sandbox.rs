@@ -243,7 +243,14 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
             dir.join("layers").join(format!("file{i}")),
             format!("layer {i}\n"),
         )?;
-        extra.push(layer::seal_dir(&dir, blobs.as_ref() as &dyn BlobStore, strata::vmm::id_range::Owners::AsSandbox)?.digest);
+        extra.push(
+            layer::seal_dir(
+                &dir,
+                blobs.as_ref() as &dyn BlobStore,
+                strata::vmm::id_range::Owners::AsSandbox,
+            )?
+            .digest,
+        );
     }
     for depth in [1usize, 16, 64] {
         let mut stack = base_layers.clone();

@@ -435,10 +435,10 @@ fn walk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
     use crate::domain::ids::Digest;
     use chrono::TimeZone;
     use proptest::prelude::*;
+    use std::collections::BTreeMap;
     use uuid::Uuid;
 
     fn now() -> DateTime<Utc> {
@@ -662,7 +662,13 @@ mod tests {
             Validity::Invalid(Invalid::RootMismatch { .. })
         ));
         assert_eq!(
-            validate(&State::default(), EntryKind::Checkpoint, &key(1), &key(0), &map),
+            validate(
+                &State::default(),
+                EntryKind::Checkpoint,
+                &key(1),
+                &key(0),
+                &map
+            ),
             Validity::Invalid(Invalid::Absent)
         );
         let mut partial = map.clone();
@@ -743,7 +749,14 @@ mod tests {
             candidate: snap(4),
             build_base_checkpoint: None,
         };
-        let fin = apply(State::default(), Command::Publish { entry: fin, now: now() }).unwrap();
+        let fin = apply(
+            State::default(),
+            Command::Publish {
+                entry: fin,
+                now: now(),
+            },
+        )
+        .unwrap();
         assert_eq!(
             validate(&fin, EntryKind::FinalResult, &key(9), &key(0), &map),
             Validity::Valid
@@ -763,7 +776,13 @@ mod tests {
             },
         );
         assert!(matches!(
-            validate(&s, EntryKind::Checkpoint, &key(1), &key(0), &[(key(1), s.clone())]),
+            validate(
+                &s,
+                EntryKind::Checkpoint,
+                &key(1),
+                &key(0),
+                &[(key(1), s.clone())]
+            ),
             Validity::Invalid(Invalid::FormatVersion { found: 0, .. })
         ));
     }

@@ -255,7 +255,16 @@ mod tests {
 
     #[test]
     fn a_retired_latest_generation_is_absent_until_a_newer_one_is_published() {
-        let reserve = |s, i| apply(s, &Command::ReserveGeneration { build: build(), intent: intent(i) }).unwrap();
+        let reserve = |s, i| {
+            apply(
+                s,
+                &Command::ReserveGeneration {
+                    build: build(),
+                    intent: intent(i),
+                },
+            )
+            .unwrap()
+        };
         let publish = |s, g, i| {
             apply(
                 s,

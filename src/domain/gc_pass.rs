@@ -122,7 +122,9 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
                 return Err(Error::Lost {
                     why: format!(
                         "its lease ended at {}",
-                        state.lease_until.map_or("its start".into(), |u| u.to_string())
+                        state
+                            .lease_until
+                            .map_or("its start".into(), |u| u.to_string())
                     ),
                 });
             }
@@ -195,7 +197,16 @@ mod tests {
     #[test]
     fn a_renewed_pass_holds_and_cannot_be_fenced() {
         let mut events = started_at(0);
-        events.extend(decide(&run(&events), &Command::Renew { lease: LEASE, now: t(20) }).unwrap());
+        events.extend(
+            decide(
+                &run(&events),
+                &Command::Renew {
+                    lease: LEASE,
+                    now: t(20),
+                },
+            )
+            .unwrap(),
+        );
         let s = run(&events);
         assert!(s.holds_at(t(79)) && !s.holds_at(t(80)));
         let margin = delete_margin(LEASE);
@@ -211,7 +222,17 @@ mod tests {
     fn an_expired_pass_is_fenced_and_then_cannot_renew() {
         let mut events = started_at(0);
         let s = run(&events);
-        assert!(decide(&s, &Command::Renew { lease: LEASE, now: t(60) }).is_err(), "expired");
+        assert!(
+            decide(
+                &s,
+                &Command::Renew {
+                    lease: LEASE,
+                    now: t(60)
+                }
+            )
+            .is_err(),
+            "expired"
+        );
         let fenced = decide(
             &s,
             &Command::Fence {
@@ -223,7 +244,14 @@ mod tests {
         events.extend(fenced);
         let s = run(&events);
         assert!(!s.holds_at(t(62)));
-        let err = decide(&s, &Command::Renew { lease: LEASE, now: t(62) }).unwrap_err();
+        let err = decide(
+            &s,
+            &Command::Renew {
+                lease: LEASE,
+                now: t(62),
+            },
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("fenced"), "{err}");
         // Fencing again, or ending, changes nothing.
         let again = Command::Fence {
@@ -251,7 +279,14 @@ mod tests {
         events.extend(decide(&run(&events), &Command::End { now: t(5) }).unwrap());
         let s = run(&events);
         assert!(!s.holds_at(t(6)));
-        assert!(decide(&s, &Command::Renew { lease: LEASE, now: t(6) }).is_err());
+        assert!(decide(
+            &s,
+            &Command::Renew {
+                lease: LEASE,
+                now: t(6)
+            }
+        )
+        .is_err());
     }
 
     #[test]

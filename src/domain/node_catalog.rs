@@ -88,11 +88,21 @@ mod tests {
             images,
             now,
         };
-        let first = decide(&State::default(), &publish(vec![image("b", "2"), image("a", "1")])).unwrap();
+        let first = decide(
+            &State::default(),
+            &publish(vec![image("b", "2"), image("a", "1")]),
+        )
+        .unwrap();
         let state = first.iter().fold(State::default(), evolve);
         assert_eq!(state.images, vec![image("a", "1"), image("b", "2")]);
-        assert_eq!(decide(&state, &publish(vec![image("a", "1"), image("b", "2")])), Ok(vec![]));
+        assert_eq!(
+            decide(&state, &publish(vec![image("a", "1"), image("b", "2")])),
+            Ok(vec![])
+        );
         let changed = decide(&state, &publish(vec![image("a", "1")])).unwrap();
-        assert_eq!(changed.iter().fold(state, evolve).images, vec![image("a", "1")]);
+        assert_eq!(
+            changed.iter().fold(state, evolve).images,
+            vec![image("a", "1")]
+        );
     }
 }

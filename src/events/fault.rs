@@ -107,8 +107,17 @@ impl EventStore {
     /// Fault injection, for tests only: how many reads armed by [`Self::fail_next_read_after`]
     /// have not failed yet (armed and not met, or met and not yet read).
     pub fn failed_reads_pending(&self) -> usize {
-        self.faults.fail_read_after.lock().expect("not poisoned").len()
-            + self.faults.failing_reads.lock().expect("not poisoned").len()
+        self.faults
+            .fail_read_after
+            .lock()
+            .expect("not poisoned")
+            .len()
+            + self
+                .faults
+                .failing_reads
+                .lock()
+                .expect("not poisoned")
+                .len()
     }
 
     /// Fault injection, for tests only: the next append that writes events to a stream of

@@ -97,7 +97,10 @@ impl Reach {
             .ok()
             .and_then(|u| u.host_str().map(str::to_ascii_lowercase))
             .unwrap_or_default();
-        let host = realm_url.host_str().unwrap_or_default().to_ascii_lowercase();
+        let host = realm_url
+            .host_str()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
         let same_host = host == registry;
         let refused = |why: &str| -> Result<reqwest::Url, String> {
             Err(format!(
@@ -108,7 +111,9 @@ impl Reach {
         match realm_url.scheme() {
             "https" if same_host || same_site(&host, &registry) => {}
             "https" => {
-                return refused(&format!("which is neither {registry} nor a host of its site"))
+                return refused(&format!(
+                    "which is neither {registry} nor a host of its site"
+                ))
             }
             "http" if same_host && self.is_listed(&registry) => {}
             _ => {
@@ -148,7 +153,9 @@ fn own_addresses() -> Vec<IpAddr> {
                 match (*addr).sa_family as i32 {
                     libc::AF_INET => {
                         let sin = &*(addr as *const libc::sockaddr_in);
-                        out.push(IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()));
+                        out.push(IpAddr::from(
+                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                        ));
                     }
                     libc::AF_INET6 => {
                         let sin6 = &*(addr as *const libc::sockaddr_in6);
@@ -173,9 +180,8 @@ impl reqwest::dns::Resolve for Resolver {
         let reach = self.0.clone();
         Box::pin(async move {
             let host = name.as_str().to_owned();
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .collect();
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             let mut refusal = None;
             let allowed: Vec<SocketAddr> = found
                 .into_iter()
@@ -218,9 +224,14 @@ mod tests {
 
     #[test]
     fn private_and_loopback_registries_need_a_listing() {
-        let r = reach(&["10.1.2.3:5000"], &[("docker.io", "http://127.0.0.1:5001")]);
+        let r = reach(
+            &["10.1.2.3:5000"],
+            &[("docker.io", "http://127.0.0.1:5001")],
+        );
         assert!(r.check_url(&url("https://8.8.8.8/v2/")).is_ok());
-        assert!(r.check_url(&url("https://169.254.169.254/latest/")).is_err());
+        assert!(r
+            .check_url(&url("https://169.254.169.254/latest/"))
+            .is_err());
         assert!(r.check_url(&url("http://127.0.0.2:5000/v2/")).is_err());
         assert!(r.check_url(&url("https://[::1]:5000/v2/")).is_err());
         // Listed: the insecure registry (any port) and the mirror's host.
@@ -228,7 +239,9 @@ mod tests {
         assert!(r.check_url(&url("http://127.0.0.1:5001/v2/")).is_ok());
         // Plain HTTP only to a listed host.
         assert!(r.check_url(&url("http://8.8.8.8/v2/")).is_err());
-        assert!(r.check_ip("example.com", "10.0.0.1".parse().unwrap()).is_err());
+        assert!(r
+            .check_ip("example.com", "10.0.0.1".parse().unwrap())
+            .is_err());
         assert!(r.check_ip("10.1.2.3", "10.1.2.3".parse().unwrap()).is_ok());
     }
 
@@ -237,15 +250,25 @@ mod tests {
         let r = reach(&["127.0.0.1"], &[]);
         let hub = "https://registry-1.docker.io";
         assert!(r.check_realm(hub, "https://auth.docker.io/token").is_ok());
-        assert!(r.check_realm("https://ghcr.io", "https://ghcr.io/token").is_ok());
-        assert!(r.check_realm("https://registry.gitlab.com", "https://gitlab.com/jwt/auth").is_ok());
+        assert!(r
+            .check_realm("https://ghcr.io", "https://ghcr.io/token")
+            .is_ok());
+        assert!(r
+            .check_realm("https://registry.gitlab.com", "https://gitlab.com/jwt/auth")
+            .is_ok());
         // Another site, plain HTTP, or a denied address: refused, nothing is sent.
         assert!(r.check_realm(hub, "https://evil.example/token").is_err());
         assert!(r.check_realm(hub, "http://auth.docker.io/token").is_err());
-        assert!(r.check_realm("https://8.8.8.8", "https://169.254.169.254/token").is_err());
-        assert!(r.check_realm("http://127.0.0.1:5000", "http://127.0.0.2:9/token").is_err());
+        assert!(r
+            .check_realm("https://8.8.8.8", "https://169.254.169.254/token")
+            .is_err());
+        assert!(r
+            .check_realm("http://127.0.0.1:5000", "http://127.0.0.2:9/token")
+            .is_err());
         // A listed registry may serve its own realm over HTTP.
-        assert!(r.check_realm("http://127.0.0.1:5000", "http://127.0.0.1:5000/token").is_ok());
+        assert!(r
+            .check_realm("http://127.0.0.1:5000", "http://127.0.0.1:5000/token")
+            .is_ok());
         assert!(r.check_realm("http://127.0.0.1:5000", "not a url").is_err());
     }
 

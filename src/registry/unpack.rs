@@ -175,7 +175,8 @@ fn unpack_into(
             inner: decoded,
             copy: &mut writer,
         };
-        let extracted = archive_policy::extract_tar(&mut tee, staging, &ArchivePolicy::layer_for(ids));
+        let extracted =
+            archive_policy::extract_tar(&mut tee, staging, &ArchivePolicy::layer_for(ids));
         // The tar's end-of-archive padding and anything after it belong to the diff id too.
         let drained = io::copy(&mut tee, &mut io::sink());
         match (extracted, drained) {

@@ -26,8 +26,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timestamps};
 use super::id_range::{IdRange, IdRangeError};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timestamps};
 
 /// OCI whiteout prefix, and the marker of an opaque directory.
 pub const WHITEOUT_PREFIX: &str = ".wh.";

@@ -24,7 +24,9 @@ pub struct IdRange {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdRangeError {
-    #[error("STRATA_SANDBOX_ID_RANGE {0:?} is not BASE or BASE:65536 (for example 1000000000:65536)")]
+    #[error(
+        "STRATA_SANDBOX_ID_RANGE {0:?} is not BASE or BASE:65536 (for example 1000000000:65536)"
+    )]
     Malformed(String),
     #[error("STRATA_SANDBOX_ID_RANGE must give sandboxes exactly 65536 ids (0–65535), not {0}")]
     Count(u64),

@@ -272,48 +272,33 @@ struct Walk<'a, W: TarOut> {
 }
 
 impl<W: TarOut> Walk<'_, W> {
-fn dir(&mut self, dir: &Path, rel: &Path) -> Result<()> {
-    let (tidy, owners) = (self.tidy, self.owners);
-    let mut names: Vec<_> = fs::read_dir(dir)
-        .map_err(VmmError::io(format!("reading {}", dir.display())))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<io::Result<_>>()
-        .map_err(VmmError::io(format!("reading {}", dir.display())))?;
-    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-    for name in names {
-        let path = dir.join(&name);
-        let rel_path = rel.join(&name);
-        let meta = fs::symlink_metadata(&path)
-            .map_err(VmmError::io(format!("stat of {}", path.display())))?;
-        let ft = meta.file_type();
-        let err =
-            |what: &str| VmmError::io(format!("adding {} ({what}) to a layer", rel_path.display()));
-        let whiteout = ft.is_char_device() && meta.rdev() == 0;
-        if tidy == Tidy::AsExtracted && !whiteout {
-            strip_xattrs(&path).map_err(err("removing extended attributes"))?;
-            if !ft.is_dir() {
-                whole_second_mtime(&path, &meta).map_err(err("truncating its mtime"))?;
+    fn dir(&mut self, dir: &Path, rel: &Path) -> Result<()> {
+        let (tidy, owners) = (self.tidy, self.owners);
+        let mut names: Vec<_> = fs::read_dir(dir)
+            .map_err(VmmError::io(format!("reading {}", dir.display())))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<io::Result<_>>()
+            .map_err(VmmError::io(format!("reading {}", dir.display())))?;
+        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        for name in names {
+            let path = dir.join(&name);
+            let rel_path = rel.join(&name);
+            let meta = fs::symlink_metadata(&path)
+                .map_err(VmmError::io(format!("stat of {}", path.display())))?;
+            let ft = meta.file_type();
+            let err = |what: &str| {
+                VmmError::io(format!("adding {} ({what}) to a layer", rel_path.display()))
+            };
+            let whiteout = ft.is_char_device() && meta.rdev() == 0;
+            if tidy == Tidy::AsExtracted && !whiteout {
+                strip_xattrs(&path).map_err(err("removing extended attributes"))?;
+                if !ft.is_dir() {
+                    whole_second_mtime(&path, &meta).map_err(err("truncating its mtime"))?;
+                }
             }
-        }
-        if whiteout {
-            let mut wh_name = std::ffi::OsString::from(WHITEOUT_PREFIX);
-            wh_name.push(&name);
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_mode(0o600);
-            h.set_size(0);
-            h.set_mtime(0);
-            h.set_uid(0);
-            h.set_gid(0);
-            self.builder
-                .append_data(&mut h, rel.join(wh_name), io::empty())
-                .map_err(err("whiteout"))?;
-        } else if ft.is_dir() {
-            let mut h = base_header(&meta, tar::EntryType::Directory, owners, &rel_path)?;
-            self.builder
-                .append_data(&mut h, &rel_path, io::empty())
-                .map_err(err("directory"))?;
-            if is_opaque(&path) {
+            if whiteout {
+                let mut wh_name = std::ffi::OsString::from(WHITEOUT_PREFIX);
+                wh_name.push(&name);
                 let mut h = tar::Header::new_gnu();
                 h.set_entry_type(tar::EntryType::Regular);
                 h.set_mode(0o600);
@@ -322,58 +307,75 @@ fn dir(&mut self, dir: &Path, rel: &Path) -> Result<()> {
                 h.set_uid(0);
                 h.set_gid(0);
                 self.builder
-                    .append_data(&mut h, rel_path.join(OPAQUE_MARKER), io::empty())
-                    .map_err(err("opaque marker"))?;
-            }
-            self.dir(&path, &rel_path)?;
-        } else if ft.is_file() {
-            if meta.nlink() > 1 {
-                if let Some(first) = self.links.get(&(meta.dev(), meta.ino())) {
-                    let mut h = base_header(&meta, tar::EntryType::Link, owners, &rel_path)?;
+                    .append_data(&mut h, rel.join(wh_name), io::empty())
+                    .map_err(err("whiteout"))?;
+            } else if ft.is_dir() {
+                let mut h = base_header(&meta, tar::EntryType::Directory, owners, &rel_path)?;
+                self.builder
+                    .append_data(&mut h, &rel_path, io::empty())
+                    .map_err(err("directory"))?;
+                if is_opaque(&path) {
+                    let mut h = tar::Header::new_gnu();
+                    h.set_entry_type(tar::EntryType::Regular);
+                    h.set_mode(0o600);
+                    h.set_size(0);
+                    h.set_mtime(0);
+                    h.set_uid(0);
+                    h.set_gid(0);
                     self.builder
-                        .append_link(&mut h, &rel_path, first)
-                        .map_err(err("hardlink"))?;
-                    continue;
+                        .append_data(&mut h, rel_path.join(OPAQUE_MARKER), io::empty())
+                        .map_err(err("opaque marker"))?;
                 }
-                self.links.insert((meta.dev(), meta.ino()), rel_path.clone());
-            }
-            let mut h = base_header(&meta, tar::EntryType::Regular, owners, &rel_path)?;
-            h.set_size(meta.len());
-            let file = fs::File::open(&path).map_err(err("open"))?;
-            // The header (and a long-name entry if needed) through the builder, then the
-            // contents and their padding straight into the output.
-            self.builder
-                .append_data(&mut h, &rel_path, io::empty())
-                .map_err(err("file header"))?;
-            let out = self.builder.get_mut();
-            out.file_contents(&file, meta.len())
-                .and_then(|()| pad_to_block(out, meta.len()))
-                .map_err(err("file"))?;
-            // No writeback is started for the tree here: only the blob must reach the disk
-            // before the checkpoint returns, and the tree is synced in the background
-            // (`src/vmm/layer_sync.rs`), so the walk's disk writes are the blob's alone.
-        } else if ft.is_symlink() {
-            let target = fs::read_link(&path).map_err(err("readlink"))?;
-            let mut h = base_header(&meta, tar::EntryType::Symlink, owners, &rel_path)?;
-            self.builder
-                .append_link(&mut h, &rel_path, target)
-                .map_err(err("symlink"))?;
-        } else if ft.is_fifo() {
-            let mut h = base_header(&meta, tar::EntryType::Fifo, owners, &rel_path)?;
-            self.builder
-                .append_data(&mut h, &rel_path, io::empty())
-                .map_err(err("fifo"))?;
-        } else {
-            // Device nodes (other than whiteouts) and sockets do not travel in layers: a device
-            // node in a lower directory would give every later sandbox access to that device.
-            tracing::warn!(path = %rel_path.display(), "skipping a device node or socket while sealing a layer");
-            if tidy == Tidy::AsExtracted {
-                fs::remove_file(&path).map_err(err("removing a device node or socket"))?;
+                self.dir(&path, &rel_path)?;
+            } else if ft.is_file() {
+                if meta.nlink() > 1 {
+                    if let Some(first) = self.links.get(&(meta.dev(), meta.ino())) {
+                        let mut h = base_header(&meta, tar::EntryType::Link, owners, &rel_path)?;
+                        self.builder
+                            .append_link(&mut h, &rel_path, first)
+                            .map_err(err("hardlink"))?;
+                        continue;
+                    }
+                    self.links
+                        .insert((meta.dev(), meta.ino()), rel_path.clone());
+                }
+                let mut h = base_header(&meta, tar::EntryType::Regular, owners, &rel_path)?;
+                h.set_size(meta.len());
+                let file = fs::File::open(&path).map_err(err("open"))?;
+                // The header (and a long-name entry if needed) through the builder, then the
+                // contents and their padding straight into the output.
+                self.builder
+                    .append_data(&mut h, &rel_path, io::empty())
+                    .map_err(err("file header"))?;
+                let out = self.builder.get_mut();
+                out.file_contents(&file, meta.len())
+                    .and_then(|()| pad_to_block(out, meta.len()))
+                    .map_err(err("file"))?;
+                // No writeback is started for the tree here: only the blob must reach the disk
+                // before the checkpoint returns, and the tree is synced in the background
+                // (`src/vmm/layer_sync.rs`), so the walk's disk writes are the blob's alone.
+            } else if ft.is_symlink() {
+                let target = fs::read_link(&path).map_err(err("readlink"))?;
+                let mut h = base_header(&meta, tar::EntryType::Symlink, owners, &rel_path)?;
+                self.builder
+                    .append_link(&mut h, &rel_path, target)
+                    .map_err(err("symlink"))?;
+            } else if ft.is_fifo() {
+                let mut h = base_header(&meta, tar::EntryType::Fifo, owners, &rel_path)?;
+                self.builder
+                    .append_data(&mut h, &rel_path, io::empty())
+                    .map_err(err("fifo"))?;
+            } else {
+                // Device nodes (other than whiteouts) and sockets do not travel in layers: a device
+                // node in a lower directory would give every later sandbox access to that device.
+                tracing::warn!(path = %rel_path.display(), "skipping a device node or socket while sealing a layer");
+                if tidy == Tidy::AsExtracted {
+                    fs::remove_file(&path).map_err(err("removing a device node or socket"))?;
+                }
             }
         }
+        Ok(())
     }
-    Ok(())
-}
 }
 
 /// The node's extracted layers: `<root>/<hex>/`, overlay-format (whiteouts are 0/0 devices).
@@ -638,8 +640,10 @@ fn check_owners(root: &Path, ids: IdRange) -> Result<()> {
         fs::read_dir(root).map_err(VmmError::io(format!("reading {}", root.display())))?;
     for entry in entries.flatten() {
         if entry.file_name().as_bytes().ends_with(b".complete") {
-            fs::remove_file(entry.path())
-                .map_err(VmmError::io(format!("unmarking {}", entry.path().display())))?;
+            fs::remove_file(entry.path()).map_err(VmmError::io(format!(
+                "unmarking {}",
+                entry.path().display()
+            )))?;
         }
     }
     let dir = fs::File::open(root).map_err(VmmError::io(format!("opening {}", root.display())))?;
@@ -681,8 +685,8 @@ pub(super) fn lock_exclusive(path: &Path, what: &str) -> Result<fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vmm::id_range::IdRange;
     use crate::vmm::blob_store::LocalBlobStore;
+    use crate::vmm::id_range::IdRange;
 
     fn sample(dir: &Path) {
         fs::create_dir_all(dir.join("a/b")).unwrap();
@@ -735,9 +739,13 @@ mod tests {
         for (name, bytes) in names {
             let path = tree.join(name);
             let meta = fs::symlink_metadata(&path).unwrap();
-            let mut h =
-                base_header(&meta, tar::EntryType::Regular, Owners::AsSandbox, Path::new(name))
-                    .unwrap();
+            let mut h = base_header(
+                &meta,
+                tar::EntryType::Regular,
+                Owners::AsSandbox,
+                Path::new(name),
+            )
+            .unwrap();
             h.set_size(bytes.len() as u64);
             expected.append_data(&mut h, name, &bytes[..]).unwrap();
         }
@@ -767,7 +775,10 @@ mod tests {
         let src = tempfile::tempdir().unwrap();
         sample(src.path());
         let first = seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap();
-        assert_eq!(seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap(), first);
+        assert_eq!(
+            seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap(),
+            first
+        );
         // The tar holds OCI whiteouts, not device nodes.
         let mut names = Vec::new();
         let mut r = blobs.open_verified(&first.digest).unwrap();
@@ -792,7 +803,10 @@ mod tests {
         );
         // Extracting gives back overlay's format, which seals to the same digest.
         let extracted = cache.ensure(&blobs, &first.digest).unwrap();
-        assert_eq!(seal_dir(&extracted, &blobs, Owners::Mapped(cache.ids())).unwrap(), first);
+        assert_eq!(
+            seal_dir(&extracted, &blobs, Owners::Mapped(cache.ids())).unwrap(),
+            first
+        );
         let m = fs::symlink_metadata(extracted.join("a/deleted")).unwrap();
         assert!(m.file_type().is_char_device() && m.rdev() == 0);
     }
@@ -815,8 +829,11 @@ mod tests {
             )
             .unwrap();
             if !m.file_type().is_symlink() {
-                fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(m.mode()))
-                    .unwrap();
+                fs::set_permissions(
+                    &path,
+                    std::os::unix::fs::PermissionsExt::from_mode(m.mode()),
+                )
+                .unwrap();
             }
             if m.is_dir() {
                 owned_by_sandbox(&path, ids);
@@ -854,7 +871,10 @@ mod tests {
         let stray = tempfile::tempdir().unwrap();
         fs::write(stray.path().join("host-file"), "h").unwrap();
         let err = seal_dir(stray.path(), &blobs, Owners::Mapped(ids)).unwrap_err();
-        assert!(err.to_string().contains("outside the sandbox id range"), "{err}");
+        assert!(
+            err.to_string().contains("outside the sandbox id range"),
+            "{err}"
+        );
     }
 
     /// Stores a layer of one file at `path` owned by sandbox uid `uid`, and returns its digest.
@@ -919,7 +939,9 @@ mod tests {
         let m = fs::metadata(tree.join("f")).unwrap();
         assert_eq!(m.uid(), IdRange::default().base());
         // Reopening with the same range keeps it; another range is refused with what to do.
-        assert!(LayerCache::open(&root, IdRange::default()).unwrap().contains(&layer.digest));
+        assert!(LayerCache::open(&root, IdRange::default())
+            .unwrap()
+            .contains(&layer.digest));
         let err = LayerCache::open(&root, IdRange::new(200_000).unwrap()).unwrap_err();
         assert!(err.to_string().contains("STRATA_SANDBOX_ID_RANGE"), "{err}");
     }
@@ -972,8 +994,10 @@ mod tests {
     fn a_tree_sealed_into_the_cache_is_the_tree_an_extraction_gives() {
         let store_dir = tempfile::tempdir().unwrap();
         let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
-        let adopted_cache = LayerCache::open(store_dir.path().join("layers"), IdRange::default()).unwrap();
-        let extracted_cache = LayerCache::open(store_dir.path().join("layers-2"), IdRange::default()).unwrap();
+        let adopted_cache =
+            LayerCache::open(store_dir.path().join("layers"), IdRange::default()).unwrap();
+        let extracted_cache =
+            LayerCache::open(store_dir.path().join("layers-2"), IdRange::default()).unwrap();
         let upper = store_dir.path().join("upper");
         sample(&upper);
         owned_by_sandbox(&upper, adopted_cache.ids());
@@ -1000,7 +1024,10 @@ mod tests {
         let adopted = adopted_cache.path(&layer.digest);
         let extracted = extracted_cache.ensure(&blobs, &layer.digest).unwrap();
         assert_eq!(observed(&adopted), observed(&extracted));
-        assert_eq!(seal_dir(&adopted, &blobs, Owners::Mapped(adopted_cache.ids())).unwrap(), layer);
+        assert_eq!(
+            seal_dir(&adopted, &blobs, Owners::Mapped(adopted_cache.ids())).unwrap(),
+            layer
+        );
         assert_eq!(
             fs::metadata(&adopted).unwrap().mode() & 0o7777,
             fs::metadata(&extracted).unwrap().mode() & 0o7777
@@ -1083,7 +1110,10 @@ mod tests {
         );
         // The torn blob is absent now, and sealing the same content again repairs it.
         assert!(!path.exists());
-        assert_eq!(seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap(), layer);
+        assert_eq!(
+            seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap(),
+            layer
+        );
         cache.ensure(&blobs, &layer.digest).unwrap();
     }
 }

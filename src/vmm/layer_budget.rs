@@ -200,7 +200,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + name.len()) as u8).collect();
         std::fs::write(dir.path().join(name), bytes).unwrap();
-        seal_dir(dir.path(), blobs, crate::vmm::id_range::Owners::AsSandbox).unwrap().digest
+        seal_dir(dir.path(), blobs, crate::vmm::id_range::Owners::AsSandbox)
+            .unwrap()
+            .digest
     }
 
     fn setup() -> (tempfile::TempDir, LocalBlobStore, LayerCache) {

@@ -223,7 +223,16 @@ pub async fn lookup(
             .await
             .map_err(transient)?
             .state;
-        let probe = probe(store, blobs, &state, &key, EntryKind::FinalResult, plan, &states).await?;
+        let probe = probe(
+            store,
+            blobs,
+            &state,
+            &key,
+            EntryKind::FinalResult,
+            plan,
+            &states,
+        )
+        .await?;
         report(log, None, total, "final result", &probe);
         match probe {
             Probe::Hit(candidate) => {
@@ -259,7 +268,16 @@ pub async fn lookup(
         if !plan.readable(*step) {
             continue;
         }
-        let probe = probe(store, blobs, state, key, EntryKind::Checkpoint, plan, &states).await?;
+        let probe = probe(
+            store,
+            blobs,
+            state,
+            key,
+            EntryKind::Checkpoint,
+            plan,
+            &states,
+        )
+        .await?;
         let what = format!(
             "{} {}",
             steps[step - 1].kind(),

@@ -44,11 +44,15 @@ pub async fn run(
                         tracing::info!(node = %node, images = images.len(), "published the node's image catalog");
                         published = Some(images);
                     }
-                    Err(e) => tracing::warn!(node = %node, error = %e, "could not publish the node's image catalog; retrying"),
+                    Err(e) => {
+                        tracing::warn!(node = %node, error = %e, "could not publish the node's image catalog; retrying")
+                    }
                 }
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(node = %node, error = %e, "could not read the node's image catalog"),
+            Err(e) => {
+                tracing::warn!(node = %node, error = %e, "could not read the node's image catalog")
+            }
         }
         tokio::select! {
             _ = stop.cancelled() => break,

@@ -827,8 +827,9 @@ impl Executor<'_> {
             let mut reader = blobs.open_verified(&digest).map_err(|e| {
                 format!("the uploaded archive {digest} cannot be read: {e}; upload it again")
             })?;
-            std::io::copy(&mut reader, file.as_file_mut())
-                .map_err(|e| format!("reading the uploaded archive {digest}: {e}; upload it again"))?;
+            std::io::copy(&mut reader, file.as_file_mut()).map_err(|e| {
+                format!("reading the uploaded archive {digest}: {e}; upload it again")
+            })?;
             reader
                 .finish()
                 .map_err(|e| format!("the uploaded archive {digest} is corrupt: {e}"))?;

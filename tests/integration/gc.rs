@@ -1079,7 +1079,9 @@ async fn a_pass_that_outlives_its_lease_is_fenced_and_deletes_nothing_a_writer_r
     let node = private_node(&["busybox"]);
     let fx = Fixture::with_worker(None).await;
     let blobs = local(node.path());
-    let (victim, _) = blobs.put_bytes(b"bytes a slow pass means to delete").unwrap();
+    let (victim, _) = blobs
+        .put_bytes(b"bytes a slow pass means to delete")
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut e = env(&fx, node.path(), blobs.clone());
     e.gc.pass_lease = chrono::Duration::seconds(2);
@@ -1114,7 +1116,10 @@ async fn a_pass_that_outlives_its_lease_is_fenced_and_deletes_nothing_a_writer_r
     };
     let err = gc::pass(&e, &e.gc, &options).await.unwrap_err();
     assert!(err.to_string().contains("lost its lease"), "{err}");
-    assert!(stored(blobs.as_ref()).contains(&victim), "the bytes are kept");
+    assert!(
+        stored(blobs.as_ref()).contains(&victim),
+        "the bytes are kept"
+    );
     assert_eq!(object_state(&fx, &victim).await.lifecycle, Lifecycle::Live);
     let history: Vec<String> = fx
         .store
@@ -1124,7 +1129,10 @@ async fn a_pass_that_outlives_its_lease_is_fenced_and_deletes_nothing_a_writer_r
         .into_iter()
         .map(|e| e.event_type)
         .collect();
-    assert!(!history.contains(&"ObjectDeleted.v1".to_string()), "{history:?}");
+    assert!(
+        !history.contains(&"ObjectDeleted.v1".to_string()),
+        "{history:?}"
+    );
 }
 
 /// Found in review: a pass that died after marking blocked writers for about 20 minutes (a base waited
@@ -1145,7 +1153,9 @@ async fn a_dead_passs_mark_is_released_within_one_lease_and_the_writer_goes_on()
     strata::app::gc_pass::start(&fx.store, &ctx(), &pass, "dead-node", lease)
         .await
         .unwrap();
-    let now = strata::streams::database_now(fx.store.pool()).await.unwrap();
+    let now = strata::streams::database_now(fx.store.pool())
+        .await
+        .unwrap();
     strata::app::object::mark_deleting(
         &fx.store,
         &ctx(),
@@ -1167,7 +1177,9 @@ async fn a_dead_passs_mark_is_released_within_one_lease_and_the_writer_goes_on()
     let refused = strata::app::object::reference(&fx.store, &ctx(), &[digest], "writer").await;
     assert!(matches!(
         refused,
-        Err(strata::events::CommandError::Rejected(object::Error::Deleting { .. }))
+        Err(strata::events::CommandError::Rejected(
+            object::Error::Deleting { .. }
+        ))
     ));
     let started = std::time::Instant::now();
     let end = strata::app::object::wait_while_deleting(
@@ -1181,7 +1193,10 @@ async fn a_dead_passs_mark_is_released_within_one_lease_and_the_writer_goes_on()
     .unwrap();
     assert_eq!(end, Lifecycle::Live);
     let waited = started.elapsed();
-    assert!(waited < Duration::from_secs(6), "waited {waited:?}: about one lease");
+    assert!(
+        waited < Duration::from_secs(6),
+        "waited {waited:?}: about one lease"
+    );
     strata::app::object::reference(&fx.store, &ctx(), &[digest], "writer")
         .await
         .unwrap();
@@ -1222,10 +1237,20 @@ async fn a_pass_without_a_catalog_of_its_own_keeps_every_nodes_base_images() {
         .collect();
     let blobs = local(node.path());
     // The worker publishes its catalog when it starts.
-    let published = strata::streams::node_catalog_stream(&common::worker_fixture::settings().node_id);
+    let published =
+        strata::streams::node_catalog_stream(&common::worker_fixture::settings().node_id);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while fx.store.read_stream_all(&published).await.unwrap().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the worker published no catalog");
+    while fx
+        .store
+        .read_stream_all(&published)
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker published no catalog"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -1233,7 +1258,10 @@ async fn a_pass_without_a_catalog_of_its_own_keeps_every_nodes_base_images() {
     e.catalog = None; // the reconcile node of the README: no images/ of its own
     let report = gc::pass(&e, &e.gc, &PassOptions::default()).await.unwrap();
     let deleted: BTreeSet<Digest> = report.deleted.iter().map(|p| p.digest).collect();
-    assert!(deleted.is_disjoint(&base), "deleted base layers: {deleted:?}");
+    assert!(
+        deleted.is_disjoint(&base),
+        "deleted base layers: {deleted:?}"
+    );
     assert!(base.is_subset(&stored(blobs.as_ref())));
     let usage = gc::usage(&e, &e.gc).await.unwrap();
     assert!(usage["rooted"].objects >= base.len() as u64, "{usage:?}");
@@ -1263,7 +1291,10 @@ async fn cache_repair_keeps_an_entry_whose_layer_was_stored_after_the_listing() 
     let mut e = env(&fx, node.path(), faulty);
     e.gc.grace = chrono::Duration::hours(1);
     let report = gc::pass(&e, &e.gc, &PassOptions::default()).await.unwrap();
-    assert_eq!(report.repaired, 0, "no entry is broken: its layers are stored");
+    assert_eq!(
+        report.repaired, 0,
+        "no entry is broken: its layers are stored"
+    );
     let (_, again) = fx.build("fresh", &[], recipe).await;
     assert_ready(&again);
     assert_fully_cached(&again, "the rebuild is served from the cache");

@@ -760,8 +760,7 @@ async fn a_lost_reply_on_starting_a_build_keeps_its_sealed_registry_credentials(
     let db = common::test_db().await;
     let data = common::data_dir();
     let api = common::api::serve(db.pool.clone(), data.path(), None, &[]).await;
-    let client =
-        common::http_build::SdkClient::new(&api.base, &db.url, "team-lost-start").await;
+    let client = common::http_build::SdkClient::new(&api.base, &db.url, "team-lost-start").await;
     let (template, build) = client.register("lost-start").await;
     let build = BuildId::parse(&build).unwrap();
     let path = format!("/v2/templates/{template}/builds/{build}");
@@ -800,9 +799,7 @@ async fn a_lost_reply_on_starting_a_build_keeps_its_sealed_registry_credentials(
     );
 
     // The retried request is answered as the start it repeats, and stores nothing new.
-    let (status, reply) = client
-        .call(reqwest::Method::POST, &path, Some(body))
-        .await;
+    let (status, reply) = client.call(reqwest::Method::POST, &path, Some(body)).await;
     assert_eq!(status, 202, "{reply}");
     assert_counts(&event_types(&store, build).await, &[("BuildFrozen.v1", 1)]);
     assert!(sealed::is_stored(&db.pool, &build).await.unwrap());

@@ -681,7 +681,8 @@ async fn a_starting_worker_sweeps_only_the_layer_extractions_of_dead_workers() {
     assert_eq!(staged.len(), 1, "{staged:?}");
     let staged_dir = node.path().join("layers").join(&staged[0]);
 
-    let cache = strata::vmm::LayerCache::open(node.path().join("layers"), Default::default()).unwrap();
+    let cache =
+        strata::vmm::LayerCache::open(node.path().join("layers"), Default::default()).unwrap();
     let swept = cache.sweep_leftovers();
     assert_eq!(swept.live, staged, "{swept:?}");
     assert!(swept.staging.is_empty(), "{swept:?}");

@@ -56,7 +56,9 @@ impl Node {
             std::fs::read_dir(p)
                 .map(|d| {
                     d.flatten()
-                        .filter(|e| !matches!(e.file_name().to_str(), Some(".owners" | ".publish.lock")))
+                        .filter(|e| {
+                            !matches!(e.file_name().to_str(), Some(".owners" | ".publish.lock"))
+                        })
                         .count()
                 })
                 .unwrap_or(0)
@@ -715,7 +717,6 @@ async fn docker_schema2_manifests_and_manifest_lists_are_pulled() {
     );
 }
 
-
 /// A build names the registry and its realm: a registry on the node's loopback is refused
 /// unless listed, and a realm on another host over plain HTTP (here another loopback address)
 /// gets nothing, credentials least of all.
@@ -740,7 +741,10 @@ async fn unlisted_loopback_registries_and_foreign_realms_are_refused_before_anyt
         .await
         .unwrap_err();
     assert!(matches!(err, PullError::Refused { .. }), "{err}");
-    assert!(err.to_string().contains("STRATA_INSECURE_REGISTRIES"), "{err}");
+    assert!(
+        err.to_string().contains("STRATA_INSECURE_REGISTRIES"),
+        "{err}"
+    );
     assert_eq!(front.hits.load(Ordering::SeqCst), 0, "nothing reached it");
 
     // Listed registry, realm on another (unlisted) host over plain HTTP: the realm's server,
@@ -754,7 +758,13 @@ async fn unlisted_loopback_registries_and_foreign_realms_are_refused_before_anyt
             counter.fetch_add(1, Ordering::SeqCst);
         }
     });
-    let foreign = token_front(&reg.addr, "builder", password, FrontMode::RealmElsewhere(realm_port)).await;
+    let foreign = token_front(
+        &reg.addr,
+        "builder",
+        password,
+        FrontMode::RealmElsewhere(realm_port),
+    )
+    .await;
     let err = node
         .puller(RegistrySettings::default())
         .pull(&reference(&foreign.addr, "team/realm:1"), auth, None)
@@ -764,7 +774,11 @@ async fn unlisted_loopback_registries_and_foreign_realms_are_refused_before_anyt
     assert!(err.to_string().contains("no credentials"), "{err}");
     assert!(!format!("{err:?}").contains(password));
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    assert_eq!(arrived.load(Ordering::SeqCst), 0, "no connection reached the realm");
+    assert_eq!(
+        arrived.load(Ordering::SeqCst),
+        0,
+        "no connection reached the realm"
+    );
     assert_eq!(foreign.forwarded.load(Ordering::SeqCst), 0);
     assert_eq!(node.contents(), (0, 0, 0), "nothing stored");
     realm_task.abort();

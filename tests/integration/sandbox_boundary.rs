@@ -33,11 +33,19 @@ async fn root_in_a_sandbox_is_nobody_on_the_host() {
     let map = sh(&mut sb, "cat /proc/self/uid_map /proc/self/gid_map").await;
     let words: Vec<&str> = map.split_whitespace().collect();
     let base_id = ids.base().to_string();
-    assert_eq!(words, ["0", &base_id, "65536", "0", &base_id, "65536"], "{map}");
+    assert_eq!(
+        words,
+        ["0", &base_id, "65536", "0", &base_id, "65536"],
+        "{map}"
+    );
     assert_eq!(sh(&mut sb, "id -u; id -g").await, "0\n0\n");
 
     // Root's files, setuid ones included, belong to the id range on the host.
-    sh(&mut sb, "touch /made && cp /bin/busybox /suid && chmod 4755 /suid && mkdir /d").await;
+    sh(
+        &mut sb,
+        "touch /made && cp /bin/busybox /suid && chmod 4755 /suid && mkdir /d",
+    )
+    .await;
     let upper = backend.sandbox_dir(&id).join("upper-0");
     for name in ["made", "suid", "d"] {
         let m = std::fs::symlink_metadata(upper.join(name)).unwrap();
@@ -56,14 +64,23 @@ async fn root_in_a_sandbox_is_nobody_on_the_host() {
         ("CapBnd", &want),
         ("CapAmb", zero),
     ] {
-        assert!(caps.contains(&format!("{set}:\t{value}")), "{set} in {caps}");
+        assert!(
+            caps.contains(&format!("{set}:\t{value}")),
+            "{set} in {caps}"
+        );
     }
     let mut as_user = ExecRequest::shell("grep -E '^Cap(Eff|Bnd)' /proc/self/status");
     as_user.user = Some("nobody".into());
     as_user.cwd = Some("/".into());
     let user_caps = exec(&mut sb, as_user).await.stdout;
-    assert!(user_caps.contains(&format!("CapEff:\t{zero}")), "{user_caps}");
-    assert!(user_caps.contains(&format!("CapBnd:\t{want}")), "{user_caps}");
+    assert!(
+        user_caps.contains(&format!("CapEff:\t{zero}")),
+        "{user_caps}"
+    );
+    assert!(
+        user_caps.contains(&format!("CapBnd:\t{want}")),
+        "{user_caps}"
+    );
 
     sb.destroy().await.unwrap();
     assert_no_trace(&id);
@@ -82,8 +99,18 @@ async fn kernel_interfaces_namespaces_and_devices_are_out_of_reach() {
         "cat /proc/sys/kernel/core_pattern > /proc/sys/kernel/core_pattern",
     )
     .await;
-    refused(&mut sb, "opening sysrq-trigger", "exec 3>/proc/sysrq-trigger").await;
-    refused(&mut sb, "remounting /proc/sys", "mount -o remount,rw /proc/sys").await;
+    refused(
+        &mut sb,
+        "opening sysrq-trigger",
+        "exec 3>/proc/sysrq-trigger",
+    )
+    .await;
+    refused(
+        &mut sb,
+        "remounting /proc/sys",
+        "mount -o remount,rw /proc/sys",
+    )
+    .await;
     refused(&mut sb, "a tmpfs mount", "mount -t tmpfs none /mnt").await;
     refused(&mut sb, "unmounting a mask", "umount /proc/kcore").await;
     let err = refused(&mut sb, "a user namespace", "unshare -U true").await;
@@ -137,7 +164,10 @@ async fn the_view_from_inside_is_the_same_after_a_checkpoint() {
     let after = sh(&mut sb, "cat /proc/self/cgroup").await;
     assert_eq!(before, after);
     let mountinfo = sh(&mut sb, "cat /proc/self/mountinfo").await;
-    assert!(!mountinfo.contains(&node_dir().display().to_string()), "{mountinfo}");
+    assert!(
+        !mountinfo.contains(&node_dir().display().to_string()),
+        "{mountinfo}"
+    );
     sb.destroy().await.unwrap();
 }
 

@@ -18,8 +18,8 @@ fn make_layer(backend: &NamespaceBackend, fill: impl FnOnce(&std::path::Path)) -
         backend.blobs().as_ref() as &dyn BlobStore,
         strata::vmm::id_range::Owners::AsSandbox,
     )
-        .unwrap()
-        .digest
+    .unwrap()
+    .digest
 }
 
 fn whiteout(path: &std::path::Path) {

@@ -65,7 +65,10 @@ async fn up_starts_embedded_postgres_serves_and_stops_cleanly() {
         "the embedded Postgres listens on loopback TCP"
     );
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(data.path().join("postgres")).unwrap().permissions().mode();
+    let mode = std::fs::metadata(data.path().join("postgres"))
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o700, "the socket's directory is private");
 
     // SAFETY: plain kill(2) on our own child.

@@ -533,9 +533,7 @@ async fn template_export_round_trips_through_image_import() {
     let mut fx = Fixture::new(settings()).await;
     let (_, build) = fx.api.register("exported").await;
     let app = files_hash("export-app");
-    fx.api
-        .upload(&fx.blobs, build, &app, &app_tar())
-        .await;
+    fx.api.upload(&fx.blobs, build, &app, &app_tar()).await;
     fx.api
         .start(
             build,
@@ -889,9 +887,7 @@ async fn a_torn_context_is_not_present_and_a_failed_fetch_retires_its_generation
     };
 
     let (_, first) = fx.api.register("torn-context").await;
-    fx.api
-        .upload(&fx.blobs, first, &hash, &archive)
-        .await;
+    fx.api.upload(&fx.blobs, first, &hash, &archive).await;
     fx.api.start(first, spec.clone()).await;
     assert_ready(&fx.wait_terminal(first).await);
 
@@ -899,9 +895,7 @@ async fn a_torn_context_is_not_present_and_a_failed_fetch_retires_its_generation
     common::torn_blob::tear(fx.blobs.as_ref(), &digest, &archive).await;
     let (_, second) = fx.api.register("torn-context").await;
     assert!(!present(second).await, "a torn archive is not present");
-    fx.api
-        .upload(&fx.blobs, second, &hash, &archive)
-        .await;
+    fx.api.upload(&fx.blobs, second, &hash, &archive).await;
     fx.api.start(second, spec.clone()).await;
     assert_ready(&fx.wait_terminal(second).await);
 
@@ -915,7 +909,11 @@ async fn a_torn_context_is_not_present_and_a_failed_fetch_retires_its_generation
     fx.api.start(third, forced).await;
     match fx.wait_terminal(third).await.phase {
         Phase::Error { reason, .. } => {
-            assert!(reason.message.contains("upload it again"), "{}", reason.message)
+            assert!(
+                reason.message.contains("upload it again"),
+                "{}",
+                reason.message
+            )
         }
         other => panic!("expected an error, got {other:?}"),
     }
@@ -935,6 +933,9 @@ async fn a_torn_context_is_not_present_and_a_failed_fetch_retires_its_generation
         "{files:?}"
     );
     let (_, fourth) = fx.api.register("torn-context").await;
-    assert!(!present(fourth).await, "the retired generation is not present");
+    assert!(
+        !present(fourth).await,
+        "the retired generation is not present"
+    );
     fx.stop().await;
 }

@@ -634,7 +634,11 @@ async fn a_failed_read_after_a_cache_write_cannot_keep_a_stale_result_servable_a
 
     // Step 1 forced (with another step 2): its entry is replaced by compare-and-set.
     let (_, s2) = fx
-        .build("stale-after-force", &[], recipe(true, "echo other > /tmp/c"))
+        .build(
+            "stale-after-force",
+            &[],
+            recipe(true, "echo other > /tmp/c"),
+        )
         .await;
     assert_ready(&s2);
     assert_eq!(executed_steps(&s2), [1, 2]);
@@ -649,12 +653,7 @@ async fn a_failed_read_after_a_cache_write_cannot_keep_a_stale_result_servable_a
         .build("stale-after-force", &[], recipe(false, "cp /tmp/a /tmp/b"))
         .await;
     assert_ready(&s3);
-    assert_eq!(
-        executed_steps(&s3),
-        [2],
-        "{:#?}",
-        fx.messages(b3).await
-    );
+    assert_eq!(executed_steps(&s3), [2], "{:#?}", fx.messages(b3).await);
     let result = fx.result("stale-after-force").await;
     let mut sb = boot_on(&result.record.layers).await;
     assert_eq!(

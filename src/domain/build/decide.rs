@@ -240,7 +240,14 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             queue_deadline,
             attempt,
             present,
-        } => start(state, spec, *now, *queue_deadline, attempt.as_ref(), present),
+        } => start(
+            state,
+            spec,
+            *now,
+            *queue_deadline,
+            attempt.as_ref(),
+            present,
+        ),
         Command::AcquireAttempt { grant, now } => acquire(state, grant, *now),
         Command::RenewLease {
             epoch,

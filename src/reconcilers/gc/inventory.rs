@@ -100,9 +100,9 @@ fn add_stream(
             let state = fold::<NodeCatalog>(events)?;
             for image in state.images {
                 for digest in image.digests {
-                    inv.pinned
-                        .entry(digest)
-                        .or_insert_with(|| format!("image {} in node {node}'s catalog", image.name));
+                    inv.pinned.entry(digest).or_insert_with(|| {
+                        format!("image {} in node {node}'s catalog", image.name)
+                    });
                 }
             }
         }

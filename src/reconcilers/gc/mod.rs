@@ -98,7 +98,10 @@ impl PassLease {
     /// [`Self::hold`], and whether a delete may start now (enough of the lease is left).
     async fn may_delete(&mut self, env: &ReconcileEnv) -> Result<(), ReconcileError> {
         let now = self.hold(env).await?;
-        if self.state.may_delete_at(now, gc_pass::delete_margin(self.lease)) {
+        if self
+            .state
+            .may_delete_at(now, gc_pass::delete_margin(self.lease))
+        {
             Ok(())
         } else {
             Err(ReconcileError::Store(format!(
@@ -298,7 +301,10 @@ pub async fn pass(
         }
     }
     let mut lease = PassLease::start(env, &pass_id, policy.pass_lease).await?;
-    let result = mark_and_delete(env, policy, options, &pass_id, &mut lease, report, planned, &by_digest, broken).await;
+    let result = mark_and_delete(
+        env, policy, options, &pass_id, &mut lease, report, planned, &by_digest, broken,
+    )
+    .await;
     lease.end(env).await;
     result
 }
@@ -449,7 +455,13 @@ async fn mark_and_delete(
                         // The bytes are gone; the mark stays until a later pass confirms. The
                         // event store is failing: the pass stops, keeping every other object.
                         tracing::warn!(pass = %pass_id, digest = %p.digest, error = %e, "gc deleted an object but could not record it; the pass stops");
-                        abort_all(env, &pass_id, &doomed[i + 1..], "the pass stopped: a confirm failed").await;
+                        abort_all(
+                            env,
+                            &pass_id,
+                            &doomed[i + 1..],
+                            "the pass stopped: a confirm failed",
+                        )
+                        .await;
                         failed = Some(ReconcileError::store(e));
                         break;
                     }

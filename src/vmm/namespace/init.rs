@@ -398,8 +398,12 @@ fn mount_overlay(spec: &InitSpec) -> Result<(), String> {
     fsconfig_create(&fs).map_err(err("create"))?;
     drop(held);
     // No device node of a layer opens (sandbox devices live in the separate `/dev`).
-    let mnt = fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::MOUNT_ATTR_NODEV)
-        .map_err(err("fsmount"))?;
+    let mnt = fsmount(
+        &fs,
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_NODEV,
+    )
+    .map_err(err("fsmount"))?;
     move_mount(
         &mnt,
         "",

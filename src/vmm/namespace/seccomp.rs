@@ -11,7 +11,9 @@
 //!
 //! The list and the reason for each group are in ADR 0021.
 
-use libseccomp::{ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
+use libseccomp::{
+    ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall,
+};
 
 use crate::vmm::error::{Result, VmmError};
 
@@ -119,7 +121,11 @@ const PERSONALITY_FLAGS: &[u64] = &[
 const PERSONALITY_QUERY_BIT: u64 = 1 << 31;
 
 fn err(what: String) -> impl FnOnce(libseccomp::error::SeccompError) -> VmmError {
-    move |e| VmmError::Boot(format!("building the sandbox's seccomp filter ({what}): {e}"))
+    move |e| {
+        VmmError::Boot(format!(
+            "building the sandbox's seccomp filter ({what}): {e}"
+        ))
+    }
 }
 
 fn has_flag(arg: u32, flag: u64) -> ScmpArgCompare {
@@ -162,7 +168,11 @@ pub fn build() -> Result<Vec<u8>> {
     // The flag set and bit 31 clear: the query (0xffffffff) sets every bit, no personality
     // sets bit 31, and libseccomp takes one comparison per argument.
     for flag in PERSONALITY_FLAGS {
-        let cmp = ScmpArgCompare::new(0, ScmpCompareOp::MaskedEqual(flag | PERSONALITY_QUERY_BIT), *flag);
+        let cmp = ScmpArgCompare::new(
+            0,
+            ScmpCompareOp::MaskedEqual(flag | PERSONALITY_QUERY_BIT),
+            *flag,
+        );
         ctx.add_rule_conditional(eperm, personality, &[cmp])
             .map_err(err(format!("personality flag {flag:#x}")))?;
     }

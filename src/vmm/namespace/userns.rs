@@ -30,7 +30,9 @@ impl UserNamespace {
     pub fn create(init_program: &Path, ids: IdRange) -> Result<UserNamespace> {
         let fail = |what: &str| {
             let what = what.to_string();
-            move |e: std::io::Error| VmmError::Boot(format!("making the sandbox user namespace ({what}): {e}"))
+            move |e: std::io::Error| {
+                VmmError::Boot(format!("making the sandbox user namespace ({what}): {e}"))
+            }
         };
         let mut cmd = Command::new(init_program);
         cmd.arg(super::init::HOLD_USER_NAMESPACE)

@@ -416,8 +416,7 @@ pub async fn token_front(
                     FrontMode::RealmElsewhere(port) => format!("http://127.0.0.2:{port}/token"),
                     _ => format!("http://{front}/token"),
                 };
-                let mut challenge =
-                    format!("Bearer realm=\"{realm}\",service=\"{FRONT_SERVICE}\"");
+                let mut challenge = format!("Bearer realm=\"{realm}\",service=\"{FRONT_SERVICE}\"");
                 if matches!(mode, FrontMode::Token | FrontMode::RealmElsewhere(_)) {
                     challenge.push_str(&format!(",scope=\"repository:{repository}:pull\""));
                 }

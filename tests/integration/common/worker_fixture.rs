@@ -116,9 +116,7 @@ impl Fixture {
     ) -> BuildId {
         let (_, build) = self.api.register(name).await;
         for (hash, bytes) in files {
-            self.api
-                .upload(&self.blobs, build, hash, bytes)
-                .await;
+            self.api.upload(&self.blobs, build, hash, bytes).await;
         }
         self.api.start(build, spec).await;
         build
