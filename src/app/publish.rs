@@ -38,6 +38,7 @@ use crate::events::{
     execute, execute_writes, CommandContext, CommandError, EventStore, Metadata, ReadError,
     StreamWrite,
 };
+use crate::events::{Aggregate, StreamId};
 use crate::fault::crash_point;
 use crate::streams::{
     build_stream, database_now, object_stream, promotion_stream, template_stream, Build, Object,
@@ -323,38 +324,58 @@ impl PromotionDriver<'_> {
         epoch: Epoch,
         template: &TemplateId,
     ) -> Result<usize, PromoteError> {
+        let appended = self
+            .end_and_abandon::<Template>(build, epoch, template_stream(template), |t, b, now| {
+                build::end_for_deleted_template(b, t, now).map_err(refused)
+            })
+            .await?;
+        tracing::info!(%build, %epoch, %template, "the template was deleted before the build was published; the build ended in error");
+        Ok(appended)
+    }
+
+    /// The build's events `end` decides (from the state of `guard`'s stream and the build's)
+    /// and the outbox's `Abandon`, in one append guarded by `guard` at the version read: a
+    /// change of that stream meanwhile makes the whole decision again.
+    async fn end_and_abandon<G: Aggregate>(
+        &self,
+        build: BuildId,
+        epoch: Epoch,
+        guard: StreamId,
+        end: impl Fn(
+            &G::State,
+            &build::State,
+            chrono::DateTime<chrono::Utc>,
+        ) -> Result<Vec<build::Event>, CommandError<Refusal>>,
+    ) -> Result<usize, PromoteError>
+    where
+        G::Error: Into<Refusal>,
+    {
         let ctx = self.context();
-        let (pstream, tstream, bstream) = (
-            promotion_stream(&build, epoch),
-            template_stream(template),
-            build_stream(&build),
-        );
-        let (store, ctx, pstream, tstream, bstream) =
-            (self.store, &ctx, &pstream, &tstream, &bstream);
+        let (pstream, bstream) = (promotion_stream(&build, epoch), build_stream(&build));
+        let (store, ctx, pstream, gstream, bstream, end) =
+            (self.store, &ctx, &pstream, &guard, &bstream, &end);
         let outcome = execute_writes(store, MAX_ROUNDS, move || async move {
             let now = database_now(store.pool()).await?;
-            let t = load::<Template>(store, tstream)
+            let g = load::<G>(store, gstream)
                 .await
                 .map_err(CommandError::into_other)?;
             let b = load::<Build>(store, bstream)
                 .await
                 .map_err(CommandError::into_other)?;
-            let b_events =
-                build::end_for_deleted_template(&b.state, &t.state, now).map_err(refused)?;
+            let b_events = end(&g.state, &b.state, now)?;
             let p = load::<Promotion>(store, pstream)
                 .await
                 .map_err(CommandError::into_other)?;
             let p_events = promotion::decide(&p.state, &promotion::Command::Abandon { now })
                 .map_err(refused)?;
             Ok(vec![
-                StreamWrite::guard(tstream.clone(), t.expected()),
+                StreamWrite::guard(gstream.clone(), g.expected()),
                 ctx.write(bstream, b.expected(), &b_events)?,
                 ctx.write(pstream, p.expected(), &p_events)?,
             ])
         })
         .await
         .map_err(|e| PromoteError::from_command(build, epoch, e))?;
-        tracing::info!(%build, %epoch, %template, "the template was deleted before the build was published; the build ended in error");
         Ok(outcome.events.len())
     }
 
@@ -390,63 +411,37 @@ impl PromotionDriver<'_> {
         epoch: Epoch,
         layer: Digest,
     ) -> Result<usize, PromoteError> {
-        let ctx = self.context();
-        let (pstream, ostream, bstream) = (
-            promotion_stream(&build, epoch),
-            object_stream(&layer),
-            build_stream(&build),
-        );
-        let (store, ctx, pstream, ostream, bstream) =
-            (self.store, &ctx, &pstream, &ostream, &bstream);
-        let outcome = execute_writes(store, MAX_ROUNDS, move || async move {
-            let now = database_now(store.pool()).await?;
-            let o = load::<Object>(store, ostream)
-                .await
-                .map_err(CommandError::into_other)?;
-            if o.state.lifecycle != Lifecycle::Deleted {
-                return Err(CommandError::Rejected(Refusal::Object(
-                    object::Error::NotLive {
-                        lifecycle: o.state.lifecycle,
+        let appended = self
+            .end_and_abandon::<Object>(build, epoch, object_stream(&layer), |o, b, now| {
+                if o.lifecycle != Lifecycle::Deleted {
+                    return Err(CommandError::Rejected(Refusal::Object(
+                        object::Error::NotLive {
+                            lifecycle: o.lifecycle,
+                        },
+                    )));
+                }
+                let pass = o
+                    .deletion
+                    .as_ref()
+                    .map(|d| format!(" (pass {}, {})", d.pass, d.reason))
+                    .unwrap_or_default();
+                let message = format!(
+                    "layer {layer} of the result was deleted by garbage collection{pass} before the build was published; the result cannot be promoted, build again"
+                );
+                build::decide(
+                    b,
+                    &build::Command::FailBuild {
+                        epoch,
+                        message,
+                        step: None,
+                        now,
                     },
-                )));
-            }
-            let pass = o
-                .state
-                .deletion
-                .as_ref()
-                .map(|d| format!(" (pass {}, {})", d.pass, d.reason))
-                .unwrap_or_default();
-            let message = format!(
-                "layer {layer} of the result was deleted by garbage collection{pass} before the build was published; the result cannot be promoted, build again"
-            );
-            let b = load::<Build>(store, bstream)
-                .await
-                .map_err(CommandError::into_other)?;
-            let b_events = build::decide(
-                &b.state,
-                &build::Command::FailBuild {
-                    epoch,
-                    message,
-                    step: None,
-                    now,
-                },
-            )
-            .map_err(refused)?;
-            let p = load::<Promotion>(store, pstream)
-                .await
-                .map_err(CommandError::into_other)?;
-            let p_events = promotion::decide(&p.state, &promotion::Command::Abandon { now })
-                .map_err(refused)?;
-            Ok(vec![
-                StreamWrite::guard(ostream.clone(), o.expected()),
-                ctx.write(bstream, b.expected(), &b_events)?,
-                ctx.write(pstream, p.expected(), &p_events)?,
-            ])
-        })
-        .await
-        .map_err(|e| PromoteError::from_command(build, epoch, e))?;
+                )
+                .map_err(refused)
+            })
+            .await?;
         tracing::warn!(%build, %epoch, %layer, "a layer of the result was deleted before the build was published; the build ended in error");
-        Ok(outcome.events.len())
+        Ok(appended)
     }
 
     /// The build's `MarkReady` and the outbox's `done`, in one append: there is no moment where
