@@ -52,7 +52,7 @@ impl Reach {
 
     pub fn is_listed(&self, host: &str) -> bool {
         let host = host.trim_matches(['[', ']']).to_ascii_lowercase();
-        self.listed.iter().any(|l| *l == host)
+        self.listed.contains(&host)
     }
 
     /// Whether `host` may be reached at `ip`.
