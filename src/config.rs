@@ -30,9 +30,69 @@ pub struct StorageArgs {
     #[arg(long, env = "STRATA_SANDBOX_ID_RANGE", default_value_t = crate::vmm::id_range::IdRange::default(), value_name = "BASE[:65536]")]
     pub sandbox_id_range: crate::vmm::id_range::IdRange,
 
+    #[command(flatten)]
+    pub sandbox_network: SandboxNetworkArgs,
+
     /// Maximum connections in this process's Postgres pool.
     #[arg(long, env = "STRATA_DB_POOL_SIZE", default_value_t = 16)]
     pub db_pool_size: u32,
+}
+
+/// What sandboxes (build steps, `template exec`) may reach over the network (ADR 0022).
+#[derive(Debug, Clone, Args)]
+pub struct SandboxNetworkArgs {
+    /// `public`: each sandbox has its own network with the public internet, never the node,
+    /// its private networks (RFC 1918, link-local, CGNAT, ULA), loopback or other sandboxes.
+    /// `none`: loopback only, no DNS.
+    #[arg(
+        long,
+        env = "STRATA_SANDBOX_EGRESS",
+        default_value = "public",
+        value_name = "public|none"
+    )]
+    pub sandbox_egress: crate::domain::egress_policy::EgressMode,
+
+    /// Exceptions to the denied ranges, comma-separated `CIDR[:PORT[-PORT]]` (TCP and UDP;
+    /// without ports, everything): a package mirror on the LAN is `10.1.2.3:3142`. The node's
+    /// own addresses are reachable only through an exception.
+    #[arg(
+        long,
+        env = "STRATA_SANDBOX_EGRESS_ALLOW",
+        default_value = "",
+        value_name = "CIDR[:PORT],..."
+    )]
+    pub sandbox_egress_allow: String,
+
+    /// Resolvers sandboxes are given, comma-separated IPv4 addresses (port 53 to them is
+    /// allowed). Default: the host's `resolv.conf`'s, loopback stubs left out.
+    #[arg(long, env = "STRATA_SANDBOX_DNS", value_name = "IP,...")]
+    pub sandbox_dns: Option<String>,
+
+    /// Where sandbox links take their addresses (a /30 each); must not overlap the host's
+    /// networks.
+    #[arg(long, env = "STRATA_SANDBOX_SUBNET", default_value = crate::vmm::NetworkConfig::DEFAULT_SUBNET)]
+    pub sandbox_subnet: crate::domain::egress_policy::Ipv4Net,
+}
+
+impl SandboxNetworkArgs {
+    /// The node's network settings, with the host's resolvers unless some are named.
+    pub fn config(
+        &self,
+    ) -> Result<crate::vmm::NetworkConfig, crate::domain::egress_policy::EgressError> {
+        use crate::domain::egress_policy::EgressPolicy;
+        let policy = EgressPolicy {
+            mode: self.sandbox_egress,
+            allow: EgressPolicy::parse_allow(&self.sandbox_egress_allow)?,
+            dns: match &self.sandbox_dns {
+                Some(list) => EgressPolicy::parse_dns(list)?,
+                None => Vec::new(),
+            },
+        };
+        Ok(crate::vmm::NetworkConfig::with_host_resolvers(
+            policy,
+            self.sandbox_subnet,
+        ))
+    }
 }
 
 /// Settings of the HTTP server.

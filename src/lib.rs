@@ -24,6 +24,7 @@ pub mod domain;
 pub mod embedded_postgres;
 pub mod events;
 pub mod fault;
+pub mod host_interfaces;
 pub mod inspect;
 mod layers;
 pub mod metrics;

@@ -29,6 +29,8 @@ pub struct BenchSandboxArgs {
     /// Host ids of sandbox users (see `strata worker --help`).
     #[arg(long, env = "STRATA_SANDBOX_ID_RANGE", default_value_t = Default::default(), value_name = "BASE[:65536]")]
     sandbox_id_range: strata::vmm::id_range::IdRange,
+    #[command(flatten)]
+    sandbox_network: strata::config::SandboxNetworkArgs,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -42,7 +44,7 @@ fn ms(d: Duration) -> f64 {
 
 fn spec(layers: Vec<Digest>) -> BootSpec {
     let mut s = BootSpec::new(layers);
-    s.limits.network = Network::Host;
+    s.limits.network = Network::Egress;
     s
 }
 
@@ -52,6 +54,7 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
         agent_binary: std::env::current_exe().context("locating the strata binary")?,
         depth: Default::default(),
         ids: args.sandbox_id_range,
+        network: args.sandbox_network.config()?,
     })?;
     let blobs = backend.blobs();
     let (d, b) = (args.data_dir.clone(), blobs.clone());

@@ -28,6 +28,8 @@ pub struct ImageArgs {
     /// Host ids of sandbox users (see `strata worker --help`).
     #[arg(long, env = "STRATA_SANDBOX_ID_RANGE", default_value_t = Default::default(), global = true, value_name = "BASE[:65536]")]
     sandbox_id_range: strata::vmm::id_range::IdRange,
+    #[command(flatten)]
+    sandbox_network: strata::config::SandboxNetworkArgs,
     #[command(subcommand)]
     command: ImageCommand,
 }
@@ -95,6 +97,7 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             agent_binary: std::env::current_exe().context("locating the strata binary")?,
             depth: Default::default(),
             ids: args.sandbox_id_range,
+            network: args.sandbox_network.config()?,
         },
         blobs,
     )

@@ -142,6 +142,7 @@ async fn exec_in_template(
             agent_binary: std::env::current_exe().context("locating the strata binary")?,
             depth: Default::default(),
             ids: storage.sandbox_id_range,
+            network: storage.sandbox_network.config()?,
         },
         blobs,
     )

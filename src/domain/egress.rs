@@ -44,6 +44,20 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
         || (first & 0xffc0) == 0xfe80)
 }
 
+/// The denied IPv4 ranges as networks, for a firewall that matches prefixes (the sandbox
+/// network's egress rules): exactly the IPv4 addresses [`is_public`] refuses.
+pub const DENIED_V4_NETS: [(Ipv4Addr, u8); 9] = [
+    (Ipv4Addr::new(0, 0, 0, 0), 8),
+    (Ipv4Addr::new(10, 0, 0, 0), 8),
+    (Ipv4Addr::new(100, 64, 0, 0), 10),
+    (Ipv4Addr::new(127, 0, 0, 0), 8),
+    (Ipv4Addr::new(169, 254, 0, 0), 16),
+    (Ipv4Addr::new(172, 16, 0, 0), 12),
+    (Ipv4Addr::new(192, 168, 0, 0), 16),
+    (Ipv4Addr::new(224, 0, 0, 0), 4),
+    (Ipv4Addr::new(240, 0, 0, 0), 4),
+];
+
 /// The IPv4 address an IPv6 address stands for: `::ffff:a.b.c.d`, `::a.b.c.d`, `64:ff9b::/96`.
 fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     let s = ip.segments();
@@ -109,6 +123,26 @@ mod tests {
             "64:ff9b::808:808",
         ] {
             assert!(public(allowed), "{allowed} is public");
+        }
+    }
+
+    #[test]
+    fn the_denied_networks_are_exactly_what_is_public_refuses() {
+        let in_nets = |ip: Ipv4Addr| {
+            DENIED_V4_NETS.iter().any(|(net, prefix)| {
+                let mask = u32::MAX.checked_shl(32 - *prefix as u32).unwrap_or(0);
+                u32::from(ip) & mask == u32::from(*net)
+            })
+        };
+        // Every network boundary and a stride through the whole space.
+        let mut probes: Vec<u32> = (0..=u32::MAX).step_by(65_521).collect();
+        for (net, prefix) in DENIED_V4_NETS {
+            let start = u32::from(net);
+            let end = start | (u32::MAX >> prefix);
+            probes.extend([start.wrapping_sub(1), start, end, end.wrapping_add(1)]);
+        }
+        for ip in probes.into_iter().map(Ipv4Addr::from) {
+            assert_eq!(in_nets(ip), !is_public_v4(ip), "{ip}");
         }
     }
 }

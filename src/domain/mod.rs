@@ -36,6 +36,7 @@ pub mod cache_entry;
 pub mod cache_key;
 pub mod canonical;
 pub mod egress;
+pub mod egress_policy;
 pub mod files;
 pub mod gc_pass;
 pub mod ids;

@@ -137,38 +137,12 @@ fn same_site(a: &str, b: &str) -> bool {
     matches!((site(a), site(b)), (Some(x), Some(y)) if x == y)
 }
 
-/// Every address of this node's interfaces, read once.
+/// Every address of this node's interfaces.
 fn own_addresses() -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list we walk and then free exactly once.
-    unsafe {
-        if libc::getifaddrs(&mut head) != 0 {
-            return out;
-        }
-        let mut at = head;
-        while !at.is_null() {
-            let addr = (*at).ifa_addr;
-            if !addr.is_null() {
-                match (*addr).sa_family as i32 {
-                    libc::AF_INET => {
-                        let sin = &*(addr as *const libc::sockaddr_in);
-                        out.push(IpAddr::from(
-                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-                        ));
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*(addr as *const libc::sockaddr_in6);
-                        out.push(IpAddr::from(sin6.sin6_addr.s6_addr));
-                    }
-                    _ => {}
-                }
-            }
-            at = (*at).ifa_next;
-        }
-        libc::freeifaddrs(head);
-    }
-    out
+    crate::host_interfaces::addresses()
+        .into_iter()
+        .map(|(_, ip)| ip)
+        .collect()
 }
 
 /// reqwest's resolver, through [`Reach`]: a name that resolves only to addresses it may not

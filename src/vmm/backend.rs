@@ -26,10 +26,12 @@ pub struct ExecDefaults {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Network {
-    /// Share the host's network namespace (package installs need it); resolv.conf is bound in.
+    /// The node's egress policy: the public internet and its exceptions, DNS, through the
+    /// sandbox's own link (ADR 0022). Package installs need it.
     #[default]
-    Host,
-    /// A private network namespace with only loopback.
+    #[serde(alias = "Host")]
+    Egress,
+    /// Only loopback.
     None,
 }
 
@@ -52,7 +54,7 @@ impl Default for Limits {
             memory_bytes: None,
             pids: Some(4096),
             timeout: Duration::from_secs(3600),
-            network: Network::Host,
+            network: Network::Egress,
         }
     }
 }

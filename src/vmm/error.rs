@@ -58,6 +58,9 @@ pub enum VmmError {
     #[error("sandbox boot failed: {0}")]
     Boot(String),
 
+    #[error("sandbox network: {0}")]
+    Network(String),
+
     #[error("sandbox command could not start: {0}")]
     Exec(String),
 

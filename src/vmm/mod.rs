@@ -37,5 +37,6 @@ pub use blob_store::{BlobSink, BlobStore, LocalBlobStore, StoredBlob};
 pub use blob_url::open_blob_store;
 pub use error::VmmError;
 pub use layer::{LayerCache, LayerRef};
+pub use namespace::network::NetworkConfig;
 pub use namespace::{NamespaceBackend, NamespaceConfig};
 pub use object_blob_store::ObjectBlobStore;

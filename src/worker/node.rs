@@ -86,6 +86,7 @@ impl Worker {
                 agent_binary: settings.agent_binary.clone(),
                 depth: settings.depth,
                 ids: settings.sandbox_ids,
+                network: settings.sandbox_network.clone(),
             },
             blobs,
         )?;

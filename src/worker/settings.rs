@@ -19,6 +19,8 @@ pub struct WorkerSettings {
     pub agent_binary: PathBuf,
     /// The host ids sandbox users are (`STRATA_SANDBOX_ID_RANGE`).
     pub sandbox_ids: crate::vmm::id_range::IdRange,
+    /// What sandboxes may reach (`STRATA_SANDBOX_EGRESS*`).
+    pub sandbox_network: crate::vmm::NetworkConfig,
     /// How long an attempt holds a build without renewal; renewed every third of it.
     pub lease: Duration,
     /// Builds this node runs at once.
@@ -57,6 +59,7 @@ impl WorkerSettings {
             layer_cache_bytes: None,
             agent_binary: agent_binary.into(),
             sandbox_ids: Default::default(),
+            sandbox_network: Default::default(),
             lease: Duration::from_secs(30),
             max_builds: 2,
             ready_timeout: Duration::from_secs(120),

@@ -37,6 +37,7 @@ mod sandbox_exec;
 mod sandbox_hostile;
 mod sandbox_images;
 mod sandbox_limits;
+mod sandbox_network;
 mod store_outage;
 mod stream_name_migration;
 mod up;

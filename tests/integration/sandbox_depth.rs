@@ -84,6 +84,7 @@ async fn a_hundred_layers_boot_and_an_over_budget_stack_is_refused() {
             reserved: 450,
         },
         ids: Default::default(),
+        network: Default::default(),
     })
     .unwrap();
     let err = reserved

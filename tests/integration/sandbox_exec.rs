@@ -248,6 +248,7 @@ fn backend_with_strata_at(strata: &std::path::Path) -> strata::vmm::NamespaceBac
         agent_binary: strata.to_path_buf(),
         depth: Default::default(),
         ids: Default::default(),
+        network: Default::default(),
     })
     .unwrap()
 }

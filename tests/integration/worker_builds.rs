@@ -606,6 +606,7 @@ async fn template_export_round_trips_through_image_import() {
         agent_binary: common::strata_bin(),
         depth: Default::default(),
         ids: Default::default(),
+        network: Default::default(),
     })
     .unwrap();
     let mut spec = BootSpec::new(manifest.digests());

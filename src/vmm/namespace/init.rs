@@ -33,7 +33,9 @@ pub struct InitSpec {
     /// The empty directory the overlay is mounted on.
     pub root: PathBuf,
     pub hostname: String,
-    pub network_none: bool,
+    /// The `resolv.conf` bound over the image's (a file the host wrote for this sandbox's
+    /// network); `None` without a network.
+    pub resolv_conf: Option<PathBuf>,
     pub tmpfs_tmp: bool,
     /// The host ids of the sandbox's users: `/dev` and the tmpfs mounts belong to its root.
     pub ids: crate::vmm::id_range::IdRange,
@@ -550,26 +552,6 @@ fn harden_proc() -> Result<(), String> {
     Ok(())
 }
 
-fn loopback_up() -> Result<(), String> {
-    // SAFETY: plain socket + ioctl on the loopback interface.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        check(fd, "socket")?;
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo\0".iter().enumerate() {
-            req.ifr_name[i] = *b as libc::c_char;
-        }
-        check(
-            libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req),
-            "SIOCGIFFLAGS lo",
-        )?;
-        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        check(libc::ioctl(fd, libc::SIOCSIFFLAGS, &req), "SIOCSIFFLAGS lo")?;
-        libc::close(fd);
-    }
-    Ok(())
-}
-
 fn pid1(spec: &InitSpec) -> Result<std::convert::Infallible, String> {
     // SAFETY: prctl/umask/close on ourselves. sandbox-init is single-threaded, so its death
     // (the lifeline broke, or it was killed) is what the parent-death signal reports.
@@ -580,15 +562,16 @@ fn pid1(spec: &InitSpec) -> Result<std::convert::Infallible, String> {
         libc::close(super::control::CONTROL_FD);
     }
     mount("none", "/", "", libc::MS_REC | libc::MS_PRIVATE, "")?;
-    let resolv = if spec.network_none {
-        None
-    } else {
-        open_tree(
-            rustix::fs::CWD,
-            "/etc/resolv.conf",
-            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-        )
-        .ok()
+    let resolv = match &spec.resolv_conf {
+        None => None,
+        Some(path) => Some(
+            open_tree(
+                rustix::fs::CWD,
+                path,
+                OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+            )
+            .map_err(|e| format!("opening {}: {e}", path.display()))?,
+        ),
     };
     mount_overlay(spec)?;
     pivot(&spec.root)?;
@@ -640,9 +623,6 @@ fn pid1(spec: &InitSpec) -> Result<std::convert::Infallible, String> {
                 "",
             )?;
         }
-    }
-    if spec.network_none {
-        loopback_up()?;
     }
     super::confine::enter(&spec.seccomp)?;
     // A change of credentials clears the parent-death signal: set it again.

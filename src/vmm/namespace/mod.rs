@@ -23,8 +23,11 @@ pub mod agent;
 pub mod cgroup;
 pub mod confine;
 pub mod control;
+pub mod firewall;
 pub mod init;
 pub mod lifeline;
+pub mod netlink;
+pub mod network;
 pub mod owner;
 pub mod seccomp;
 pub mod sweep;
@@ -64,6 +67,8 @@ pub struct NamespaceConfig {
     pub depth: DepthBudget,
     /// The host ids sandbox users are (ADR 0021).
     pub ids: IdRange,
+    /// What sandboxes' networks may reach (ADR 0022).
+    pub network: network::NetworkConfig,
 }
 
 impl NamespaceConfig {
@@ -75,6 +80,7 @@ impl NamespaceConfig {
             agent_binary: agent_binary.into(),
             depth: Default::default(),
             ids: Default::default(),
+            network: Default::default(),
         }
     }
 }
@@ -91,6 +97,8 @@ struct Shared {
     userns: userns::UserNamespace,
     /// The system-call filter every sandbox process installs, as a BPF program.
     seccomp: Arc<Vec<u8>>,
+    /// Sandbox network namespaces, links and the firewall's policy.
+    networks: network::Networks,
 }
 
 #[derive(Clone)]
@@ -126,10 +134,12 @@ impl NamespaceBackend {
         let init_program = init_program(&config.agent_binary);
         let userns = userns::UserNamespace::create(&init_program, config.ids)?;
         let seccomp = Arc::new(seccomp::build()?);
+        let networks = network::Networks::start(config.network.clone())?;
         Ok(NamespaceBackend {
             shared: Arc::new(Shared {
                 userns,
                 seccomp,
+                networks,
                 init_program,
                 config,
                 blobs,
@@ -183,6 +193,24 @@ impl NamespaceBackend {
         })
         .await
         .expect("layer extraction task")
+    }
+}
+
+impl NamespaceBackend {
+    /// A network namespace for a sandbox in `dir` and, when it has a link, the
+    /// `resolv.conf` it is given there.
+    fn new_net(&self, dir: &Path, network: Network) -> Result<network::SandboxNet> {
+        let net = self.shared.networks.create(network == Network::Egress)?;
+        if let Some(text) = net.resolv_conf() {
+            std::fs::write(dir.join("resolv.conf"), text)
+                .map_err(VmmError::io("writing the sandbox's resolv.conf"))?;
+        }
+        Ok(net)
+    }
+
+    /// The node's sandbox network settings.
+    pub fn network(&self) -> &network::NetworkConfig {
+        self.shared.networks.config()
     }
 }
 
@@ -277,6 +305,13 @@ impl SandboxBackend for NamespaceBackend {
         let dir = self.sandbox_dir(&id);
         std::fs::create_dir_all(dir.join("root"))
             .map_err(VmmError::io("creating the sandbox directory"))?;
+        let net = match self.new_net(&dir, spec.limits.network) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
         let cgroup = match self.shared.cgroups.create(&id, &spec.limits) {
             Ok(c) => c,
             Err(e) => {
@@ -294,6 +329,7 @@ impl SandboxBackend for NamespaceBackend {
             tmpfs_tmp: spec.tmpfs_tmp,
             generation: 0,
             cgroup: Some(cgroup),
+            net: Some(net),
             running: None,
             pins: Some(pins),
         };
@@ -333,6 +369,8 @@ pub struct NamespaceSandbox {
     /// Bumped at each checkpoint: names the current upper and work directories.
     generation: u32,
     cgroup: Option<SandboxCgroup>,
+    /// Its network namespace, kept across checkpoints.
+    net: Option<network::SandboxNet>,
     running: Option<Running>,
     /// Keeps the mounted layers in the node's cache while the sandbox lives.
     pins: Option<LayerPins>,
@@ -462,7 +500,12 @@ impl NamespaceSandbox {
     /// Returns once it runs: joining a v1 cgroup can wait a whole RCU grace period (ADR 0018),
     /// which a checkpoint spends sealing instead.
     fn launch(&self) -> Result<Launched> {
-        let network_none = self.limits.network == Network::None;
+        let raw_netns = self
+            .net
+            .as_ref()
+            .expect("a live sandbox has a network namespace")
+            .netns()
+            .as_raw_fd();
         let cgroup_fds = open_fds(&self.cgroup().procs_files(), true)?;
         let raw_cgroup: Vec<i32> = cgroup_fds.iter().map(|f| f.as_raw_fd()).collect();
         let lifeline = lifeline::read_end().map_err(VmmError::io("creating the lifeline pipe"))?;
@@ -472,14 +515,11 @@ impl NamespaceSandbox {
         let raw_userns = self.shared().userns.as_raw_fd();
         // After the cgroup join: the new cgroup namespace is rooted at the sandbox's cgroup, so
         // `/proc/self/cgroup` inside reads `/` and names nothing of the host.
-        let mut flags = libc::CLONE_NEWNS
+        let flags = libc::CLONE_NEWNS
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS
             | libc::CLONE_NEWCGROUP;
-        if network_none {
-            flags |= libc::CLONE_NEWNET;
-        }
         let mut cmd = Command::new(&self.shared().init_program);
         cmd.arg("sandbox-init")
             // The host's root: pid 1's pivot moves sandbox-init's working directory with it.
@@ -497,7 +537,7 @@ impl NamespaceSandbox {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
-                if libc::unshare(flags) != 0 {
+                if libc::setns(raw_netns, libc::CLONE_NEWNET) != 0 || libc::unshare(flags) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 // After the cgroup writes: their descriptors may have the target numbers. Each
@@ -538,7 +578,7 @@ impl NamespaceSandbox {
             work: self.work(),
             root: self.dir.join("root"),
             hostname: "sandbox".into(),
-            network_none: self.limits.network == Network::None,
+            resolv_conf: Some(self.dir.join("resolv.conf")).filter(|p| p.exists()),
             tmpfs_tmp: self.tmpfs_tmp,
             ids: self.shared().layers.ids(),
             seccomp: self.shared().seccomp.as_ref().clone(),
@@ -746,6 +786,8 @@ impl NamespaceSandbox {
     async fn teardown(&mut self) {
         let running = self.running.take();
         let cgroup = self.cgroup.take();
+        let net = self.net.take();
+        let backend = self.backend.clone();
         let dir = self.dir.clone();
         let outer = running.as_ref().map(|r| r.outer);
         let _ = tokio::task::spawn_blocking(move || {
@@ -754,6 +796,9 @@ impl NamespaceSandbox {
                     kill_sandbox(&c, outer);
                 }
                 c.remove();
+            }
+            if let Some(mut net) = net {
+                net.release(&backend.shared.networks);
             }
             let _ = std::fs::remove_dir_all(&dir);
         })
@@ -947,6 +992,9 @@ impl Drop for NamespaceSandbox {
         // every member and removes its directories.
         if let Some(mut c) = self.cgroup.take() {
             c.remove();
+        }
+        if let Some(mut net) = self.net.take() {
+            net.release(&self.backend.shared.networks);
         }
         if self.dir.exists() {
             let _ = std::fs::remove_dir_all(&self.dir);

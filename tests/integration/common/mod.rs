@@ -14,6 +14,7 @@
 pub mod api;
 pub mod build_api;
 pub mod http_build;
+pub mod outside;
 pub mod process;
 pub mod publishing;
 pub mod registry;

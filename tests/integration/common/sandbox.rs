@@ -98,11 +98,17 @@ pub fn private_node(images: &[&str]) -> tempfile::TempDir {
 }
 
 pub fn backend() -> NamespaceBackend {
+    backend_with_network(Default::default())
+}
+
+/// A backend whose sandboxes' networks follow `network` (ADR 0022).
+pub fn backend_with_network(network: strata::vmm::NetworkConfig) -> NamespaceBackend {
     NamespaceBackend::new(NamespaceConfig {
         data_dir: node_dir(),
         agent_binary: super::strata_bin(),
         depth: Default::default(),
         ids: Default::default(),
+        network,
     })
     .expect("the namespace backend (these tests run as root)")
 }

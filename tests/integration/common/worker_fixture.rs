@@ -276,6 +276,7 @@ pub async fn boot_in(
         agent_binary: super::strata_bin(),
         depth: Default::default(),
         ids: Default::default(),
+        network: Default::default(),
     })
     .expect("the namespace backend (these tests run as root)");
     boot_with(&be, layers).await

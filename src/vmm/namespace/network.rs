@@ -1,0 +1,309 @@
+//! Every sandbox's own network namespace (ADR 0022). The namespace is made by the host, owned
+//! by the host's user namespace (root in a sandbox holds no capability over its interfaces,
+//! routes or firewall), and held open by the sandbox for its whole life, so a checkpoint's new
+//! `sandbox-init` joins the same one.
+//!
+//! With egress on, the namespace has a veth link, `eth0`, whose host end `sbx<n>` has slot
+//! `n`'s /30 of the sandbox subnet: `.1` on the host, `.2` in the sandbox, the default route
+//! through the host, where the firewall ([`super::firewall`]) judges every packet. Slots are
+//! host-wide, one lock file each under `/run/strata/net`, held while the link exists: a
+//! process that dies releases its locks, and its namespaces, with its links, go with it.
+
+use std::fs::File;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+use super::firewall::{self, LINK_PREFIX};
+use super::netlink::{self, Netlink, Peer};
+use crate::domain::egress_policy::{EgressMode, EgressPolicy, Ipv4Net};
+use crate::vmm::error::{Result, VmmError};
+
+/// Where the host-wide slot locks live.
+const SLOTS_DIR: &str = "/run/strata/net";
+
+/// How a node's sandboxes are networked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkConfig {
+    pub policy: EgressPolicy,
+    /// Sandbox links take their /30s from here. It must not overlap the host's networks.
+    pub subnet: Ipv4Net,
+}
+
+impl NetworkConfig {
+    pub const DEFAULT_SUBNET: &'static str = "10.213.0.0/16";
+
+    /// The default policy with the host's resolvers (from `/etc/resolv.conf`, loopback stubs
+    /// excluded; systemd-resolved's upstream list when the stub is all there is).
+    pub fn with_host_resolvers(mut policy: EgressPolicy, subnet: Ipv4Net) -> NetworkConfig {
+        if policy.dns.is_empty() {
+            policy.dns = host_resolvers();
+        }
+        NetworkConfig { policy, subnet }
+    }
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig::with_host_resolvers(
+            EgressPolicy::default(),
+            NetworkConfig::DEFAULT_SUBNET
+                .parse()
+                .expect("a valid subnet"),
+        )
+    }
+}
+
+/// The resolvers in the host's `resolv.conf` a sandbox can use.
+pub fn host_resolvers() -> Vec<Ipv4Addr> {
+    for path in ["/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"] {
+        let found = std::fs::read_to_string(path)
+            .map(|t| EgressPolicy::resolvers_from_resolv_conf(&t))
+            .unwrap_or_default();
+        if !found.is_empty() {
+            return found;
+        }
+    }
+    Vec::new()
+}
+
+/// A node's sandbox networking: its policy installed, slots handed out.
+pub struct Networks {
+    config: NetworkConfig,
+    /// The host's network namespace, where sandbox links' host ends go.
+    host_netns: OwnedFd,
+    /// A netlink socket in the host's namespace, whichever thread uses it.
+    host: Mutex<Netlink>,
+    /// The next slot to try: slots are taken round-robin so that a freed address is not
+    /// reused at once (conntrack entries of the last holder time out first).
+    next: AtomicU32,
+    slots: u32,
+}
+
+impl Networks {
+    /// Installs the firewall for `config` (unless egress is `none`).
+    pub fn start(config: NetworkConfig) -> Result<Networks> {
+        let host_netns = File::open("/proc/self/ns/net")
+            .map(OwnedFd::from)
+            .map_err(VmmError::io("opening the host's network namespace"))?;
+        let host = Netlink::open().map_err(VmmError::io("opening a netlink socket"))?;
+        let slots = (config.subnet.size() / 4).min(100_000) as u32;
+        if config.policy.mode == EgressMode::Public {
+            if slots == 0 {
+                return Err(VmmError::Network(format!(
+                    "the sandbox subnet {} holds no /30; give a /16 or so (STRATA_SANDBOX_SUBNET)",
+                    config.subnet
+                )));
+            }
+            check_subnet_is_free(config.subnet)?;
+            if config.policy.dns.is_empty() {
+                tracing::warn!(
+                    "the host's resolv.conf names no resolver a sandbox can use (only loopback \
+                     stubs); sandboxes get no DNS until STRATA_SANDBOX_DNS names one"
+                );
+            }
+            firewall::install(&config.policy, config.subnet)?;
+            std::fs::create_dir_all(SLOTS_DIR)
+                .map_err(VmmError::io(format!("creating {SLOTS_DIR}")))?;
+        }
+        let start = rand::random::<u32>() % slots.max(1);
+        Ok(Networks {
+            config,
+            host_netns,
+            host: Mutex::new(host),
+            next: AtomicU32::new(start),
+            slots,
+        })
+    }
+
+    pub fn config(&self) -> &NetworkConfig {
+        &self.config
+    }
+
+    /// A new network namespace for one sandbox: loopback only when `egress` is false or the
+    /// node's mode is `none`, else with its link, address and route.
+    pub fn create(&self, egress: bool) -> Result<SandboxNet> {
+        if !egress || self.config.policy.mode == EgressMode::None {
+            let netns = new_netns(None)?;
+            return Ok(SandboxNet {
+                netns,
+                link: None,
+                resolvers: Vec::new(),
+            });
+        }
+        let slot = self.take_slot()?;
+        let (host_ip, sandbox_ip) = self.addresses(slot.index);
+        let mut host = self.host.lock().expect("netlink socket lock");
+        // A link left by a namespace the kernel has not finished tearing down.
+        let _ = host.delete_link(&slot.name);
+        let netns = new_netns(Some(VethEnd {
+            host_name: &slot.name,
+            host_netns: self.host_netns.as_fd(),
+            group: self.config.policy.fingerprint(),
+            address: sandbox_ip,
+            gateway: host_ip,
+        }))?;
+        let configured = netlink::index_of(&slot.name).and_then(|index| {
+            host.add_address(index, host_ip, 30)?;
+            host.set_up(index)
+        });
+        drop(host);
+        let link = Link {
+            name: slot.name.clone(),
+            _lock: slot.lock,
+        };
+        let net = SandboxNet {
+            netns,
+            link: Some(link),
+            resolvers: self.config.policy.dns.clone(),
+        };
+        configured.map_err(VmmError::io(format!("configuring {}", slot.name)))?;
+        Ok(net)
+    }
+
+    /// Deletes a sandbox's link at once (its namespace would take it along, but the kernel
+    /// tears namespaces down in the background, and the slot's next holder needs the name).
+    fn release(&self, link: &Link) {
+        if let Ok(mut host) = self.host.lock() {
+            let _ = host.delete_link(&link.name);
+        }
+    }
+
+    fn addresses(&self, slot: u32) -> (Ipv4Addr, Ipv4Addr) {
+        let base = u32::from(self.config.subnet.addr()) + slot * 4;
+        (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2))
+    }
+
+    fn take_slot(&self) -> Result<Slot> {
+        for _ in 0..self.slots {
+            let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots;
+            let name = format!("{LINK_PREFIX}{index}");
+            let path = PathBuf::from(SLOTS_DIR).join(format!("{name}.lock"));
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .map_err(VmmError::io(format!("opening {}", path.display())))?;
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(Slot {
+                    index,
+                    name,
+                    lock: file,
+                });
+            }
+        }
+        Err(VmmError::Network(format!(
+            "all {} sandbox links of {} are in use; give a larger STRATA_SANDBOX_SUBNET",
+            self.slots, self.config.subnet
+        )))
+    }
+}
+
+/// Refuses a sandbox subnet that holds an address of the host's (other than sandbox links').
+fn check_subnet_is_free(subnet: Ipv4Net) -> Result<()> {
+    for (name, ip) in crate::host_interfaces::addresses() {
+        if let std::net::IpAddr::V4(v4) = ip {
+            if subnet.contains(v4) && !name.starts_with(LINK_PREFIX) {
+                return Err(VmmError::Network(format!(
+                    "the sandbox subnet {subnet} overlaps {name}'s address {v4}; choose \
+                     another with STRATA_SANDBOX_SUBNET"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+struct Slot {
+    index: u32,
+    name: String,
+    lock: File,
+}
+
+/// A sandbox link's host end, and the slot lock held while it exists.
+struct Link {
+    name: String,
+    _lock: File,
+}
+
+/// The namespace's side of a veth link, set up inside a new namespace: `eth0` with
+/// `address/30` and the default route via `gateway`, its peer `host_name` moved to
+/// `host_netns`.
+pub struct VethEnd<'a> {
+    pub host_name: &'a str,
+    pub host_netns: BorrowedFd<'a>,
+    /// The peer's interface group (a policy's, or 0).
+    pub group: u32,
+    pub address: Ipv4Addr,
+    pub gateway: Ipv4Addr,
+}
+
+/// Makes a network namespace on a thread of its own (a network namespace is per thread, and
+/// that thread ends with the work), brings loopback up in it and, with `link`, the sandbox's
+/// end of its veth pair.
+pub fn new_netns(link: Option<VethEnd<'_>>) -> Result<OwnedFd> {
+    std::thread::scope(|s| {
+        s.spawn(|| -> std::io::Result<OwnedFd> {
+            // SAFETY: unshare on this thread only; it exits when this closure returns.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let ns = File::open("/proc/thread-self/ns/net")?;
+            let mut nl = Netlink::open()?;
+            nl.set_up(1)?;
+            if let Some(link) = link {
+                nl.add_veth(
+                    "eth0",
+                    Peer {
+                        name: link.host_name,
+                        netns: link.host_netns,
+                        group: link.group,
+                    },
+                )?;
+                let index = netlink::index_of("eth0")?;
+                nl.set_up(index)?;
+                nl.add_address(index, link.address, 30)?;
+                nl.add_default_route(index, link.gateway)?;
+            }
+            Ok(OwnedFd::from(ns))
+        })
+        .join()
+        .expect("network namespace thread")
+    })
+    .map_err(VmmError::io("making the sandbox's network namespace"))
+}
+
+/// One sandbox's network namespace, and its link while it has one.
+pub struct SandboxNet {
+    netns: OwnedFd,
+    link: Option<Link>,
+    resolvers: Vec<Ipv4Addr>,
+}
+
+impl SandboxNet {
+    /// The namespace, for `setns` in the sandbox's first process.
+    pub fn netns(&self) -> BorrowedFd<'_> {
+        self.netns.as_fd()
+    }
+
+    /// The `resolv.conf` the sandbox sees, or `None` without a link (nothing to resolve).
+    pub fn resolv_conf(&self) -> Option<String> {
+        self.link.as_ref()?;
+        let mut text = String::from("# strata: the node's resolvers (STRATA_SANDBOX_DNS)\n");
+        for r in &self.resolvers {
+            text.push_str(&format!("nameserver {r}\n"));
+        }
+        Some(text)
+    }
+
+    /// Deletes the link now and frees its slot.
+    pub fn release(&mut self, networks: &Networks) {
+        if let Some(link) = self.link.take() {
+            networks.release(&link);
+        }
+    }
+}
