@@ -11,6 +11,8 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 command -v psql >/dev/null || need_apt+=(postgresql-client)
 id postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+# Sandbox networks: the node firewall (ADR 0022) is nftables.
+command -v nft >/dev/null || need_apt+=(nftables)
 # The sandbox system-call filter is built with libseccomp (linked at build time).
 ls /usr/lib/*/libseccomp.so >/dev/null 2>&1 || need_apt+=(libseccomp-dev)
 

@@ -187,6 +187,11 @@ impl CopyRequest {
 pub trait SandboxBackend: Send + Sync {
     /// A name and version for the cache fingerprint.
     fn name(&self) -> &'static str;
+    /// Why a failed command may have failed for want of a network, when this node gives
+    /// sandboxes none (said beside the failure, so a build's author knows where to look).
+    fn network_note(&self) -> Option<&'static str> {
+        None
+    }
     async fn boot(&self, spec: BootSpec) -> Result<Box<dyn Sandbox>>;
     /// Stores layer `digest` in the blob store again from this node's extracted copy, when it
     /// has one (garbage collection deleted the blob while this node still used the layer).

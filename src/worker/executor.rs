@@ -706,10 +706,11 @@ impl Executor<'_> {
                         ))
                     }
                     other => {
-                        return Err(fail(
-                            at,
-                            format!("RUN failed {}", describe(other, last_err)),
-                        ))
+                        let mut reason = format!("RUN failed {}", describe(other, last_err));
+                        if let Some(note) = self.backend.network_note() {
+                            reason = format!("{reason} ({note})");
+                        }
+                        return Err(fail(at, reason));
                     }
                 }
             }

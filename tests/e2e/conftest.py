@@ -7,6 +7,7 @@ written), API on a free loopback port. Each test gets its own team and API key f
 
 import gzip
 import hashlib
+import ipaddress
 import io
 import json
 import os
@@ -201,6 +202,60 @@ class Layout:
         return {"digest": digest, "diff_ids": diff_ids}
 
 
+class Outside:
+    """The tests' own outside world: a network namespace made here, linked to the host by a
+    veth pair on a private /30 of 10.253.0.0/16, where the servers a build step reaches run
+    (`popen`). Sandboxes reach it only because strata is started with its network in
+    `STRATA_SANDBOX_EGRESS_ALLOW` (it is private, so denied by default); nothing of the test's
+    traffic leaves the machine."""
+
+    def __init__(self):
+        slot = os.getpid() % 16384
+        self.netns = f"strata-e2e-{slot}"
+        link = f"ste{slot}"
+        base = ipaddress.IPv4Address("10.253.0.0") + slot * 4
+        self.host_ip, self.ip = str(base + 1), str(base + 2)
+        self.network = f"{base}/30"
+        ip = lambda *a: subprocess.run(["ip", *a], check=True, capture_output=True)  # noqa: E731
+        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
+        subprocess.run(["ip", "link", "del", link], capture_output=True)
+        ip("netns", "add", self.netns)
+        ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
+        ip("addr", "add", f"{self.host_ip}/30", "dev", link)
+        ip("link", "set", link, "up")
+        for args in (
+            ["addr", "add", f"{self.ip}/30", "dev", "eth0"],
+            ["link", "set", "eth0", "up"],
+            ["link", "set", "lo", "up"],
+            ["route", "add", "default", "via", self.host_ip],
+        ):
+            ip("-n", self.netns, *args)
+        self.procs = []
+
+    def popen(self, argv, **kw):
+        """Starts `argv` inside the world; it is stopped with the world."""
+        proc = subprocess.Popen(["ip", "netns", "exec", self.netns, *argv], **kw)
+        self.procs.append(proc)
+        return proc
+
+    def wait_for(self, port: int, proc):
+        deadline = time.time() + 15
+        while True:
+            try:
+                socket.create_connection((self.ip, port), timeout=1).close()
+                return
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"nothing listens on {self.ip}:{port} in {self.netns}")
+                time.sleep(0.05)
+
+    def close(self):
+        for proc in self.procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
+
+
 def tar_of(files: dict) -> bytes:
     """An uncompressed layer tar holding `files` (path -> text, or path -> (text, mode))."""
     buf = io.BytesIO()
@@ -295,11 +350,20 @@ def registries(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def strata(tmp_path_factory, registries):
+def outside():
+    world = Outside()
+    yield world
+    world.close()
+
+
+@pytest.fixture(scope="session")
+def strata(tmp_path_factory, registries, outside):
     data_dir = tmp_path_factory.mktemp("strata-data")
     copy_node_images(data_dir)
     server = Strata(data_dir)
     server.env["STRATA_REGISTRY_MIRRORS"] = f"docker.io=http://{registries.open.addr}"
+    # Build steps reach the test's outside world (private, so only through the allow list).
+    server.env["STRATA_SANDBOX_EGRESS_ALLOW"] = outside.network
     server.start()
     yield server
     server.stop()

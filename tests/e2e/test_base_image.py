@@ -2,19 +2,18 @@
 package and clone helpers work on it unchanged.
 
 `apt_install` uses the node's Debian mirror (the network `scripts/setup.sh` needs anyway); the
-pip wheel, the npm tarball and the git repository come from an HTTP server on loopback, which
-the build sandbox reaches over the host network.
+pip wheel, the npm tarball and the git repository come from an HTTP server in the test's
+outside world (a network namespace of its own, conftest.Outside), which the build sandbox
+reaches through its own network because strata's allow list names it.
 """
 
 import base64
-import functools
 import hashlib
-import http.server
 import io
 import json
+import os
 import subprocess
 import tarfile
-import threading
 import zipfile
 
 import pytest
@@ -72,19 +71,25 @@ def git_repo(root):
 
 
 @pytest.fixture
-def packages(tmp_path):
-    """An HTTP server on loopback serving a wheel, an npm tarball and a git repository."""
+def packages(tmp_path, outside):
+    """An HTTP server in the test's outside world serving a wheel, an npm tarball and a git
+    repository."""
     root = tmp_path / "served"
     root.mkdir()
     wheel(root / "stratacheck-1.0-py3-none-any.whl")
     npm_tarball(root / "strata-check-1.0.0.tgz")
     git_repo(root)
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    port = 8000 + os.getpid() % 1000
+    server = outside.popen(
+        ["python3", "-m", "http.server", "--bind", outside.ip, "--directory", str(root), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    outside.wait_for(port, server)
+    yield f"http://{outside.ip}:{port}"
+    server.terminate()
+    server.wait(timeout=30)
+    outside.procs.remove(server)
 
 
 TOOLS = (

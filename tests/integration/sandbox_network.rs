@@ -318,3 +318,53 @@ fn link_of(sandbox_ip: Ipv4Addr) -> String {
     let slot = (u32::from(sandbox_ip) - u32::from(subnet.addr())) / 4;
     format!("sbx{slot}")
 }
+
+/// Through a real build: with `STRATA_SANDBOX_EGRESS=none` a step has no network, and the
+/// failure says so; with the default policy and the outside world allowed, a step fetches
+/// from it.
+#[tokio::test]
+async fn a_build_step_follows_the_nodes_egress_setting() {
+    use common::worker_fixture::{settings, step, Fixture};
+    use serde_json::json;
+    use strata::domain::build::Phase;
+
+    let world = Outside::new();
+    let served = world.http("outside-ok");
+    let fetch_step = format!(
+        "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {} {} > /tmp/fetched",
+        served.ip(),
+        served.port()
+    );
+    let spec = json!({
+        "fromImage": "busybox",
+        "force": true,
+        "steps": [step("RUN", &[&fetch_step]), step("RUN", &["grep -q outside-ok /tmp/fetched"])],
+    });
+
+    let mut offline = settings();
+    offline.sandbox_network = config("10.252.0.0/16");
+    offline.sandbox_network.policy.mode = EgressMode::None;
+    let mut fx = Fixture::new(offline).await;
+    let (_, state) = fx.build("offline", &[], spec.clone()).await;
+    let Phase::Error { reason, .. } = &state.phase else {
+        panic!(
+            "a step reached the outside with egress none: {:?}",
+            state.phase
+        )
+    };
+    assert!(
+        reason.message.starts_with("RUN failed with exit code 1")
+            && reason.message.contains("Network is unreachable")
+            && reason.message.contains("STRATA_SANDBOX_EGRESS=none"),
+        "{}",
+        reason.message
+    );
+    fx.stop().await;
+
+    let mut online = settings();
+    online.sandbox_network = config("10.252.0.0/16");
+    let mut fx = Fixture::new(online).await;
+    let (_, state) = fx.build("online", &[], spec).await;
+    common::worker_fixture::assert_ready(&state);
+    fx.stop().await;
+}

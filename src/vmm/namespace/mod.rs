@@ -281,6 +281,15 @@ impl SandboxBackend for NamespaceBackend {
         "namespace-v1"
     }
 
+    fn network_note(&self) -> Option<&'static str> {
+        (self.shared.networks.config().policy.mode
+            == crate::domain::egress_policy::EgressMode::None)
+            .then_some(
+                "this node gives build steps no network (STRATA_SANDBOX_EGRESS=none): \
+                 package installs and downloads cannot work here",
+            )
+    }
+
     /// Seals the cached tree again: sealing is deterministic, so the same tree gives the same
     /// bytes and digest (`layer::tests::sealing_is_deterministic_and_survives_a_round_trip`).
     fn republish(&self, digest: &Digest) -> Result<bool> {
