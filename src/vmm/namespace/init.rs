@@ -33,9 +33,9 @@ pub struct InitSpec {
     /// The empty directory the overlay is mounted on.
     pub root: PathBuf,
     pub hostname: String,
-    /// The `resolv.conf` bound over the image's (a file the host wrote for this sandbox's
-    /// network); `None` without a network.
-    pub resolv_conf: Option<PathBuf>,
+    /// The text of the `resolv.conf` bound over the image's (the sandbox network's
+    /// resolvers); `None` without a network.
+    pub resolv_conf: Option<String>,
     pub tmpfs_tmp: bool,
     /// The host ids of the sandbox's users: `/dev` and the tmpfs mounts belong to its root.
     pub ids: crate::vmm::id_range::IdRange,
@@ -349,6 +349,42 @@ fn ensure_dir(path: &str, mode: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// A detached mount of one file, `resolv.conf` with `text`, owned by the sandbox's root, on a
+/// tmpfs of its own: bound over the image's, it shows no host path in `/proc/self/mountinfo`.
+fn resolv_conf_tree(text: &str, root: u32) -> Result<std::os::fd::OwnedFd, String> {
+    let err = |what: &'static str| move |e: rustix::io::Errno| format!("resolv.conf {what}: {e}");
+    let fs = fsopen("tmpfs", FsOpenFlags::FSOPEN_CLOEXEC).map_err(err("fsopen"))?;
+    fsconfig_set_string(&fs, "size", "64k").map_err(err("size"))?;
+    fsconfig_create(&fs).map_err(err("create"))?;
+    let mnt = fsmount(
+        &fs,
+        FsMountFlags::FSMOUNT_CLOEXEC,
+        MountAttrFlags::MOUNT_ATTR_NOSUID
+            | MountAttrFlags::MOUNT_ATTR_NODEV
+            | MountAttrFlags::MOUNT_ATTR_NOEXEC,
+    )
+    .map_err(err("fsmount"))?;
+    let file = rustix::fs::openat(
+        &mnt,
+        "resolv.conf",
+        rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::from_raw_mode(0o644),
+    )
+    .map_err(err("create the file"))?;
+    let owner = Some(rustix::process::Uid::from_raw(root));
+    rustix::fs::fchown(&file, owner, Some(rustix::process::Gid::from_raw(root)))
+        .map_err(err("chown"))?;
+    std::fs::File::from(file)
+        .write_all(text.as_bytes())
+        .map_err(|e| format!("resolv.conf write: {e}"))?;
+    open_tree(
+        &mnt,
+        "resolv.conf",
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(err("open_tree"))
+}
+
 fn mount_overlay(spec: &InitSpec) -> Result<(), String> {
     let err = |what: &str| {
         let what = what.to_string();
@@ -564,14 +600,7 @@ fn pid1(spec: &InitSpec) -> Result<std::convert::Infallible, String> {
     mount("none", "/", "", libc::MS_REC | libc::MS_PRIVATE, "")?;
     let resolv = match &spec.resolv_conf {
         None => None,
-        Some(path) => Some(
-            open_tree(
-                rustix::fs::CWD,
-                path,
-                OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-            )
-            .map_err(|e| format!("opening {}: {e}", path.display()))?,
-        ),
+        Some(text) => Some(resolv_conf_tree(text, spec.ids.base())?),
     };
     mount_overlay(spec)?;
     pivot(&spec.root)?;

@@ -28,6 +28,7 @@ pub mod init;
 pub mod lifeline;
 pub mod netlink;
 pub mod network;
+pub mod outside;
 pub mod owner;
 pub mod seccomp;
 pub mod sweep;
@@ -197,15 +198,9 @@ impl NamespaceBackend {
 }
 
 impl NamespaceBackend {
-    /// A network namespace for a sandbox in `dir` and, when it has a link, the
-    /// `resolv.conf` it is given there.
-    fn new_net(&self, dir: &Path, network: Network) -> Result<network::SandboxNet> {
-        let net = self.shared.networks.create(network == Network::Egress)?;
-        if let Some(text) = net.resolv_conf() {
-            std::fs::write(dir.join("resolv.conf"), text)
-                .map_err(VmmError::io("writing the sandbox's resolv.conf"))?;
-        }
-        Ok(net)
+    /// A network namespace for a sandbox.
+    fn new_net(&self, network: Network) -> Result<network::SandboxNet> {
+        self.shared.networks.create(network == Network::Egress)
     }
 
     /// The node's sandbox network settings.
@@ -314,7 +309,7 @@ impl SandboxBackend for NamespaceBackend {
         let dir = self.sandbox_dir(&id);
         std::fs::create_dir_all(dir.join("root"))
             .map_err(VmmError::io("creating the sandbox directory"))?;
-        let net = match self.new_net(&dir, spec.limits.network) {
+        let net = match self.new_net(spec.limits.network) {
             Ok(n) => n,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -587,7 +582,7 @@ impl NamespaceSandbox {
             work: self.work(),
             root: self.dir.join("root"),
             hostname: "sandbox".into(),
-            resolv_conf: Some(self.dir.join("resolv.conf")).filter(|p| p.exists()),
+            resolv_conf: self.net.as_ref().and_then(|n| n.resolv_conf()),
             tmpfs_tmp: self.tmpfs_tmp,
             ids: self.shared().layers.ids(),
             seccomp: self.shared().seccomp.as_ref().clone(),

@@ -1,84 +1,33 @@
-//! The tests' own "outside world": a network namespace this process makes, linked to the host
-//! by a veth pair on a private address (`10.252.0.0/16`, a /30 per world), in which a test
-//! starts the servers a sandbox should or should not reach. It dies with the test process;
-//! no test traffic leaves the machine.
+//! The tests' own "outside world" (`strata::vmm::namespace::outside`): a network namespace
+//! this process makes, linked to the host on a private address (`10.252.0.0/16`, a /30 per
+//! world), in which a test starts the servers a sandbox should or should not reach. It dies
+//! with the test process; no test traffic leaves the machine.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::ops::Deref;
 
-use strata::vmm::namespace::netlink::{self, Netlink};
-use strata::vmm::namespace::network::{new_netns, VethEnd};
+use strata::vmm::namespace::outside::OutsideWorld;
 
-const LOCKS: &str = "/run/strata/test-outside";
-const SLOTS: u32 = 16_384;
+pub struct Outside(OutsideWorld);
 
-pub struct Outside {
-    netns: OwnedFd,
-    /// The world's address (its `eth0`).
-    pub ip: Ipv4Addr,
-    /// The host's end of the link.
-    pub host_ip: Ipv4Addr,
-    link: String,
-    _lock: std::fs::File,
+impl Deref for Outside {
+    type Target = OutsideWorld;
+    fn deref(&self) -> &OutsideWorld {
+        &self.0
+    }
 }
 
 impl Outside {
     pub fn new() -> Outside {
-        std::fs::create_dir_all(LOCKS).unwrap();
-        let start = rand::random::<u32>() % SLOTS;
-        for i in 0..SLOTS {
-            let slot = (start + i) % SLOTS;
-            let link = format!("sto{slot}");
-            let lock = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(format!("{LOCKS}/{link}.lock"))
-                .unwrap();
-            // SAFETY: flock on a descriptor we own.
-            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                continue;
-            }
-            let base = u32::from(Ipv4Addr::new(10, 252, 0, 0)) + slot * 4;
-            let (host_ip, ip) = (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2));
-            let mut host = Netlink::open().unwrap();
-            let _ = host.delete_link(&link);
-            let here = std::fs::File::open("/proc/self/ns/net").unwrap();
-            let netns = new_netns(Some(VethEnd {
-                host_name: &link,
-                host_netns: here.as_fd(),
-                group: 0,
-                address: ip,
-                gateway: host_ip,
-            }))
-            .expect("the outside world's namespace");
-            let index = netlink::index_of(&link).unwrap();
-            host.add_address(index, host_ip, 30).unwrap();
-            host.set_up(index).unwrap();
-            return Outside {
-                netns,
-                ip,
-                host_ip,
-                link,
-                _lock: lock,
-            };
-        }
-        panic!("no free outside-world slot in {LOCKS}");
-    }
-
-    /// `f` run on a thread inside the world's namespace (sockets it opens stay there).
-    pub fn inside<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let fd = self.netns.as_raw_fd();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                // SAFETY: setns on this thread only, which ends with the closure.
-                assert_eq!(unsafe { libc::setns(fd, libc::CLONE_NEWNET) }, 0);
-                f()
-            })
-            .join()
-            .unwrap()
-        })
+        Outside(
+            OutsideWorld::new(
+                "10.252.0.0/16".parse().unwrap(),
+                "sto",
+                "/run/strata/test-outside",
+            )
+            .expect("the outside world"),
+        )
     }
 
     /// An HTTP server in the world answering every request with `body`; its address.
@@ -94,14 +43,6 @@ impl Outside {
         let ip = self.ip;
         let socket = self.inside(|| UdpSocket::bind((ip, 53)).unwrap());
         std::thread::spawn(move || serve_dns(socket, name, answer));
-    }
-}
-
-impl Drop for Outside {
-    fn drop(&mut self) {
-        if let Ok(mut host) = Netlink::open() {
-            let _ = host.delete_link(&self.link);
-        }
     }
 }
 
