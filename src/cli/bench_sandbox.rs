@@ -31,6 +31,9 @@ pub struct BenchSandboxArgs {
     sandbox_id_range: strata::vmm::id_range::IdRange,
     #[command(flatten)]
     sandbox_network: strata::config::SandboxNetworkArgs,
+    /// Size of the download through the sandbox network, in MiB (0 skips it).
+    #[arg(long, default_value_t = 200)]
+    download_mib: u64,
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -236,6 +239,8 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
         checkpoint.as_secs_f64() / durable_baselines[middle].as_secs_f64()
     );
 
+    network(&args, &backend, &base_layers).await?;
+
     // 3. boot latency by stack depth.
     let scratch = tempfile::tempdir_in(&args.data_dir)?;
     let mut extra = Vec::new();
@@ -275,5 +280,135 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
             ms(percentile(&samples, 0.99))
         );
     }
+    Ok(())
+}
+
+/// 4. What the sandbox network costs: boot+exec+destroy with a link against loopback only,
+/// interleaved; and a download from an outside host of the bench's own (a network namespace
+/// on this machine) through the sandbox's link and NAT, against the same download by the same
+/// client (busybox `nc`) in the host's namespace.
+async fn network(
+    args: &BenchSandboxArgs,
+    backend: &NamespaceBackend,
+    base_layers: &[Digest],
+) -> anyhow::Result<()> {
+    let mut with_link = Vec::new();
+    let mut loopback_only = Vec::new();
+    for i in 0..args.runs + 2 {
+        for network in [Network::Egress, Network::None] {
+            let mut s = spec(base_layers.to_vec());
+            s.limits.network = network;
+            let t = Instant::now();
+            let mut sb = backend.boot(s).await?;
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let out = sb.exec(ExecRequest::shell("true"), tx).await?;
+            sb.destroy().await?;
+            anyhow::ensure!(out.success(), "`true` failed: {out:?}");
+            if i >= 2 {
+                match network {
+                    Network::Egress => &mut with_link,
+                    Network::None => &mut loopback_only,
+                }
+                .push(t.elapsed());
+            }
+        }
+    }
+    with_link.sort();
+    loopback_only.sort();
+    let (l50, l99) = (percentile(&with_link, 0.5), percentile(&with_link, 0.99));
+    let (n50, n99) = (
+        percentile(&loopback_only, 0.5),
+        percentile(&loopback_only, 0.99),
+    );
+    println!(
+        "boot+exec(true)+destroy with the sandbox's link (egress policy): p50 {:.1} ms, p99 {:.1} ms; \
+         loopback only: p50 {:.1} ms, p99 {:.1} ms; ratio p50 {:.2}x, p99 {:.2}x",
+        ms(l50),
+        ms(l99),
+        ms(n50),
+        ms(n99),
+        l50.as_secs_f64() / n50.as_secs_f64(),
+        l99.as_secs_f64() / n99.as_secs_f64(),
+    );
+    if args.download_mib == 0 {
+        return Ok(());
+    }
+
+    let world = strata::vmm::namespace::outside::OutsideWorld::new(
+        "10.254.0.0/16".parse()?,
+        "sbo",
+        "/run/strata/bench-outside",
+    )?;
+    let mib = args.download_mib;
+    let listener = world.inside(|| std::net::TcpListener::bind((world.ip, 0)))?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        let chunk = vec![0u8; 1 << 20];
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn({
+                let chunk = chunk.clone();
+                move || {
+                    use std::io::Write;
+                    for _ in 0..mib {
+                        if conn.write_all(&chunk).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let mut config = args.sandbox_network.config()?;
+    config
+        .policy
+        .allow
+        .push(strata::domain::egress_policy::AllowRule {
+            net: world.net,
+            ports: None,
+        });
+    let reaching = NamespaceBackend::new(NamespaceConfig {
+        data_dir: args.data_dir.clone(),
+        agent_binary: std::env::current_exe()?,
+        depth: Default::default(),
+        ids: args.sandbox_id_range,
+        network: config,
+    })?;
+    let busybox = base_layers
+        .iter()
+        .map(|d| backend.layers().path(d).join("bin/busybox"))
+        .find(|p| p.exists())
+        .context("the busybox base has no bin/busybox")?;
+    let fetch = format!("nc {} {port} > /dev/null", world.ip);
+    let mut sb = reaching.boot(spec(base_layers.to_vec())).await?;
+    let (mut inside, mut host) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let t = Instant::now();
+        let out = sb.exec(ExecRequest::shell(fetch.clone()), tx).await?;
+        inside.push(t.elapsed());
+        anyhow::ensure!(out.success(), "the download in the sandbox failed: {out:?}");
+        let t = Instant::now();
+        let status = std::process::Command::new(&busybox)
+            .args(["sh", "-c", &format!("{} {fetch}", busybox.display())])
+            .stdin(std::process::Stdio::null())
+            .status()?;
+        host.push(t.elapsed());
+        anyhow::ensure!(
+            status.success(),
+            "the download in the host namespace failed"
+        );
+    }
+    sb.destroy().await?;
+    inside.sort();
+    host.sort();
+    let rate = |d: Duration| mib as f64 / d.as_secs_f64();
+    println!(
+        "download of {mib} MiB from an outside host (median of 3): through the sandbox's link {:.0} MiB/s; \
+         the host's namespace, same client {:.0} MiB/s; ratio {:.2}x",
+        rate(inside[1]),
+        rate(host[1]),
+        rate(inside[1]) / rate(host[1]),
+    );
     Ok(())
 }

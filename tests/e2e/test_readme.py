@@ -47,6 +47,8 @@ BLOCKS = {
     # Pulling from a public registry needs the network: `--help` here; the pull itself runs
     # against loopback registries in tests/integration/registry_pull.rs and tests/e2e/test_sdk_registry.py.
     "strata image pull debian:stable": ("sh", ["help", "help", "help"]),
+    # Starting a second `strata up` would take the session's port: `--help` for the first line.
+    "STRATA_SANDBOX_EGRESS_ALLOW=10.1.2.3:3142 strata up": ("sh", ["help", "run"]),
     # Needs a failed build and the admin token: run as written by tests/integration/ops_readme.rs.
     "strata why build $BUILD_ID": ("sh", ["ops_readme"] * 5),
     # Needs objects a pass may delete in a node directory of its own: run as written by

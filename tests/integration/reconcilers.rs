@@ -53,6 +53,7 @@ fn start_reconciler(db_url: &str, node: &str, only: &[&str]) -> Proc {
 /// What the crash tests ask of a worker process about its sandboxes.
 trait SandboxOwner {
     fn running_sandboxes(&self) -> BTreeSet<String>;
+    fn sandbox_links(&self) -> BTreeSet<String>;
     fn sandbox_owner(&self, data_dir: &std::path::Path) -> Option<String>;
     async fn wait_started(&mut self);
 }
@@ -70,6 +71,38 @@ impl SandboxOwner for Proc {
             }
         }
         ids
+    }
+
+    /// The host ends of its running sandboxes' network links (`sbx<slot>`), from the default
+    /// route each `sandbox-init` sees: the gateway is the host end's address, `.1` of the slot.
+    fn sandbox_links(&self) -> BTreeSet<String> {
+        let subnet: strata::domain::egress_policy::Ipv4Net =
+            strata::vmm::NetworkConfig::DEFAULT_SUBNET.parse().unwrap();
+        let mut links = BTreeSet::new();
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid()));
+        for task in tasks.into_iter().flatten().flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace() {
+                let routes =
+                    std::fs::read_to_string(format!("/proc/{child}/net/route")).unwrap_or_default();
+                for fields in routes
+                    .lines()
+                    .skip(1)
+                    .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                {
+                    if fields.get(1) == Some(&"00000000") {
+                        let raw = u32::from_str_radix(fields[2], 16).unwrap();
+                        let gateway = std::net::Ipv4Addr::from(raw.to_ne_bytes());
+                        if subnet.contains(gateway) {
+                            let slot = (u32::from(gateway) - u32::from(subnet.addr())) / 4;
+                            links.insert(format!("sbx{slot}"));
+                        }
+                    }
+                }
+            }
+        }
+        links
     }
 
     /// The owner id of this process's sandbox backend, from its log or its lock file (which a
@@ -309,6 +342,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
     let mut worker = start_worker(&db.url, "crash-node", crash_at);
     // The dead worker's sandboxes, by observation (while it runs) and by its owner id.
     let mut seen = BTreeSet::new();
+    let mut links = BTreeSet::new();
     let mut owner = None;
     match crash {
         Crash::At(point) => {
@@ -347,6 +381,8 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
             seen.extend(worker.running_sandboxes());
             owner = worker.sandbox_owner(&node_dir());
             assert!(!seen.is_empty(), "the worker runs `sleep` in a sandbox");
+            links = worker.sandbox_links();
+            assert!(!links.is_empty(), "the worker's sandbox has a network link");
             worker.signal(libc::SIGKILL);
             worker.reap();
         }
@@ -368,6 +404,20 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
                 .filter(|l| l.starts_with("process "))
                 .collect();
             async move { alive.is_empty() }
+        },
+    )
+    .await;
+    // Their network links die with their namespaces, which die with the worker's descriptors.
+    wait_for(
+        "the dead worker's sandbox links to go",
+        Duration::from_secs(10),
+        || {
+            let left: Vec<&String> = links
+                .iter()
+                .filter(|l| strata::vmm::namespace::netlink::index_of(l).is_ok())
+                .collect();
+            let gone = left.is_empty();
+            async move { gone }
         },
     )
     .await;
