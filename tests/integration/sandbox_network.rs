@@ -304,10 +304,16 @@ async fn a_sandbox_keeps_its_network_across_checkpoints_and_its_link_goes_with_i
 
     let id = sb.id().to_string();
     sb.destroy().await.unwrap();
-    assert!(
-        strata::vmm::namespace::netlink::index_of(&link).is_err(),
-        "{link} outlived its sandbox"
-    );
+    // Deleted off the destroy's path, within moments.
+    let mut gone = false;
+    for _ in 0..50 {
+        gone = strata::vmm::namespace::netlink::index_of(&link).is_err();
+        if gone {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(gone, "{link} outlived its sandbox");
     assert_no_trace(&id);
 }
 

@@ -14,7 +14,8 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Duration;
 
 use super::firewall::{self, LINK_PREFIX};
 use super::netlink::{self, Netlink, Peer};
@@ -69,8 +70,88 @@ pub fn host_resolvers() -> Vec<Ipv4Addr> {
     Vec::new()
 }
 
-/// A node's sandbox networking: its policy installed, slots handed out.
+/// How many ready namespaces with links a node keeps, so that a boot takes one instead of
+/// making one (a veth pair and its namespace cost more than the rest of a boot; ADR 0022).
+const SPARE: usize = 2;
+
+/// A node's sandbox networking: its policy installed, namespaces with links made ahead of
+/// need, links deleted off the sandbox's path.
 pub struct Networks {
+    links: Arc<Links>,
+    spare: Arc<Spare>,
+}
+
+#[derive(Default)]
+struct Spare {
+    nets: Mutex<Vec<SandboxNet>>,
+    taken: Condvar,
+}
+
+impl Networks {
+    /// Installs the firewall for `config` (unless egress is `none`) and starts keeping
+    /// spare namespaces.
+    pub fn start(config: NetworkConfig) -> Result<Networks> {
+        let links = Arc::new(Links::start(config)?);
+        let spare = Arc::new(Spare::default());
+        if links.config.policy.mode == EgressMode::Public {
+            let (weak, spare) = (Arc::downgrade(&links), spare.clone());
+            std::thread::Builder::new()
+                .name("sandbox-net-spare".into())
+                .spawn(move || keep_spares(weak, spare))
+                .map_err(VmmError::io("starting the sandbox network thread"))?;
+        }
+        Ok(Networks { links, spare })
+    }
+
+    pub fn config(&self) -> &NetworkConfig {
+        &self.links.config
+    }
+
+    /// A network namespace for one sandbox: loopback only when `egress` is false or the
+    /// node's mode is `none`, else with its link, address and route.
+    pub fn create(&self, egress: bool) -> Result<SandboxNet> {
+        if egress && self.links.config.policy.mode == EgressMode::Public {
+            let spare = self.spare.nets.lock().expect("spare lock").pop();
+            if let Some(net) = spare {
+                self.spare.taken.notify_one();
+                return Ok(net);
+            }
+        }
+        self.links.create(egress)
+    }
+}
+
+/// Keeps [`SPARE`] namespaces with links ready while the node's networks exist.
+fn keep_spares(links: Weak<Links>, spare: Arc<Spare>) {
+    loop {
+        {
+            let mut nets = spare.nets.lock().expect("spare lock");
+            while nets.len() >= SPARE {
+                nets = spare
+                    .taken
+                    .wait_timeout(nets, Duration::from_secs(1))
+                    .expect("spare lock")
+                    .0;
+                if links.strong_count() == 0 {
+                    return;
+                }
+            }
+        }
+        let Some(strong) = links.upgrade() else {
+            return;
+        };
+        match strong.create(true) {
+            Ok(net) => spare.nets.lock().expect("spare lock").push(net),
+            Err(e) => {
+                tracing::warn!(error = %e, "making a spare sandbox network failed");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// The node's links: its policy, its slots, a netlink socket on the host.
+struct Links {
     config: NetworkConfig,
     /// The host's network namespace, where sandbox links' host ends go.
     host_netns: OwnedFd,
@@ -82,9 +163,8 @@ pub struct Networks {
     slots: u32,
 }
 
-impl Networks {
-    /// Installs the firewall for `config` (unless egress is `none`).
-    pub fn start(config: NetworkConfig) -> Result<Networks> {
+impl Links {
+    fn start(config: NetworkConfig) -> Result<Links> {
         let host_netns = File::open("/proc/self/ns/net")
             .map(OwnedFd::from)
             .map_err(VmmError::io("opening the host's network namespace"))?;
@@ -109,7 +189,7 @@ impl Networks {
                 .map_err(VmmError::io(format!("creating {SLOTS_DIR}")))?;
         }
         let start = rand::random::<u32>() % slots.max(1);
-        Ok(Networks {
+        Ok(Links {
             config,
             host_netns,
             host: Mutex::new(host),
@@ -118,13 +198,7 @@ impl Networks {
         })
     }
 
-    pub fn config(&self) -> &NetworkConfig {
-        &self.config
-    }
-
-    /// A new network namespace for one sandbox: loopback only when `egress` is false or the
-    /// node's mode is `none`, else with its link, address and route.
-    pub fn create(&self, egress: bool) -> Result<SandboxNet> {
+    fn create(&self, egress: bool) -> Result<SandboxNet> {
         if !egress || self.config.policy.mode == EgressMode::None {
             let netns = new_netns(None)?;
             return Ok(SandboxNet {
@@ -300,10 +374,14 @@ impl SandboxNet {
         Some(text)
     }
 
-    /// Deletes the link now and frees its slot.
+    /// Deletes the link and frees its slot, on a thread of its own: deleting a link waits for
+    /// the kernel's RCU grace period, which the sandbox's destroy need not.
     pub fn release(&mut self, networks: &Networks) {
         if let Some(link) = self.link.take() {
-            networks.release(&link);
+            let links = networks.links.clone();
+            let _ = std::thread::Builder::new()
+                .name("sandbox-net-release".into())
+                .spawn(move || links.release(&link));
         }
     }
 }
