@@ -72,7 +72,7 @@ pub fn host_resolvers() -> Vec<Ipv4Addr> {
 
 /// How many ready namespaces with links a node keeps, so that a boot takes one instead of
 /// making one (a veth pair and its namespace cost more than the rest of a boot; ADR 0022).
-const SPARE: usize = 2;
+const SPARE: usize = 4;
 
 /// A node's sandbox networking: its policy installed, namespaces with links made ahead of
 /// need, links deleted off the sandbox's path.
@@ -237,11 +237,18 @@ impl Links {
         Ok(net)
     }
 
-    /// Deletes a sandbox's link at once (its namespace would take it along, but the kernel
-    /// tears namespaces down in the background, and the slot's next holder needs the name).
+    /// Waits for a released link to go with its namespace (the kernel tears namespaces down
+    /// in batches), deleting it only if it lingers; the slot is free once it is gone. Its own
+    /// socket: a deletion waits out an RCU grace period, which `create` must not wait behind.
     fn release(&self, link: &Link) {
-        if let Ok(mut host) = self.host.lock() {
-            let _ = host.delete_link(&link.name);
+        for _ in 0..100 {
+            if netlink::index_of(&link.name).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Ok(mut nl) = Netlink::open() {
+            let _ = nl.delete_link(&link.name);
         }
     }
 
