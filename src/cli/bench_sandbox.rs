@@ -283,10 +283,10 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// 4. What the sandbox network costs: boot+exec+destroy with a link against loopback only,
-/// interleaved; and a download from an outside host of the bench's own (a network namespace
-/// on this machine) through the sandbox's link and NAT, against the same download by the same
-/// client (busybox `nc`) in the host's namespace.
+/// Part 4, what the sandbox network costs: boot+exec+destroy with a link against loopback
+/// only, interleaved; and a download from an outside host of the bench's own (a network
+/// namespace on this machine) through the sandbox's link and NAT, against the same download
+/// by the same client (busybox `nc`) in the host's namespace.
 async fn network(
     args: &BenchSandboxArgs,
     backend: &NamespaceBackend,

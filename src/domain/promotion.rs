@@ -1,8 +1,7 @@
 //! The promotion outbox: `promotion-{build}:{epoch}`.
 //!
 //! Layout: [`PromotionPlan`] (what is promoted, with its deterministic [`ownership_nonce`]);
-//! [`Stage`] and [`State`]; [`Command`], [`Event`], [`Error`], [`decide`], [`evolve`]; then the
-//! adoption rules ([`adopt_layer`], [`adopt_target`]) a reconciler applies after a crash.
+//! [`Stage`] and [`State`]; [`Command`], [`Event`], [`Error`], [`decide`], [`evolve`].
 //!
 //! Entering Publishing on the build writes the plan here (`staged`); from then on any actor (the
 //! worker, or the promotion reconciler after the lease lapsed) drives it forward, one step at a
@@ -27,7 +26,6 @@ use serde::{Deserialize, Serialize};
 use super::build_spec::Tag;
 use super::canonical::Encoder;
 use super::ids::{BuildId, Digest, Epoch, SnapshotId, TemplateId};
-use super::object::Lifecycle;
 
 /// Everything promotion writes, fixed when the intent is staged.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -224,51 +222,6 @@ pub fn evolve(mut state: State, event: &Event) -> State {
     state
 }
 
-/// What to do about one plan layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LayerAction {
-    /// The object exists and content addressing proves it is these bytes: reference it.
-    Adopt,
-    /// Write it (absent, or already deleted).
-    Upload,
-    /// GC is deleting it: wait for Deleted, then upload. Never adopt a doomed object.
-    WaitForDeletion,
-}
-
-pub fn adopt_layer(object: Lifecycle) -> LayerAction {
-    match object {
-        Lifecycle::Live => LayerAction::Adopt,
-        Lifecycle::Absent | Lifecycle::Deleted => LayerAction::Upload,
-        Lifecycle::Deleting => LayerAction::WaitForDeletion,
-    }
-}
-
-/// A snapshot record found at the plan's target id.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FoundTarget {
-    pub source: SnapshotId,
-    pub nonce: Digest,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TargetAction {
-    Write,
-    /// A predecessor executing this same intent wrote it: use it as is.
-    Adopt,
-    /// Someone else's record: leave it (an orphan for GC to judge) and do not overwrite it.
-    Foreign,
-}
-
-pub fn adopt_target(plan: &PromotionPlan, found: Option<&FoundTarget>) -> TargetAction {
-    match found {
-        None => TargetAction::Write,
-        Some(f) if f.nonce == ownership_nonce(plan) && f.source == plan.source => {
-            TargetAction::Adopt
-        }
-        Some(_) => TargetAction::Foreign,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,28 +329,6 @@ mod tests {
                 missing: Digest::of(b"l2")
             })
         );
-    }
-
-    #[test]
-    fn adoption_requires_proof_of_ownership() {
-        let p = plan(1);
-        assert_eq!(adopt_target(&p, None), TargetAction::Write);
-        let own = FoundTarget {
-            source: p.source,
-            nonce: ownership_nonce(&p),
-        };
-        assert_eq!(adopt_target(&p, Some(&own)), TargetAction::Adopt);
-        let other_epoch = FoundTarget {
-            source: p.source,
-            nonce: ownership_nonce(&plan(2)),
-        };
-        assert_eq!(adopt_target(&p, Some(&other_epoch)), TargetAction::Foreign);
-        assert_eq!(
-            adopt_layer(Lifecycle::Deleting),
-            LayerAction::WaitForDeletion
-        );
-        assert_eq!(adopt_layer(Lifecycle::Live), LayerAction::Adopt);
-        assert_eq!(adopt_layer(Lifecycle::Deleted), LayerAction::Upload);
     }
 
     proptest! {

@@ -806,12 +806,20 @@ impl Executor<'_> {
             }
             last_err
         });
-        let outcome = self.guarded(run.sandbox.exec(request, tx)).await;
+        let outcome = match self.guarded(run.sandbox.exec(request, tx)).await {
+            Ok(outcome) => outcome,
+            // Abandoned: the command's output pumps end only when the sandbox is destroyed,
+            // which must not wait for them.
+            Err(stop) => {
+                forward.abort();
+                return Err(stop);
+            }
+        };
         let last_err = match tokio::time::timeout(Duration::from_secs(10), forward).await {
             Ok(Ok(l)) => l,
             _ => None,
         };
-        Ok((outcome?, last_err))
+        Ok((outcome, last_err))
     }
 
     /// Streams a frozen context archive out of the blob store into a temporary file, verifying

@@ -10,9 +10,10 @@
 //!   layers this node's cache holds.
 //! * Concurrency: at most `max_builds` attempts at once (a semaphore permit per attempt; no
 //!   claim is tried without a free permit).
-//! * Lease: renewed every third of its duration. A refused renewal (the attempt was closed) or a
-//!   lease that passed without a successful renewal cancels the attempt: the sandbox is
-//!   destroyed and nothing more is written for it.
+//! * Lease: renewed every third of its duration, each renewal bounded by half that. A refused
+//!   renewal (the attempt was closed), or a lease that can no longer be proven a sixth of its
+//!   duration before it expires, cancels the attempt: the sandbox is destroyed, before the
+//!   lease passes, and nothing more is written for it.
 //! * Shutdown: stop claiming, cancel running attempts (they are abandoned: the attempt-expiry
 //!   reconciler closes them when their lease passes), wait for their sandboxes to be destroyed.
 
@@ -420,32 +421,41 @@ impl Worker {
     }
 }
 
-/// Renews the lease every `every`; cancels the attempt when a renewal is refused or the lease
-/// passed without one.
+/// Renews the lease every `every`, each try bounded; cancels the attempt when a renewal is
+/// refused, or once the lease can no longer be proven for the time its sandboxes take to stop
+/// (a sixth of the lease before it expires by the last renewal that succeeded), so that a node
+/// cut off from the database has stopped its sandboxes before anyone may call it lost.
 async fn renew(attempt: Attempt, lease: Duration, every: Duration, cancel: CancellationToken) {
+    let margin = lease / 6;
+    // Taken before the renewal reads the database's clock: the lease it grants runs from no
+    // earlier than this instant, so the local estimate never outlives it.
     let mut last_ok = Instant::now();
     loop {
+        let stop_at = last_ok + lease.saturating_sub(margin);
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep_until(stop_at.into()) => {}
         }
-        // Taken before the renewal reads the database's clock: the lease it grants runs from
-        // no earlier than this instant, so the local estimate never outlives it.
         let tried = Instant::now();
-        match attempt.renew(lease).await {
-            Ok(()) => last_ok = tried,
-            Err(e @ WorkerError::Fenced { .. }) => {
+        if tried >= stop_at {
+            tracing::warn!(build = %attempt.build, "the lease could not be renewed in time; stopping the build's sandboxes before it expires");
+            cancel.cancel();
+            return;
+        }
+        let bound = (every / 2).min(stop_at - tried);
+        match tokio::time::timeout(bound, attempt.renew(lease)).await {
+            Ok(Ok(())) => last_ok = tried,
+            Ok(Err(e @ WorkerError::Fenced { .. })) => {
                 tracing::warn!(build = %attempt.build, "lease renewal refused: {e}");
                 cancel.cancel();
                 return;
             }
-            Err(e) if last_ok.elapsed() >= lease => {
-                tracing::warn!(build = %attempt.build, error = %e, "the lease passed without a renewal; abandoning the build");
-                cancel.cancel();
-                return;
-            }
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::warn!(build = %attempt.build, error = %e, "lease renewal failed; retrying")
+            }
+            Err(_) => {
+                tracing::warn!(build = %attempt.build, timeout_ms = bound.as_millis() as u64, "lease renewal did not answer in time; retrying")
             }
         }
     }

@@ -279,6 +279,70 @@ fn recipe(steps: Vec<serde_json::Value>) -> serde_json::Value {
     json!({"fromImage": "busybox", "force": false, "steps": steps})
 }
 
+/// A node cut off from the database (a proxy that stops passing its bytes, so every renewal
+/// hangs instead of failing) stops its build's sandbox before its lease expires by the
+/// database's clock, so before anyone can call the node lost and run the build elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_cut_off_from_the_database_stops_its_sandbox_before_its_lease_expires() {
+    let db = common::test_db().await;
+    let store = strata::app::event_store(db.pool.clone());
+    let api = new_api(&store);
+    let (_, build) = api.register("partitioned").await;
+    api.start(build, recipe(vec![step("RUN", &["sleep 600"])]))
+        .await;
+    let proxy = common::db_proxy::DbProxy::start(&db.url).await;
+    let lease = 6;
+    let worker = start_worker_with_lease(&proxy.url, "cut-off-node", None, lease);
+    wait_for("the step's sandbox to run", Duration::from_secs(90), || {
+        let running = !worker.running_sandboxes().is_empty();
+        async move { running }
+    })
+    .await;
+    // Let a renewal pass first, then cut the node off.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.cut();
+    wait_for(
+        "the cut-off node to stop its sandbox",
+        Duration::from_secs(lease + 5),
+        || {
+            let running = !worker.running_sandboxes().is_empty();
+            async move { !running }
+        },
+    )
+    .await;
+    let gone_at: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let Phase::Active {
+        lease_expires_at, ..
+    } = build_state(&store, build).await.phase
+    else {
+        panic!("the build is not active")
+    };
+    assert!(
+        gone_at < lease_expires_at,
+        "the sandbox ran until {gone_at}, past the lease ({lease_expires_at})"
+    );
+    assert!(
+        worker.stderr().contains("could not be renewed in time"),
+        "{}",
+        worker.stderr()
+    );
+    // Only then may the attempt be expired (and the build retried elsewhere).
+    let _reconciler = start_reconciler(&db.url, "expiry", &["attempt-expiry"]);
+    wait_for("the attempt to expire", Duration::from_secs(30), || async {
+        count(&build_events(&store, build).await, "AttemptExpired.v1") == 1
+    })
+    .await;
+    let expired = build_events(&store, build)
+        .await
+        .into_iter()
+        .find(|e| e.event_type == "AttemptExpired.v1")
+        .unwrap();
+    assert!(expired.recorded_at > gone_at);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Crash matrix
 // ---------------------------------------------------------------------------------------------
