@@ -185,8 +185,17 @@ impl Links {
                 );
             }
             firewall::install(&config.policy, config.subnet)?;
+            tracing::info!(
+                subnet = %config.subnet,
+                allow = %config.policy.allow.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","),
+                dns = %config.policy.dns.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","),
+                "sandbox networks: the public internet, the allow list and DNS; never the node, its networks or other sandboxes"
+            );
             std::fs::create_dir_all(SLOTS_DIR)
                 .map_err(VmmError::io(format!("creating {SLOTS_DIR}")))?;
+        }
+        if config.policy.mode == EgressMode::None {
+            tracing::info!("sandbox networks: none (loopback only, STRATA_SANDBOX_EGRESS=none)");
         }
         let start = rand::random::<u32>() % slots.max(1);
         Ok(Links {
