@@ -183,6 +183,11 @@ pub struct BuildNodeArgs {
     #[arg(long, env = "STRATA_STEP_TIMEOUT_SECS", default_value_t = 3600)]
     pub step_timeout_secs: u64,
 
+    /// Most bytes of command output one build stores (and the SDK shows); past it the commands
+    /// run on and one line says the rest was not kept.
+    #[arg(long, env = "STRATA_BUILD_LOG_MAX_BYTES", default_value_t = 64 << 20)]
+    pub build_log_max_bytes: u64,
+
     /// Most bytes of extracted layers this node keeps in `<data-dir>/layers`; past it, the
     /// least recently used layers no running sandbox mounts are removed (and extracted again
     /// from the blob store when next needed). Unset: unbounded.

@@ -10,6 +10,9 @@
 //! Levels: stdout is `info`, stderr is `error` (as E2B reports command output), progress lines are
 //! `info`, the failure reason is `error`.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
@@ -37,6 +40,16 @@ enum LogMsg {
 #[derive(Clone)]
 pub struct BuildLog {
     tx: mpsc::UnboundedSender<LogMsg>,
+    output: Arc<OutputBudget>,
+}
+
+/// How much command output a build may still store: a chatty RUN (`yes` of long lines) must
+/// not grow the worker's memory or `build_logs` without bound. strata's own lines (step
+/// headers, the failure reason) are not counted and always pass.
+struct OutputBudget {
+    limit: u64,
+    used: AtomicU64,
+    truncated: AtomicBool,
 }
 
 /// The receiving side, for [`write_logs`].
@@ -45,13 +58,40 @@ pub struct LogReceiver {
 }
 
 impl BuildLog {
-    pub fn channel() -> (BuildLog, LogReceiver) {
+    /// A log that stores at most `output_limit` bytes of command output.
+    pub fn channel(output_limit: u64) -> (BuildLog, LogReceiver) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (BuildLog { tx }, LogReceiver { rx })
+        let output = Arc::new(OutputBudget {
+            limit: output_limit,
+            used: AtomicU64::new(0),
+            truncated: AtomicBool::new(false),
+        });
+        (BuildLog { tx, output }, LogReceiver { rx })
     }
 
-    pub fn line(&self, line: LogLine) {
+    fn line(&self, line: LogLine) {
         let _ = self.tx.send(LogMsg::Line(line));
+    }
+
+    /// A line of a command's output, stored while the build's output budget lasts; past it,
+    /// one line says so and the rest is dropped (the command runs on).
+    pub fn output(&self, line: LogLine) {
+        let size = line.message.len() as u64 + 1;
+        let used = self.output.used.fetch_add(size, Ordering::Relaxed) + size;
+        if used <= self.output.limit {
+            return self.line(line);
+        }
+        if !self.output.truncated.swap(true, Ordering::Relaxed) {
+            self.line(LogLine {
+                message: format!(
+                    "[strata] this build's output passed {} bytes; the rest is not stored \
+                     (STRATA_BUILD_LOG_MAX_BYTES), and its commands run on",
+                    self.output.limit
+                ),
+                level: LogLevel::Error,
+                ..line
+            });
+        }
     }
 
     pub fn info(&self, step: Option<&str>, message: impl Into<String>) {
@@ -167,5 +207,39 @@ async fn insert(
                 if db.code().as_deref() == Some("23505") && attempt < 5 => {}
             Err(err) => return Err(err),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn output(message: &str) -> LogLine {
+        LogLine {
+            at: Utc::now(),
+            level: LogLevel::Info,
+            message: message.into(),
+            step: Some("1".into()),
+        }
+    }
+
+    #[test]
+    fn output_past_the_budget_is_dropped_after_one_notice_and_own_lines_still_pass() {
+        let (log, mut rx) = BuildLog::channel(10);
+        log.output(output("12345")); // 6 bytes with its newline
+        log.output(output("1234")); // 11: past the budget
+        log.output(output("more"));
+        log.info(Some("2"), "[2/2] RUN next");
+        drop(log);
+        let mut got = Vec::new();
+        while let Ok(LogMsg::Line(l)) = rx.rx.try_recv() {
+            got.push(l.message);
+        }
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(got[0], "12345");
+        assert!(
+            got[1].contains("passed 10 bytes") && got[1].contains("STRATA_BUILD_LOG_MAX_BYTES")
+        );
+        assert_eq!(got[2], "[2/2] RUN next");
     }
 }

@@ -797,7 +797,7 @@ impl Executor<'_> {
                         LogLevel::Error
                     }
                 };
-                log.line(LogLine {
+                log.output(LogLine {
                     at: l.at,
                     level,
                     message: l.line,

@@ -29,6 +29,8 @@ pub struct WorkerSettings {
     pub ready_timeout: Duration,
     /// How long one RUN may take.
     pub step_timeout: Duration,
+    /// Most bytes of command output stored per build (`STRATA_BUILD_LOG_MAX_BYTES`).
+    pub build_log_max_bytes: u64,
     /// How often the queue is polled when no NOTIFY arrives.
     pub poll_interval: Duration,
     /// The sandbox stack's depth limit. Builds plan their checkpoints within it: steps past the
@@ -64,6 +66,7 @@ impl WorkerSettings {
             max_builds: 2,
             ready_timeout: Duration::from_secs(120),
             step_timeout: Duration::from_secs(3600),
+            build_log_max_bytes: 64 << 20,
             poll_interval: Duration::from_secs(2),
             depth: Default::default(),
             registry: Default::default(),
@@ -99,6 +102,7 @@ impl WorkerSettings {
         s.max_builds = args.max_builds.max(1);
         s.ready_timeout = Duration::from_secs(args.ready_timeout_secs);
         s.step_timeout = Duration::from_secs(args.step_timeout_secs);
+        s.build_log_max_bytes = args.build_log_max_bytes;
         s.poll_interval = Duration::from_millis(args.queue_poll_ms.max(50));
         s.layer_cache_bytes = args.layer_cache_bytes;
         s.placement_wait = Duration::from_millis(args.placement_wait_ms);

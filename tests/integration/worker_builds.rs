@@ -940,3 +940,55 @@ async fn a_torn_context_is_not_present_and_a_failed_fetch_retires_its_generation
     );
     fx.stop().await;
 }
+
+/// A chatty RUN (2 MB of output) stores at most the build's output budget and one line saying
+/// the rest was not kept; the command runs to its end, and strata's own lines for the next
+/// step still reach the log.
+#[tokio::test]
+async fn a_chatty_step_stores_at_most_the_output_budget_and_says_so() {
+    let mut s = settings();
+    s.build_log_max_bytes = 64 << 10;
+    let mut fx = Fixture::new(s).await;
+    let (build, state) = fx
+        .build(
+            "chatty",
+            &[],
+            json!({
+                "fromImage": "busybox",
+                "force": true,
+                "steps": [
+                    step("RUN", &["yes 0123456789abcdef0123456789abcdef0123456789abcdef | head -c 2000000; echo done > /tmp/done"]),
+                    step("RUN", &["cat /tmp/done"]),
+                ],
+            }),
+        )
+        .await;
+    assert_ready(&state);
+    let logs = fx.logs(build).await;
+    let chatty: Vec<&str> = logs
+        .iter()
+        .filter(|l| l.3.as_deref() == Some("1") && !l.2.starts_with('['))
+        .map(|l| l.2.as_str())
+        .collect();
+    let stored: usize = chatty.iter().map(|m| m.len() + 1).sum();
+    assert!(stored <= 64 << 10, "{stored} bytes of output stored");
+    assert!(
+        stored > 60 << 10,
+        "the budget is used, not refused: {stored}"
+    );
+    let notices: Vec<&str> = logs
+        .iter()
+        .map(|l| l.2.as_str())
+        .filter(|m| m.contains("STRATA_BUILD_LOG_MAX_BYTES"))
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    // The next step ran (it reads what the chatty command wrote after its output) and its
+    // header, strata's own line, is logged; its output, past the budget, is not.
+    assert!(
+        logs.iter().any(|l| l.2.ends_with("RUN cat /tmp/done")),
+        "{:?}",
+        &logs[logs.len().saturating_sub(5)..]
+    );
+    assert!(!logs.iter().any(|l| l.2 == "done"));
+    fx.stop().await;
+}
