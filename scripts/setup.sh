@@ -18,12 +18,30 @@ command -v curl >/dev/null || need_apt+=(curl)
 command -v docker-registry >/dev/null || need_apt+=(docker-registry)
 command -v skopeo >/dev/null || need_apt+=(skopeo)
 command -v htpasswd >/dev/null || need_apt+=(apache2-utils)
+# The e2e tests serve the node's own Debian index (lz4-compressed by apt) to sandboxes.
+command -v lz4 >/dev/null || need_apt+=(lz4)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+# The packages `apt_install` tests install, served to sandboxes from the tests' own outside
+# world (tests/e2e/conftest.py) with the node's Debian index, so the tests reach no mirror.
+mkdir -p /var/cache/strata-test/apt
+ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || apt-get update -qq
+if ! ls /var/cache/strata-test/apt/tree_*.deb >/dev/null 2>&1; then
+  (cd /var/cache/strata-test/apt && apt-get download -qq tree 2>/dev/null)
+fi
+# apt in a sandbox also fetches the English translations the node's InRelease names (by hash,
+# so the file is the one that InRelease signs).
+release=/var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease
+translation=$(awk '/^SHA256:/{s=1;next} /^[^ ]/{s=0} s && $3=="main/i18n/Translation-en.xz"{print $1}' "$release")
+if [ -n "$translation" ] && [ ! -s "/var/cache/strata-test/apt/$translation" ]; then
+  curl -fsS -o "/var/cache/strata-test/apt/$translation" \
+    "http://deb.debian.org/debian/dists/bookworm/main/i18n/by-hash/SHA256/$translation"
 fi
 
 # The stock E2B SDK for the conformance suite, pinned, in a virtualenv beside the checkout.

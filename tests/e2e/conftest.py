@@ -349,9 +349,70 @@ def registries(tmp_path_factory):
     regs.stop()
 
 
+# The node's own Debian index (scripts/setup.sh's `apt-get update`) and the packages setup
+# downloaded for `apt_install` tests, served in the outside world as deb.debian.org.
+APT_LISTS = pathlib.Path("/var/lib/apt/lists")
+APT_DEBS = pathlib.Path(os.environ.get("STRATA_TEST_APT_DEBS", "/var/cache/strata-test/apt"))
+
+
+def debian_mirror(root: pathlib.Path) -> pathlib.Path:
+    """bookworm main as deb.debian.org lays it out: the node's signed InRelease, the Packages
+    index it names (by path and by hash) and the .debs setup downloaded, each checked against
+    the index, so apt in a sandbox verifies everything as it would against the real mirror."""
+    dists = root / "debian" / "dists" / "bookworm"
+    index = dists / "main" / "binary-amd64"
+    (index / "by-hash" / "SHA256").mkdir(parents=True)
+    inrelease = (APT_LISTS / "deb.debian.org_debian_dists_bookworm_InRelease").read_bytes()
+    (dists / "InRelease").write_bytes(inrelease)
+    lists = APT_LISTS / "deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages"
+    if lists.exists():
+        packages = lists.read_bytes()
+    else:
+        packages = subprocess.run(["lz4", "-dc", f"{lists}.lz4"], check=True, capture_output=True).stdout
+    digest = hashlib.sha256(packages).hexdigest()
+    assert f"{digest} ".encode() in inrelease, (
+        "the node's Packages index is not the one its InRelease names; run scripts/setup.sh"
+    )
+    (index / "Packages").write_bytes(packages)
+    (index / "by-hash" / "SHA256" / digest).write_bytes(packages)
+    # Index files setup fetched by hash (the English translations), served by hash.
+    for fetched in APT_DEBS.iterdir():
+        if len(fetched.name) == 64 and fetched.name.encode() in inrelease:
+            data = fetched.read_bytes()
+            assert hashlib.sha256(data).hexdigest() == fetched.name, f"{fetched} is torn"
+            (dists / "main" / "i18n" / "by-hash" / "SHA256").mkdir(parents=True, exist_ok=True)
+            (dists / "main" / "i18n" / "by-hash" / "SHA256" / fetched.name).write_bytes(data)
+    wanted = {deb.name: deb for deb in APT_DEBS.glob("*.deb")}
+    assert wanted, f"no .deb in {APT_DEBS}; run scripts/setup.sh"
+    for stanza in packages.decode(errors="replace").split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line.startswith(" "))
+        name = fields.get("Filename", "").rsplit("/", 1)[-1]
+        if name in wanted:
+            data = wanted.pop(name).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == fields["SHA256"], f"{name} is not the one the index names"
+            dest = root / "debian" / fields["Filename"]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+    assert not wanted, f"not in the node's index (run scripts/setup.sh): {sorted(wanted)}"
+    return root
+
+
 @pytest.fixture(scope="session")
-def outside():
+def outside(tmp_path_factory):
+    """The outside world, with the only DNS sandboxes get (deb.debian.org is the world itself)
+    and a Debian mirror on port 80."""
     world = Outside()
+    dns = world.popen(
+        ["python3", str(ROOT / "tests" / "e2e" / "dns_server.py"), world.ip, f"deb.debian.org={world.ip}"],
+    )
+    mirror = debian_mirror(tmp_path_factory.mktemp("debian-mirror"))
+    http = world.popen(
+        ["python3", "-m", "http.server", "--bind", world.ip, "--directory", str(mirror), "80"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    world.wait_for(80, http)
+    assert dns.poll() is None, "the outside world's DNS server did not start"
     yield world
     world.close()
 
@@ -364,6 +425,8 @@ def strata(tmp_path_factory, registries, outside):
     server.env["STRATA_REGISTRY_MIRRORS"] = f"docker.io=http://{registries.open.addr}"
     # Build steps reach the test's outside world (private, so only through the allow list).
     server.env["STRATA_SANDBOX_EGRESS_ALLOW"] = outside.network
+    # ... and resolve names only through its DNS: no sandbox lookup leaves the machine.
+    server.env["STRATA_SANDBOX_DNS"] = outside.ip
     server.start()
     yield server
     server.stop()

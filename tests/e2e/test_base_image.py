@@ -1,10 +1,11 @@
 """The built-in `e2bdev/base` carries what users of E2B's default image expect, so the SDK's
 package and clone helpers work on it unchanged.
 
-`apt_install` uses the node's Debian mirror (the network `scripts/setup.sh` needs anyway); the
-pip wheel, the npm tarball and the git repository come from an HTTP server in the test's
-outside world (a network namespace of its own, conftest.Outside), which the build sandbox
-reaches through its own network because strata's allow list names it.
+Everything comes from the test's outside world (a network namespace of its own,
+conftest.Outside), which the build sandbox reaches through its own network because strata's
+allow list names it: `apt_install` from a Debian mirror there (the node's own signed index and
+the packages `scripts/setup.sh` downloaded, served as deb.debian.org, which the world's DNS
+names), the pip wheel, the npm tarball and the git repository from an HTTP server there.
 """
 
 import base64

@@ -7,7 +7,8 @@ The methods that reach past the build context are covered elsewhere against loop
 for the networks they need: the image helpers (`from_ubuntu_image` ... `from_bun_image`), digest
 references and `from_image` with credentials or `from_gcp_registry` in test_sdk_registry.py (a
 real registry serving as the docker.io mirror and as private registries), and `apt_install`,
-`pip_install`, `npm_install`, `git_clone` in test_base_image.py (loopback package servers).
+`pip_install`, `npm_install`, `git_clone` in test_base_image.py (package servers in the tests'
+outside world, a network namespace of their own).
 `bun_install` runs on a stand-in `bun` (no bun installs offline), `add_mcp_server` and
 `beta_dev_container_*` on team templates named `mcp-gateway` and `devcontainer` whose tools
 are stand-ins recording how they were called: the real tools pull from networks. Only
