@@ -197,18 +197,6 @@ impl NamespaceBackend {
     }
 }
 
-impl NamespaceBackend {
-    /// A network namespace for a sandbox.
-    fn new_net(&self, network: Network) -> Result<network::SandboxNet> {
-        self.shared.networks.create(network == Network::Egress)
-    }
-
-    /// The node's sandbox network settings.
-    pub fn network(&self) -> &network::NetworkConfig {
-        self.shared.networks.config()
-    }
-}
-
 /// The program a sandbox starts as: [`init::SMALL_BINARY`] beside `strata` when it reports the
 /// sources this process was built from (asked once, when the backend starts), else `strata`
 /// itself. Exec'ing strata relocates the whole service at every boot (in a release build 34k
@@ -309,7 +297,11 @@ impl SandboxBackend for NamespaceBackend {
         let dir = self.sandbox_dir(&id);
         std::fs::create_dir_all(dir.join("root"))
             .map_err(VmmError::io("creating the sandbox directory"))?;
-        let net = match self.new_net(spec.limits.network) {
+        let net = match self
+            .shared
+            .networks
+            .create(spec.limits.network == Network::Egress)
+        {
             Ok(n) => n,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -791,7 +783,6 @@ impl NamespaceSandbox {
         let running = self.running.take();
         let cgroup = self.cgroup.take();
         let net = self.net.take();
-        let backend = self.backend.clone();
         let dir = self.dir.clone();
         let outer = running.as_ref().map(|r| r.outer);
         let _ = tokio::task::spawn_blocking(move || {
@@ -801,9 +792,8 @@ impl NamespaceSandbox {
                 }
                 c.remove();
             }
-            if let Some(mut net) = net {
-                net.release(&backend.shared.networks);
-            }
+            // After its processes: its link is freed once the namespace is gone.
+            drop(net);
             let _ = std::fs::remove_dir_all(&dir);
         })
         .await;
@@ -996,9 +986,6 @@ impl Drop for NamespaceSandbox {
         // every member and removes its directories.
         if let Some(mut c) = self.cgroup.take() {
             c.remove();
-        }
-        if let Some(mut net) = self.net.take() {
-            net.release(&self.backend.shared.networks);
         }
         if self.dir.exists() {
             let _ = std::fs::remove_dir_all(&self.dir);

@@ -83,7 +83,9 @@ pub struct Networks {
 
 #[derive(Default)]
 struct Spare {
-    nets: Mutex<Vec<SandboxNet>>,
+    /// The ready namespaces, and whether any sandbox has asked for one yet: a process that
+    /// boots no networked sandbox (a one-shot command, most tests) makes none ahead.
+    nets: Mutex<(Vec<SandboxNet>, bool)>,
     taken: Condvar,
 }
 
@@ -111,9 +113,13 @@ impl Networks {
     /// node's mode is `none`, else with its link, address and route.
     pub fn create(&self, egress: bool) -> Result<SandboxNet> {
         if egress && self.links.config.policy.mode == EgressMode::Public {
-            let spare = self.spare.nets.lock().expect("spare lock").pop();
+            let spare = {
+                let mut nets = self.spare.nets.lock().expect("spare lock");
+                nets.1 = true;
+                nets.0.pop()
+            };
+            self.spare.taken.notify_one();
             if let Some(net) = spare {
-                self.spare.taken.notify_one();
                 return Ok(net);
             }
         }
@@ -121,12 +127,13 @@ impl Networks {
     }
 }
 
-/// Keeps [`SPARE`] namespaces with links ready while the node's networks exist.
+/// Keeps [`SPARE`] namespaces with links ready, from the first one asked for, while the
+/// node's networks exist.
 fn keep_spares(links: Weak<Links>, spare: Arc<Spare>) {
     loop {
         {
             let mut nets = spare.nets.lock().expect("spare lock");
-            while nets.len() >= SPARE {
+            while !nets.1 || nets.0.len() >= SPARE {
                 nets = spare
                     .taken
                     .wait_timeout(nets, Duration::from_secs(1))
@@ -141,7 +148,7 @@ fn keep_spares(links: Weak<Links>, spare: Arc<Spare>) {
             return;
         };
         match strong.create(true) {
-            Ok(net) => spare.nets.lock().expect("spare lock").push(net),
+            Ok(net) => spare.nets.lock().expect("spare lock").0.push(net),
             Err(e) => {
                 tracing::warn!(error = %e, "making a spare sandbox network failed");
                 std::thread::sleep(Duration::from_secs(1));
@@ -150,17 +157,12 @@ fn keep_spares(links: Weak<Links>, spare: Arc<Spare>) {
     }
 }
 
-/// The node's links: its policy, its slots, a netlink socket on the host.
+/// The node's links: its policy and its slots (none when egress is `none`).
 struct Links {
     config: NetworkConfig,
     /// The host's network namespace, where sandbox links' host ends go.
     host_netns: OwnedFd,
-    /// A netlink socket in the host's namespace, whichever thread uses it.
-    host: Mutex<Netlink>,
-    /// The next slot to try: slots are taken round-robin so that a freed address is not
-    /// reused at once (conntrack entries of the last holder time out first).
-    next: AtomicU32,
-    slots: u32,
+    slots: Option<SlotPool>,
 }
 
 impl Links {
@@ -168,129 +170,171 @@ impl Links {
         let host_netns = File::open("/proc/self/ns/net")
             .map(OwnedFd::from)
             .map_err(VmmError::io("opening the host's network namespace"))?;
-        let host = Netlink::open().map_err(VmmError::io("opening a netlink socket"))?;
-        let slots = (config.subnet.size() / 4).min(100_000) as u32;
-        if config.policy.mode == EgressMode::Public {
-            if slots == 0 {
-                return Err(VmmError::Network(format!(
-                    "the sandbox subnet {} holds no /30; give a /16 or so (STRATA_SANDBOX_SUBNET)",
-                    config.subnet
-                )));
-            }
-            check_subnet_is_free(config.subnet)?;
-            if config.policy.dns.is_empty() {
-                tracing::warn!(
-                    "the host's resolv.conf names no resolver a sandbox can use (only loopback \
-                     stubs); sandboxes get no DNS until STRATA_SANDBOX_DNS names one"
+        let slots = match config.policy.mode {
+            EgressMode::None => {
+                tracing::info!(
+                    "sandbox networks: none (loopback only, STRATA_SANDBOX_EGRESS=none)"
                 );
+                None
             }
-            firewall::install(&config.policy, config.subnet)?;
-            tracing::info!(
-                subnet = %config.subnet,
-                allow = %config.policy.allow.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","),
-                dns = %config.policy.dns.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","),
-                "sandbox networks: the public internet, the allow list and DNS; never the node, its networks or other sandboxes"
-            );
-            std::fs::create_dir_all(SLOTS_DIR)
-                .map_err(VmmError::io(format!("creating {SLOTS_DIR}")))?;
-        }
-        if config.policy.mode == EgressMode::None {
-            tracing::info!("sandbox networks: none (loopback only, STRATA_SANDBOX_EGRESS=none)");
-        }
-        let start = rand::random::<u32>() % slots.max(1);
+            EgressMode::Public => {
+                check_subnet_is_free(config.subnet)?;
+                let slots = SlotPool::new(config.subnet, LINK_PREFIX, SLOTS_DIR)?;
+                if config.policy.dns.is_empty() {
+                    tracing::warn!(
+                        "the host's resolv.conf names no resolver a sandbox can use (only \
+                         loopback stubs); sandboxes get no DNS until STRATA_SANDBOX_DNS names one"
+                    );
+                }
+                firewall::install(&config.policy, config.subnet)?;
+                tracing::info!(
+                    subnet = %config.subnet,
+                    allow = %config.policy.allow.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","),
+                    dns = %config.policy.dns.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","),
+                    "sandbox networks: the public internet, the allow list and DNS; never the node, its networks or other sandboxes"
+                );
+                Some(slots)
+            }
+        };
         Ok(Links {
             config,
             host_netns,
-            host: Mutex::new(host),
-            next: AtomicU32::new(start),
             slots,
         })
     }
 
     fn create(&self, egress: bool) -> Result<SandboxNet> {
-        if !egress || self.config.policy.mode == EgressMode::None {
-            let netns = new_netns(None)?;
+        let Some(slots) = self.slots.as_ref().filter(|_| egress) else {
             return Ok(SandboxNet {
-                netns,
+                netns: new_netns(None)?,
                 link: None,
                 resolvers: Vec::new(),
             });
-        }
-        let slot = self.take_slot()?;
-        let (host_ip, sandbox_ip) = self.addresses(slot.index);
-        let mut host = self.host.lock().expect("netlink socket lock");
-        // A link left by a namespace the kernel has not finished tearing down.
-        let _ = host.delete_link(&slot.name);
-        let netns = new_netns(Some(VethEnd {
-            host_name: &slot.name,
-            host_netns: self.host_netns.as_fd(),
-            group: self.config.policy.fingerprint(),
-            address: sandbox_ip,
-            gateway: host_ip,
-        }))?;
-        let configured = netlink::index_of(&slot.name).and_then(|index| {
-            host.add_address(index, host_ip, 30)?;
-            host.set_up(index)
-        });
-        drop(host);
-        let link = Link {
-            name: slot.name.clone(),
-            _lock: slot.lock,
         };
-        let net = SandboxNet {
+        let slot = slots.take()?;
+        let netns = linked_netns(
+            &slot,
+            self.host_netns.as_fd(),
+            self.config.policy.fingerprint(),
+        )?;
+        Ok(SandboxNet {
             netns,
-            link: Some(link),
+            link: Some(slot),
             resolvers: self.config.policy.dns.clone(),
-        };
-        configured.map_err(VmmError::io(format!("configuring {}", slot.name)))?;
-        Ok(net)
+        })
     }
+}
 
-    /// Waits for a released link to go with its namespace (the kernel tears namespaces down
-    /// in batches), deleting it only if it lingers; the slot is free once it is gone. Its own
-    /// socket: a deletion waits out an RCU grace period, which `create` must not wait behind.
-    fn release(&self, link: &Link) {
-        for _ in 0..100 {
-            if netlink::index_of(&link.name).is_err() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+/// Waits for a released link to go with its namespace (the kernel tears namespaces down in
+/// batches), deleting it only if it lingers; the slot is free once it is gone (the lock is
+/// dropped with `link`). Its own socket: a deletion waits out an RCU grace period, which no
+/// other link's setup should wait behind.
+fn release(link: Slot) {
+    for _ in 0..100 {
+        if netlink::index_of(&link.name).is_err() {
+            return;
         }
-        if let Ok(mut nl) = Netlink::open() {
-            let _ = nl.delete_link(&link.name);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Ok(mut nl) = Netlink::open() {
+        let _ = nl.delete_link(&link.name);
+    }
+}
+
+/// Host-wide /30 slots of a subnet for links named `<prefix><n>`: one lock file per slot in
+/// a directory every process on the host uses, held while the link exists, taken round-robin
+/// so that a freed address is not reused at once (conntrack entries of the last holder time
+/// out first). A process that dies releases its locks.
+pub struct SlotPool {
+    subnet: Ipv4Net,
+    prefix: &'static str,
+    dir: PathBuf,
+    slots: u32,
+    next: AtomicU32,
+}
+
+/// One slot, locked: its link's name and the two addresses of its /30.
+pub struct Slot {
+    pub name: String,
+    /// `.1`, the host's end.
+    pub host_ip: Ipv4Addr,
+    /// `.2`, the namespace's `eth0`.
+    pub ip: Ipv4Addr,
+    pub net: Ipv4Net,
+    _lock: File,
+}
+
+impl SlotPool {
+    pub fn new(subnet: Ipv4Net, prefix: &'static str, dir: &str) -> Result<SlotPool> {
+        let slots = (subnet.size() / 4).min(100_000) as u32;
+        if slots == 0 {
+            return Err(VmmError::Network(format!(
+                "the subnet {subnet} holds no /30; give a /16 or so (STRATA_SANDBOX_SUBNET)"
+            )));
         }
+        std::fs::create_dir_all(dir).map_err(VmmError::io(format!("creating {dir}")))?;
+        Ok(SlotPool {
+            subnet,
+            prefix,
+            dir: PathBuf::from(dir),
+            slots,
+            next: AtomicU32::new(rand::random::<u32>() % slots),
+        })
     }
 
-    fn addresses(&self, slot: u32) -> (Ipv4Addr, Ipv4Addr) {
-        let base = u32::from(self.config.subnet.addr()) + slot * 4;
-        (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2))
-    }
-
-    fn take_slot(&self) -> Result<Slot> {
+    pub fn take(&self) -> Result<Slot> {
         for _ in 0..self.slots {
             let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots;
-            let name = format!("{LINK_PREFIX}{index}");
-            let path = PathBuf::from(SLOTS_DIR).join(format!("{name}.lock"));
-            let file = std::fs::OpenOptions::new()
+            let name = format!("{}{index}", self.prefix);
+            let path = self.dir.join(format!("{name}.lock"));
+            let lock = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
                 .write(true)
                 .open(&path)
                 .map_err(VmmError::io(format!("opening {}", path.display())))?;
             // SAFETY: flock on a descriptor we own.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                let base = u32::from(self.subnet.addr()) + index * 4;
                 return Ok(Slot {
-                    index,
                     name,
-                    lock: file,
+                    host_ip: Ipv4Addr::from(base + 1),
+                    ip: Ipv4Addr::from(base + 2),
+                    net: Ipv4Net::new(Ipv4Addr::from(base), 30).expect("an aligned /30"),
+                    _lock: lock,
                 });
             }
         }
         Err(VmmError::Network(format!(
-            "all {} sandbox links of {} are in use; give a larger STRATA_SANDBOX_SUBNET",
-            self.slots, self.config.subnet
+            "all {} links of {} are in use; give a larger STRATA_SANDBOX_SUBNET",
+            self.slots, self.subnet
         )))
     }
+}
+
+/// A new network namespace linked to the host through `slot`: its `eth0` has `slot.ip` and
+/// the default route via the host's end, `slot.name` in `host_netns` with `slot.host_ip` and
+/// interface group `group` (the firewall's policy key, or 0).
+pub fn linked_netns(slot: &Slot, host_netns: BorrowedFd<'_>, group: u32) -> Result<OwnedFd> {
+    let mut host = Netlink::open().map_err(VmmError::io("opening a netlink socket"))?;
+    // A link left by a namespace the kernel has not finished tearing down.
+    let _ = host.delete_link(&slot.name);
+    let netns = new_netns(Some(VethEnd {
+        peer: Peer {
+            name: &slot.name,
+            netns: host_netns,
+            group,
+        },
+        address: slot.ip,
+        gateway: slot.host_ip,
+    }))?;
+    netlink::index_of(&slot.name)
+        .and_then(|index| {
+            host.add_address(index, slot.host_ip, 30)?;
+            host.set_up(index)
+        })
+        .map_err(VmmError::io(format!("configuring {}", slot.name)))?;
+    Ok(netns)
 }
 
 /// Refuses a sandbox subnet that holds an address of the host's (other than sandbox links').
@@ -308,34 +352,18 @@ fn check_subnet_is_free(subnet: Ipv4Net) -> Result<()> {
     Ok(())
 }
 
-struct Slot {
-    index: u32,
-    name: String,
-    lock: File,
-}
-
-/// A sandbox link's host end, and the slot lock held while it exists.
-struct Link {
-    name: String,
-    _lock: File,
-}
-
 /// The namespace's side of a veth link, set up inside a new namespace: `eth0` with
-/// `address/30` and the default route via `gateway`, its peer `host_name` moved to
-/// `host_netns`.
-pub struct VethEnd<'a> {
-    pub host_name: &'a str,
-    pub host_netns: BorrowedFd<'a>,
-    /// The peer's interface group (a policy's, or 0).
-    pub group: u32,
-    pub address: Ipv4Addr,
-    pub gateway: Ipv4Addr,
+/// `address/30` and the default route via `gateway`, its `peer` moved out.
+struct VethEnd<'a> {
+    peer: Peer<'a>,
+    address: Ipv4Addr,
+    gateway: Ipv4Addr,
 }
 
 /// Makes a network namespace on a thread of its own (a network namespace is per thread, and
 /// that thread ends with the work), brings loopback up in it and, with `link`, the sandbox's
 /// end of its veth pair.
-pub fn new_netns(link: Option<VethEnd<'_>>) -> Result<OwnedFd> {
+fn new_netns(link: Option<VethEnd<'_>>) -> Result<OwnedFd> {
     std::thread::scope(|s| {
         s.spawn(|| -> std::io::Result<OwnedFd> {
             // SAFETY: unshare on this thread only; it exits when this closure returns.
@@ -346,14 +374,7 @@ pub fn new_netns(link: Option<VethEnd<'_>>) -> Result<OwnedFd> {
             let mut nl = Netlink::open()?;
             nl.set_up(1)?;
             if let Some(link) = link {
-                nl.add_veth(
-                    "eth0",
-                    Peer {
-                        name: link.host_name,
-                        netns: link.host_netns,
-                        group: link.group,
-                    },
-                )?;
+                nl.add_veth("eth0", link.peer)?;
                 let index = netlink::index_of("eth0")?;
                 nl.set_up(index)?;
                 nl.add_address(index, link.address, 30)?;
@@ -370,7 +391,8 @@ pub fn new_netns(link: Option<VethEnd<'_>>) -> Result<OwnedFd> {
 /// One sandbox's network namespace, and its link while it has one.
 pub struct SandboxNet {
     netns: OwnedFd,
-    link: Option<Link>,
+    /// The slot of its link, while it has one.
+    link: Option<Slot>,
     resolvers: Vec<Ipv4Addr>,
 }
 
@@ -389,15 +411,16 @@ impl SandboxNet {
         }
         Some(text)
     }
+}
 
-    /// Deletes the link and frees its slot, on a thread of its own: deleting a link waits for
-    /// the kernel's RCU grace period, which the sandbox's destroy need not.
-    pub fn release(&mut self, networks: &Networks) {
+impl Drop for SandboxNet {
+    /// Frees the link's slot once the link is gone, on a thread of its own: the namespace's
+    /// teardown, or a deletion, waits for the kernel, which the sandbox's destroy need not.
+    fn drop(&mut self) {
         if let Some(link) = self.link.take() {
-            let links = networks.links.clone();
             let _ = std::thread::Builder::new()
                 .name("sandbox-net-release".into())
-                .spawn(move || links.release(&link));
+                .spawn(move || release(link));
         }
     }
 }

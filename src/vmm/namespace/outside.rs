@@ -5,8 +5,8 @@
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
-use super::netlink::{self, Netlink};
-use super::network::{new_netns, VethEnd};
+use super::netlink::Netlink;
+use super::network::{linked_netns, Slot, SlotPool};
 use crate::domain::egress_policy::Ipv4Net;
 use crate::vmm::error::{Result, VmmError};
 
@@ -18,63 +18,24 @@ pub struct OutsideWorld {
     pub host_ip: Ipv4Addr,
     /// The /30 of both.
     pub net: Ipv4Net,
-    link: String,
-    _lock: std::fs::File,
+    slot: Slot,
 }
 
 impl OutsideWorld {
     /// A world on a free /30 of `subnet`, its link named `<prefix><slot>`, slots locked in
     /// `locks` (host-wide, so concurrent processes take different ones).
-    pub fn new(subnet: Ipv4Net, prefix: &str, locks: &str) -> Result<OutsideWorld> {
-        std::fs::create_dir_all(locks).map_err(VmmError::io(format!("creating {locks}")))?;
-        let slots = (subnet.size() / 4).min(1 << 16) as u32;
-        let start = rand::random::<u32>() % slots.max(1);
-        for i in 0..slots {
-            let slot = (start + i) % slots;
-            let link = format!("{prefix}{slot}");
-            let path = format!("{locks}/{link}.lock");
-            let lock = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .map_err(VmmError::io(format!("opening {path}")))?;
-            // SAFETY: flock on a descriptor we own.
-            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                continue;
-            }
-            let base = u32::from(subnet.addr()) + slot * 4;
-            let (host_ip, ip) = (Ipv4Addr::from(base + 1), Ipv4Addr::from(base + 2));
-            let net = Ipv4Net::new(Ipv4Addr::from(base), 30).expect("an aligned /30");
-            let mut host = Netlink::open().map_err(VmmError::io("opening a netlink socket"))?;
-            let _ = host.delete_link(&link);
-            let here = std::fs::File::open("/proc/self/ns/net")
-                .map_err(VmmError::io("opening the host's network namespace"))?;
-            let netns = new_netns(Some(VethEnd {
-                host_name: &link,
-                host_netns: here.as_fd(),
-                group: 0,
-                address: ip,
-                gateway: host_ip,
-            }))?;
-            netlink::index_of(&link)
-                .and_then(|index| {
-                    host.add_address(index, host_ip, 30)?;
-                    host.set_up(index)
-                })
-                .map_err(VmmError::io(format!("configuring {link}")))?;
-            return Ok(OutsideWorld {
-                netns,
-                ip,
-                host_ip,
-                net,
-                link,
-                _lock: lock,
-            });
-        }
-        Err(VmmError::Network(format!(
-            "no free /30 of {subnet} in {locks}"
-        )))
+    pub fn new(subnet: Ipv4Net, prefix: &'static str, locks: &str) -> Result<OutsideWorld> {
+        let slot = SlotPool::new(subnet, prefix, locks)?.take()?;
+        let here = std::fs::File::open("/proc/self/ns/net")
+            .map_err(VmmError::io("opening the host's network namespace"))?;
+        let netns = linked_netns(&slot, here.as_fd(), 0)?;
+        Ok(OutsideWorld {
+            netns,
+            ip: slot.ip,
+            host_ip: slot.host_ip,
+            net: slot.net,
+            slot,
+        })
     }
 
     /// `f` run on a thread inside the world's namespace (sockets it opens stay there).
@@ -99,7 +60,7 @@ impl OutsideWorld {
 impl Drop for OutsideWorld {
     fn drop(&mut self) {
         if let Ok(mut host) = Netlink::open() {
-            let _ = host.delete_link(&self.link);
+            let _ = host.delete_link(&self.slot.name);
         }
     }
 }
