@@ -33,9 +33,53 @@ pub struct StorageArgs {
     #[command(flatten)]
     pub sandbox_network: SandboxNetworkArgs,
 
+    #[command(flatten)]
+    pub sandbox_disk: SandboxDiskArgs,
+
     /// Maximum connections in this process's Postgres pool.
     #[arg(long, env = "STRATA_DB_POOL_SIZE", default_value_t = 16)]
     pub db_pool_size: u32,
+}
+
+/// How much a sandbox may write, and what the node keeps free (ADR 0023).
+#[derive(Debug, Clone, Args)]
+pub struct SandboxDiskArgs {
+    /// Most bytes one build (or `template exec`) may write, its layers included: each sandbox
+    /// writes to its own filesystem of this size (`20GiB`, `500MB`, bytes), and a step past it
+    /// fails saying so. `none`: sandboxes write to the data disk, unbounded.
+    #[arg(long, env = "STRATA_BUILD_DISK_MAX", default_value = "20GiB", value_parser = parse_disk_max, value_name = "SIZE|none")]
+    pub build_disk_max: DiskMax,
+
+    /// Free space on the data disk that no sandbox is ever granted (the blob store, layers and,
+    /// under `strata up`, Postgres live there). A sandbox that cannot get what it needs beyond
+    /// it does not boot.
+    #[arg(long, env = "STRATA_NODE_DISK_RESERVE", default_value = "4GiB", value_parser = parse_bytes)]
+    pub node_disk_reserve: u64,
+}
+
+/// `STRATA_BUILD_DISK_MAX`: a size, or no bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskMax(pub Option<u64>);
+
+fn parse_disk_max(text: &str) -> Result<DiskMax, String> {
+    if text.trim() == "none" {
+        return Ok(DiskMax(None));
+    }
+    match parse_bytes(text)? {
+        n if n < crate::vmm::namespace::scratch::FLOOR => Err(format!(
+            "{text:?} is below the smallest sandbox disk, 64MiB"
+        )),
+        n => Ok(DiskMax(Some(n))),
+    }
+}
+
+impl SandboxDiskArgs {
+    pub fn config(&self) -> crate::vmm::namespace::scratch::DiskConfig {
+        crate::vmm::namespace::scratch::DiskConfig {
+            max: self.build_disk_max.0,
+            reserve: self.node_disk_reserve,
+        }
+    }
 }
 
 /// What sandboxes (build steps, `template exec`) may reach over the network (ADR 0022).

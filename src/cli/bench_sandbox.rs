@@ -31,6 +31,8 @@ pub struct BenchSandboxArgs {
     sandbox_id_range: strata::vmm::id_range::IdRange,
     #[command(flatten)]
     sandbox_network: strata::config::SandboxNetworkArgs,
+    #[command(flatten)]
+    sandbox_disk: strata::config::SandboxDiskArgs,
     /// Size of the download through the sandbox network, in MiB (0 skips it).
     #[arg(long, default_value_t = 200)]
     download_mib: u64,
@@ -58,6 +60,7 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
         depth: Default::default(),
         ids: args.sandbox_id_range,
         network: args.sandbox_network.config()?,
+        disk: args.sandbox_disk.config(),
     })?;
     let blobs = backend.blobs();
     let (d, b) = (args.data_dir.clone(), blobs.clone());
@@ -373,6 +376,7 @@ async fn network(
         depth: Default::default(),
         ids: args.sandbox_id_range,
         network: config,
+        disk: args.sandbox_disk.config(),
     })?;
     let busybox = base_layers
         .iter()

@@ -30,6 +30,8 @@ pub struct ImageArgs {
     sandbox_id_range: strata::vmm::id_range::IdRange,
     #[command(flatten)]
     sandbox_network: strata::config::SandboxNetworkArgs,
+    #[command(flatten)]
+    sandbox_disk: strata::config::SandboxDiskArgs,
     #[command(subcommand)]
     command: ImageCommand,
 }
@@ -98,6 +100,7 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             depth: Default::default(),
             ids: args.sandbox_id_range,
             network: args.sandbox_network.config()?,
+            disk: args.sandbox_disk.config(),
         },
         blobs,
     )

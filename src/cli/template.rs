@@ -143,6 +143,7 @@ async fn exec_in_template(
             depth: Default::default(),
             ids: storage.sandbox_id_range,
             network: storage.sandbox_network.config()?,
+            disk: storage.sandbox_disk.config(),
         },
         blobs,
     )

@@ -42,6 +42,9 @@ pub struct Limits {
     pub cpus: Option<f64>,
     pub memory_bytes: Option<u64>,
     pub pids: Option<u64>,
+    /// Free disk the sandbox must have when it boots (a build's `minFreeDiskMb`); the node's
+    /// `STRATA_BUILD_DISK_MAX` bounds what it may write.
+    pub disk_min_free: Option<u64>,
     /// Default per-command timeout.
     pub timeout: Duration,
     pub network: Network,
@@ -53,6 +56,7 @@ impl Default for Limits {
             cpus: None,
             memory_bytes: None,
             pids: Some(4096),
+            disk_min_free: None,
             timeout: Duration::from_secs(3600),
             network: Network::Egress,
         }
@@ -209,6 +213,11 @@ pub trait Sandbox: Send {
     fn layers(&self) -> &[Digest];
     /// The context commands inherit; builders update it on ENV, USER and WORKDIR.
     fn context_mut(&mut self) -> &mut ExecDefaults;
+    /// Why a failed command may have failed for want of disk, when the sandbox has used up
+    /// what it may write (said beside the failure).
+    fn disk_note(&self) -> Option<String> {
+        None
+    }
     /// Runs a command; every line of output goes to `output` as it arrives. Processes the
     /// command leaves behind are killed when it ends.
     async fn exec(&mut self, request: ExecRequest, output: OutputSink) -> Result<ExecOutcome>;

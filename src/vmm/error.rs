@@ -58,6 +58,9 @@ pub enum VmmError {
     #[error("sandbox boot failed: {0}")]
     Boot(String),
 
+    #[error("sandbox disk: {0}")]
+    Disk(String),
+
     #[error("sandbox network: {0}")]
     Network(String),
 

@@ -189,6 +189,20 @@ pub fn seal_into_cache(dir: &Path, blobs: &dyn BlobStore, cache: &LayerCache) ->
     Ok(layer)
 }
 
+/// Seals `dir` into the blob store and makes the layer's tree in `cache` by extracting that
+/// blob, leaving `dir` as it is: for an upper on a sandbox's scratch disk, which is another
+/// filesystem than the cache and where the sealed upper keeps counting against the build's
+/// limit until the sandbox ends.
+pub fn seal_beside_cache(
+    dir: &Path,
+    blobs: &dyn BlobStore,
+    cache: &LayerCache,
+) -> Result<LayerRef> {
+    let layer = seal(dir, blobs, Tidy::Leave, Owners::Mapped(cache.ids()))?;
+    cache.ensure(blobs, &layer.digest)?;
+    Ok(layer)
+}
+
 /// Whether [`LayerCache::adopt`] could move a tree into the cache.
 enum Adopted {
     Yes,

@@ -425,6 +425,7 @@ impl Executor<'_> {
         spec.limits = Limits {
             cpus: Some(f64::from(job.resources.effective_cpu_count())),
             memory_bytes: Some(u64::from(job.resources.effective_memory_mb()) << 20),
+            disk_min_free: job.resources.min_free_disk_mb.map(|mb| u64::from(mb) << 20),
             timeout: self.settings.step_timeout,
             ..Limits::default()
         };
@@ -707,7 +708,9 @@ impl Executor<'_> {
                     }
                     other => {
                         let mut reason = format!("RUN failed {}", describe(other, last_err));
-                        if let Some(note) = self.backend.network_note() {
+                        if let Some(note) = run.sandbox.disk_note() {
+                            reason = format!("{reason} ({note})");
+                        } else if let Some(note) = self.backend.network_note() {
                             reason = format!("{reason} ({note})");
                         }
                         return Err(fail(at, reason));
@@ -738,9 +741,16 @@ impl Executor<'_> {
                 let mut request = CopyRequest::new(src.clone(), dest.clone());
                 request.owner = owner.clone();
                 request.mode = mode.clone();
-                self.guarded(run.sandbox.copy_in(archive.path(), request))
-                    .await?
-                    .map_err(|e| fail(at, format!("COPY {src} {dest}: {e}")))?;
+                let copied = self
+                    .guarded(run.sandbox.copy_in(archive.path(), request))
+                    .await?;
+                if let Err(e) = copied {
+                    let mut reason = format!("COPY {src} {dest}: {e}");
+                    if let Some(note) = run.sandbox.disk_note() {
+                        reason = format!("{reason} ({note})");
+                    }
+                    return Err(fail(at, reason));
+                }
                 crate::fault::crash_point("worker:mid-copy");
             }
         }

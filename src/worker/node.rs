@@ -88,6 +88,7 @@ impl Worker {
                 depth: settings.depth,
                 ids: settings.sandbox_ids,
                 network: settings.sandbox_network.clone(),
+                disk: settings.sandbox_disk,
             },
             blobs,
         )?;

@@ -21,6 +21,8 @@ pub struct WorkerSettings {
     pub sandbox_ids: crate::vmm::id_range::IdRange,
     /// What sandboxes may reach (`STRATA_SANDBOX_EGRESS*`).
     pub sandbox_network: crate::vmm::NetworkConfig,
+    /// Each sandbox's disk limit and the node's reserve (ADR 0023).
+    pub sandbox_disk: crate::vmm::namespace::scratch::DiskConfig,
     /// How long an attempt holds a build without renewal; renewed every third of it.
     pub lease: Duration,
     /// Builds this node runs at once.
@@ -62,6 +64,7 @@ impl WorkerSettings {
             agent_binary: agent_binary.into(),
             sandbox_ids: Default::default(),
             sandbox_network: Default::default(),
+            sandbox_disk: Default::default(),
             lease: Duration::from_secs(30),
             max_builds: 2,
             ready_timeout: Duration::from_secs(120),

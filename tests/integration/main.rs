@@ -33,6 +33,7 @@ mod registry_pull;
 mod sandbox_boundary;
 mod sandbox_checkpoint;
 mod sandbox_depth;
+mod sandbox_disk;
 mod sandbox_exec;
 mod sandbox_hostile;
 mod sandbox_images;

@@ -85,6 +85,7 @@ async fn a_hundred_layers_boot_and_an_over_budget_stack_is_refused() {
         },
         ids: Default::default(),
         network: Default::default(),
+        disk: Default::default(),
     })
     .unwrap();
     let err = reserved

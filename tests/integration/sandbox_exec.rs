@@ -249,6 +249,7 @@ fn backend_with_strata_at(strata: &std::path::Path) -> strata::vmm::NamespaceBac
         depth: Default::default(),
         ids: Default::default(),
         network: Default::default(),
+        disk: Default::default(),
     })
     .unwrap()
 }

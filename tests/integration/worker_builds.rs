@@ -607,6 +607,7 @@ async fn template_export_round_trips_through_image_import() {
         depth: Default::default(),
         ids: Default::default(),
         network: Default::default(),
+        disk: Default::default(),
     })
     .unwrap();
     let mut spec = BootSpec::new(manifest.digests());
@@ -990,5 +991,47 @@ async fn a_chatty_step_stores_at_most_the_output_budget_and_says_so() {
         &logs[logs.len().saturating_sub(5)..]
     );
     assert!(!logs.iter().any(|l| l.2 == "done"));
+    fx.stop().await;
+}
+
+/// Issue: a RUN that writes without end filled the node's data disk, which under `strata up`
+/// also holds Postgres. Now the step fills only its own sandbox's disk and the build fails at
+/// that step saying which limit it hit (ADR 0023).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_step_that_fills_its_disk_fails_at_that_step_naming_the_limit() {
+    let mut s = settings();
+    s.sandbox_disk.max = Some(64 << 20);
+    let mut fx = Fixture::new(s).await;
+    let (build, state) = fx
+        .build(
+            "disk-filler",
+            &[],
+            json!({
+                "fromImage": "busybox",
+                "force": true,
+                "steps": [
+                    step("RUN", &["dd if=/dev/zero of=/tmp/small bs=1M count=8"]),
+                    step("RUN", &["cat /dev/zero > /tmp/fill"]),
+                    step("RUN", &["echo never"]),
+                ],
+            }),
+        )
+        .await;
+    let Phase::Error { reason, .. } = &state.phase else {
+        panic!("expected error, got {:?}", state.phase)
+    };
+    assert_eq!(reason.kind, FailureKind::StepFailed);
+    assert_eq!(reason.step, Some(FailedStep::Step(2)), "{}", reason.message);
+    assert!(
+        reason.message.starts_with("RUN failed with exit code 1")
+            && reason.message.contains("No space left on device")
+            && reason
+                .message
+                .contains("it may write 64.0 MiB in all (STRATA_BUILD_DISK_MAX)"),
+        "{}",
+        reason.message
+    );
+    let logs = fx.logs(build).await;
+    assert!(!logs.iter().any(|l| l.2 == "never"));
     fx.stop().await;
 }

@@ -30,6 +30,7 @@ pub mod netlink;
 pub mod network;
 pub mod outside;
 pub mod owner;
+pub mod scratch;
 pub mod seccomp;
 pub mod sweep;
 pub mod userns;
@@ -70,6 +71,8 @@ pub struct NamespaceConfig {
     pub ids: IdRange,
     /// What sandboxes' networks may reach (ADR 0022).
     pub network: network::NetworkConfig,
+    /// How much each sandbox may write, and what the node keeps free (ADR 0023).
+    pub disk: scratch::DiskConfig,
 }
 
 impl NamespaceConfig {
@@ -82,6 +85,7 @@ impl NamespaceConfig {
             depth: Default::default(),
             ids: Default::default(),
             network: Default::default(),
+            disk: Default::default(),
         }
     }
 }
@@ -100,6 +104,8 @@ struct Shared {
     seccomp: Arc<Vec<u8>>,
     /// Sandbox network namespaces, links and the firewall's policy.
     networks: network::Networks,
+    /// Each sandbox's bounded filesystem for its writes.
+    scratch: scratch::ScratchDisks,
 }
 
 #[derive(Clone)]
@@ -136,11 +142,13 @@ impl NamespaceBackend {
         let userns = userns::UserNamespace::create(&init_program, config.ids)?;
         let seccomp = Arc::new(seccomp::build()?);
         let networks = network::Networks::start(config.network.clone())?;
+        let scratch = scratch::ScratchDisks::open(config.disk, &sandboxes)?;
         Ok(NamespaceBackend {
             shared: Arc::new(Shared {
                 userns,
                 seccomp,
                 networks,
+                scratch,
                 init_program,
                 config,
                 blobs,
@@ -297,6 +305,24 @@ impl SandboxBackend for NamespaceBackend {
         let dir = self.sandbox_dir(&id);
         std::fs::create_dir_all(dir.join("root"))
             .map_err(VmmError::io("creating the sandbox directory"))?;
+        let disk = match self
+            .shared
+            .scratch
+            .create(&id, &dir, spec.limits.disk_min_free)
+        {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let undo = |disk: Option<scratch::ScratchDisk>| {
+            if let Some(d) = disk {
+                d.remove();
+                self.shared.scratch.release(&id);
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        };
         let net = match self
             .shared
             .networks
@@ -304,14 +330,14 @@ impl SandboxBackend for NamespaceBackend {
         {
             Ok(n) => n,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                undo(disk);
                 return Err(e);
             }
         };
         let cgroup = match self.shared.cgroups.create(&id, &spec.limits) {
             Ok(c) => c,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                undo(disk);
                 return Err(e);
             }
         };
@@ -326,6 +352,7 @@ impl SandboxBackend for NamespaceBackend {
             generation: 0,
             cgroup: Some(cgroup),
             net: Some(net),
+            disk,
             running: None,
             pins: Some(pins),
         };
@@ -367,6 +394,8 @@ pub struct NamespaceSandbox {
     cgroup: Option<SandboxCgroup>,
     /// Its network namespace, kept across checkpoints.
     net: Option<network::SandboxNet>,
+    /// Where its uppers live, when the node bounds what a sandbox writes.
+    disk: Option<scratch::ScratchDisk>,
     running: Option<Running>,
     /// Keeps the mounted layers in the node's cache while the sandbox lives.
     pins: Option<LayerPins>,
@@ -474,12 +503,17 @@ impl NamespaceSandbox {
         &self.backend.shared
     }
 
+    /// The uppers' filesystem: the scratch disk, else the sandbox's directory.
+    fn writable(&self) -> &Path {
+        self.disk.as_ref().map_or(&self.dir, |d| d.path())
+    }
+
     fn upper(&self) -> PathBuf {
-        self.dir.join(format!("upper-{}", self.generation))
+        self.writable().join(format!("upper-{}", self.generation))
     }
 
     fn work(&self) -> PathBuf {
-        self.dir.join(format!("work-{}", self.generation))
+        self.writable().join(format!("work-{}", self.generation))
     }
 
     fn cgroup(&self) -> &SandboxCgroup {
@@ -783,8 +817,11 @@ impl NamespaceSandbox {
         let running = self.running.take();
         let cgroup = self.cgroup.take();
         let net = self.net.take();
+        let disk = self.disk.take();
         let dir = self.dir.clone();
         let outer = running.as_ref().map(|r| r.outer);
+        let backend = self.backend.clone();
+        let id = self.id.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(mut c) = cgroup {
                 if let Some(outer) = outer {
@@ -794,6 +831,11 @@ impl NamespaceSandbox {
             }
             // After its processes: its link is freed once the namespace is gone.
             drop(net);
+            // Before the directory: removing the disk's files one by one is wasted work.
+            if let Some(d) = disk {
+                d.remove();
+                backend.shared.scratch.release(&id);
+            }
             let _ = std::fs::remove_dir_all(&dir);
         })
         .await;
@@ -816,6 +858,19 @@ impl Sandbox for NamespaceSandbox {
 
     fn context_mut(&mut self) -> &mut ExecDefaults {
         &mut self.context
+    }
+
+    fn disk_note(&self) -> Option<String> {
+        let disk = self.disk.as_ref().filter(|d| d.is_full())?;
+        Some(format!(
+            "the build used up its disk: it may write {} in all (STRATA_BUILD_DISK_MAX{})",
+            crate::metrics::storage::human_bytes(disk.limit()),
+            if disk.trimmed() {
+                ", less what this node had free beyond STRATA_NODE_DISK_RESERVE"
+            } else {
+                ""
+            }
+        ))
     }
 
     async fn exec(&mut self, request: ExecRequest, output: OutputSink) -> Result<ExecOutcome> {
@@ -938,10 +993,19 @@ impl Sandbox for NamespaceSandbox {
         let upper = self.upper();
         let work = self.work();
         let shared = self.backend.shared.clone();
+        let on_scratch = self.disk.is_some();
         let seal = tokio::task::spawn_blocking(move || {
             let layer = if layer::is_empty_dir(&upper)? {
                 let _ = std::fs::remove_dir_all(&upper);
                 None
+            } else if on_scratch {
+                // The sealed upper stays on the scratch disk, counted against the build's limit;
+                // the cache's tree is extracted from the blob (another filesystem).
+                Some(layer::seal_beside_cache(
+                    &upper,
+                    shared.blobs.as_ref(),
+                    &shared.layers,
+                )?)
             } else {
                 // The sealed upper directory becomes the layer's tree: nothing is extracted.
                 Some(layer::seal_into_cache(
@@ -986,6 +1050,10 @@ impl Drop for NamespaceSandbox {
         // every member and removes its directories.
         if let Some(mut c) = self.cgroup.take() {
             c.remove();
+        }
+        if let Some(d) = self.disk.take() {
+            d.remove();
+            self.backend.shared.scratch.release(&self.id);
         }
         if self.dir.exists() {
             let _ = std::fs::remove_dir_all(&self.dir);

@@ -114,12 +114,15 @@ async fn ensure_template(admin: &PgPool, admin_url: &str) -> String {
             .await
             .expect("migrate the template database");
         pool.close().await;
-        sqlx::query(&format!(
-            "ALTER DATABASE \"{building}\" RENAME TO \"{name}\""
-        ))
-        .execute(&mut *conn)
-        .await
-        .unwrap();
+        // A closed connection's server process may still be exiting, and Postgres renames no
+        // database a session is in: try again for a moment.
+        let rename = format!("ALTER DATABASE \"{building}\" RENAME TO \"{name}\"");
+        let mut tries = 0;
+        while let Err(e) = sqlx::query(&rename).execute(&mut *conn).await {
+            tries += 1;
+            assert!(tries < 100, "renaming the template database: {e}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
     sqlx::query("SELECT pg_advisory_unlock(727272)")
         .execute(&mut *conn)

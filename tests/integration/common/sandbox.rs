@@ -103,12 +103,25 @@ pub fn backend() -> NamespaceBackend {
 
 /// A backend whose sandboxes' networks follow `network` (ADR 0022).
 pub fn backend_with_network(network: strata::vmm::NetworkConfig) -> NamespaceBackend {
+    backend_with(network, Default::default())
+}
+
+/// A backend whose sandboxes' disks follow `disk` (ADR 0023).
+pub fn backend_with_disk(disk: strata::vmm::namespace::scratch::DiskConfig) -> NamespaceBackend {
+    backend_with(Default::default(), disk)
+}
+
+fn backend_with(
+    network: strata::vmm::NetworkConfig,
+    disk: strata::vmm::namespace::scratch::DiskConfig,
+) -> NamespaceBackend {
     NamespaceBackend::new(NamespaceConfig {
         data_dir: node_dir(),
         agent_binary: super::strata_bin(),
         depth: Default::default(),
         ids: Default::default(),
         network,
+        disk,
     })
     .expect("the namespace backend (these tests run as root)")
 }
@@ -196,6 +209,28 @@ pub fn assert_no_trace(id: &str) {
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(id), "a mount of {id} is left behind");
+    // The kernel detaches an autoclear loop device once its filesystem is gone, possibly
+    // from a work queue: a moment after the unmount.
+    let loops_of = || -> Vec<std::ffi::OsString> {
+        std::fs::read_dir("/sys/block")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                std::fs::read_to_string(e.path().join("loop/backing_file"))
+                    .is_ok_and(|f| f.contains(id))
+            })
+            .map(|e| e.file_name())
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !loops_of().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        loops_of(),
+        Vec::<std::ffi::OsString>::new(),
+        "loop devices of {id} are left behind"
+    );
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         if let Ok(cg) = std::fs::read_to_string(entry.path().join("cgroup")) {
             assert!(

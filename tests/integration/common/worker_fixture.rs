@@ -277,6 +277,7 @@ pub async fn boot_in(
         depth: Default::default(),
         ids: Default::default(),
         network: Default::default(),
+        disk: Default::default(),
     })
     .expect("the namespace backend (these tests run as root)");
     boot_with(&be, layers).await
