@@ -174,11 +174,12 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
             )
             .await?;
         anyhow::ensure!(out.success(), "filling the writable layer failed: {out:?}");
-        let upper = args
-            .data_dir
-            .join("sandboxes")
-            .join(sb.id())
-            .join("upper-0");
+        // On the sandbox's scratch disk (ADR 0023), else in its directory.
+        let dir = args.data_dir.join("sandboxes").join(sb.id());
+        let upper = [dir.join("disk/upper-0"), dir.join("upper-0")]
+            .into_iter()
+            .find(|p| p.exists())
+            .context("the sandbox's upper directory is not where strata keeps it")?;
         let t = Instant::now();
         let status = std::process::Command::new("sh")
             .arg("-c")
@@ -226,7 +227,7 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
     let middle = checkpoints.len() / 2;
     let (checkpoint, baseline) = (checkpoints[middle], baselines[middle]);
     println!(
-        "checkpoint of a {} MiB writable layer (median of {}): {:.0} ms (seal + adopt the tree + reboot; layer {} bytes); \
+        "checkpoint of a {} MiB writable layer (median of {}): {:.0} ms (seal + adopt or extract the tree + reboot; layer {} bytes); \
          baseline tar|openssl sha256 of the same dir: {:.0} ms; ratio {:.2}x; median of the rounds' ratios {:.2}x",
         args.checkpoint_mib,
         checkpoints.len(),

@@ -50,7 +50,7 @@ pub fn write_layer_tar(dir: &Path, owners: Owners, out: impl Write) -> Result<()
 /// Where a layer tar goes. File contents go through [`TarOut::file_contents`], so that a blob
 /// writer can read them straight into its chunks in whole MiBs instead of through the tar
 /// crate's 8 KiB copies.
-trait TarOut: Write {
+pub(super) trait TarOut: Write {
     /// Appends exactly `len` bytes of `file` (the entry's header is already written).
     fn file_contents(&mut self, file: &fs::File, len: u64) -> io::Result<()>;
 }
@@ -189,17 +189,38 @@ pub fn seal_into_cache(dir: &Path, blobs: &dyn BlobStore, cache: &LayerCache) ->
     Ok(layer)
 }
 
-/// Seals `dir` into the blob store and makes the layer's tree in `cache` by extracting that
-/// blob, leaving `dir` as it is: for an upper on a sandbox's scratch disk, which is another
-/// filesystem than the cache and where the sealed upper keeps counting against the build's
-/// limit until the sandbox ends.
+/// Seals `dir` into the blob store and, from the same tar stream as it is written, extracts
+/// the layer's tree into a staging directory of `cache`, which is then adopted as
+/// [`seal_into_cache`] adopts an upper (synced in the background). `dir` is left as it is: an
+/// upper on a sandbox's scratch disk (another filesystem than the cache), where the sealed
+/// upper keeps counting against the build's limit until the sandbox ends. The tree never comes
+/// from the blob store: a GC pass may delete the blob before the checkpoint is recorded (the
+/// tree republishes it then), and on an object store it would be a download.
 pub fn seal_beside_cache(
     dir: &Path,
     blobs: &dyn BlobStore,
     cache: &LayerCache,
 ) -> Result<LayerRef> {
-    let layer = seal(dir, blobs, Tidy::Leave, Owners::Mapped(cache.ids()))?;
-    cache.ensure(blobs, &layer.digest)?;
+    let started = std::time::Instant::now();
+    let staging = cache.unsealed_staging()?;
+    let mut writer = blobs.writer()?;
+    let tee = super::layer_tee::Tee::start(&mut writer, staging.path(), cache.ids());
+    let written = tee.and_then(|mut tee| {
+        let wrote = write_tar(dir, &mut tee, Tidy::Leave, Owners::Mapped(cache.ids()));
+        let extracted = tee.finish();
+        wrote.and(extracted)
+    });
+    written?;
+    let (digest, size) = writer.commit()?;
+    let layer = LayerRef { digest, size };
+    tracing::debug!(
+        seal_ms = started.elapsed().as_secs_f64() * 1e3,
+        bytes = layer.size,
+        "layer sealed and extracted beside it"
+    );
+    if !cache.contains(&layer.digest) {
+        cache.adopt_staged(staging, &layer.digest)?;
+    }
     Ok(layer)
 }
 
@@ -469,6 +490,21 @@ impl LayerCache {
     pub fn staging(&self, digest: &Digest) -> Result<Staging> {
         self.recreate_root()?;
         Staging::create(&self.root, digest)
+    }
+
+    /// A fresh staging directory for a tree whose digest is known only once it is sealed
+    /// ([`seal_beside_cache`]); locked until dropped or adopted.
+    fn unsealed_staging(&self) -> Result<Staging> {
+        self.recreate_root()?;
+        Staging::create_labelled(&self.root, "unsealed")
+    }
+
+    /// Publishes a staged tree written from layer `digest`'s own tar stream, synced in the
+    /// background as an adopted upper is.
+    fn adopt_staged(&self, staged: Staging, digest: &Digest) -> Result<()> {
+        self.publish_syncing_later(staged.path(), digest)?;
+        drop(staged);
+        Ok(())
     }
 
     /// Publishes a verified extraction made in [`Self::staging`] as [`Self::ensure`] publishes

@@ -47,6 +47,12 @@ pub struct Staging {
 impl Staging {
     /// A new empty staging directory for `digest` under `root`.
     pub(super) fn create(root: &Path, digest: &Digest) -> Result<Staging> {
+        Self::create_labelled(root, &digest.hex())
+    }
+
+    /// A new empty staging directory under `root` whose name ends in `label` (the digest's hex
+    /// where it is known).
+    pub(super) fn create_labelled(root: &Path, label: &str) -> Result<Staging> {
         let io_err = |what: String| VmmError::io(what);
         // A sweeper may take a `.staging-new-*` between its creation and its lock; it then
         // removes it, and this starts again under another id.
@@ -67,7 +73,7 @@ impl Staging {
                     return Err(io_err(format!("locking {}", new.display()))(e));
                 }
             }
-            let path = root.join(format!("{STAGING_PREFIX}{id}-{}", digest.hex()));
+            let path = root.join(format!("{STAGING_PREFIX}{id}-{label}"));
             match fs::rename(&new, &path) {
                 Ok(()) => return Ok(Staging { path, _lock: dir }),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,

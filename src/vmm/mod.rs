@@ -24,6 +24,7 @@ pub mod layer;
 pub mod layer_budget;
 pub mod layer_staging;
 pub mod layer_sync;
+pub(crate) mod layer_tee;
 pub mod local_s3;
 pub mod namespace;
 pub mod object_blob_store;

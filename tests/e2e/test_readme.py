@@ -49,6 +49,8 @@ BLOCKS = {
     "strata image pull debian:stable": ("sh", ["help", "help", "help"]),
     # Starting a second `strata up` would take the session's port: `--help` for the first line.
     "STRATA_SANDBOX_EGRESS_ALLOW=10.1.2.3:3142 strata up": ("sh", ["help", "run"]),
+    # The same: `--help` for `strata up`; the disk example runs as written.
+    "STRATA_BUILD_DISK_MAX=1GiB strata up": ("sh", ["help", "run"]),
     # Needs a failed build and the admin token: run as written by tests/integration/ops_readme.rs.
     "strata why build $BUILD_ID": ("sh", ["ops_readme"] * 5),
     # Needs objects a pass may delete in a node directory of its own: run as written by
@@ -187,6 +189,10 @@ def check_results(reader, first):
             reader.tmp,
         )
         assert owners == "root /opt/app\nuser /opt/app/hello.txt\n", owners
+    if first == "STRATA_BUILD_DISK_MAX=1GiB strata up":
+        # `df -h /` in the sandbox: the overlay reports its upper's filesystem, the 64 MiB disk.
+        size = reader.outputs[-1][1].splitlines()[-1].split()[1]
+        assert size.endswith("M") and 40 <= float(size[:-1]) <= 64, reader.outputs[-1][1]
     if first == "strata image build-base":
         listing = reader.outputs[-1][1]
         assert "myimage" in listing and "e2bdev/base" in listing, listing

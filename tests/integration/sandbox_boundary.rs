@@ -46,7 +46,7 @@ async fn root_in_a_sandbox_is_nobody_on_the_host() {
         "touch /made && cp /bin/busybox /suid && chmod 4755 /suid && mkdir /d",
     )
     .await;
-    let upper = backend.sandbox_dir(&id).join("upper-0");
+    let upper = backend.sandbox_dir(&id).join("disk/upper-0");
     for name in ["made", "suid", "d"] {
         let m = std::fs::symlink_metadata(upper.join(name)).unwrap();
         use std::os::unix::fs::MetadataExt;

@@ -75,10 +75,21 @@ pub fn sweep_dead_owners(sandboxes: &Path, cgroups: &CgroupDriver, own: &str) ->
     swept
 }
 
+/// Removes a staged owner lock nobody holds. A young one is left: its owner may be between
+/// creating it and locking it.
 fn remove_staged_lock(path: &Path) {
     let Ok(file) = std::fs::File::open(path) else {
         return;
     };
+    let young = file
+        .metadata()
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_none_or(|age| age < std::time::Duration::from_secs(60));
+    if young {
+        return;
+    }
     if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
         let _ = std::fs::remove_file(path);
     }

@@ -114,14 +114,27 @@ async fn ensure_template(admin: &PgPool, admin_url: &str) -> String {
             .await
             .expect("migrate the template database");
         pool.close().await;
-        // A closed connection's server process may still be exiting, and Postgres renames no
-        // database a session is in: try again for a moment.
+        // Postgres renames no database a session is in, and waits 5 s for each to go: a closed
+        // pool's server processes may still be exiting, and an autovacuum worker may have
+        // started on the new tables. Nobody else has a use for this database: end them.
         let rename = format!("ALTER DATABASE \"{building}\" RENAME TO \"{name}\"");
         let mut tries = 0;
-        while let Err(e) = sqlx::query(&rename).execute(&mut *conn).await {
-            tries += 1;
-            assert!(tries < 100, "renaming the template database: {e}");
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        loop {
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = $1 AND pid <> pg_backend_pid()",
+            )
+            .bind(&building)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+            match sqlx::query(&rename).execute(&mut *conn).await {
+                Ok(_) => break,
+                Err(e) => {
+                    tries += 1;
+                    assert!(tries < 5, "renaming the template database: {e}");
+                }
+            }
         }
     }
     sqlx::query("SELECT pg_advisory_unlock(727272)")
