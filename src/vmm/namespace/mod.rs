@@ -142,7 +142,10 @@ impl NamespaceBackend {
         let userns = userns::UserNamespace::create(&init_program, config.ids)?;
         let seccomp = Arc::new(seccomp::build()?);
         let networks = network::Networks::start(config.network.clone())?;
-        let scratch = scratch::ScratchDisks::open(config.disk, &sandboxes)?;
+        let scratch = scratch::ScratchDisks::open(config.disk, &sandboxes, {
+            let owner = owner.id().to_owned();
+            Arc::new(move || owner::new_sandbox_id(&owner))
+        })?;
         Ok(NamespaceBackend {
             shared: Arc::new(Shared {
                 userns,
@@ -301,21 +304,8 @@ impl SandboxBackend for NamespaceBackend {
     async fn boot(&self, spec: BootSpec) -> Result<Box<dyn Sandbox>> {
         self.shared.config.depth.check(spec.layers.len())?;
         let (lowers, pins) = self.lowers(&spec.layers).await?;
-        let id = self.shared.owner.new_sandbox_id();
-        let dir = self.sandbox_dir(&id);
-        std::fs::create_dir_all(dir.join("root"))
-            .map_err(VmmError::io("creating the sandbox directory"))?;
-        let disk = match self
-            .shared
-            .scratch
-            .create(&id, &dir, spec.limits.disk_min_free)
-        {
-            Ok(d) => d,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        };
+        // The sandbox's id and directory come with its disk (made ahead, when there are spares).
+        let (id, dir, disk) = self.shared.scratch.create(spec.limits.disk_min_free)?;
         let undo = |disk: Option<scratch::ScratchDisk>| {
             if let Some(d) = disk {
                 d.remove();
@@ -323,6 +313,10 @@ impl SandboxBackend for NamespaceBackend {
             }
             let _ = std::fs::remove_dir_all(&dir);
         };
+        if let Err(e) = std::fs::create_dir_all(dir.join("root")) {
+            undo(disk);
+            return Err(VmmError::io("creating the sandbox directory")(e));
+        }
         let net = match self
             .shared
             .networks
@@ -822,6 +816,7 @@ impl NamespaceSandbox {
         let outer = running.as_ref().map(|r| r.outer);
         let backend = self.backend.clone();
         let id = self.id.clone();
+        let runtime = tokio::runtime::Handle::current();
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(mut c) = cgroup {
                 if let Some(outer) = outer {
@@ -831,12 +826,20 @@ impl NamespaceSandbox {
             }
             // After its processes: its link is freed once the namespace is gone.
             drop(net);
-            // Before the directory: removing the disk's files one by one is wasted work.
-            if let Some(d) = disk {
-                d.remove();
-                backend.shared.scratch.release(&id);
+            match disk {
+                // Unmounting and unlinking the image take about 8 ms, which the destroy does
+                // not wait for: nothing runs in the sandbox any more, and its grant counts until
+                // the disk is gone. Unmounted before the directory is removed: removing the
+                // disk's files one by one would be wasted work.
+                Some(d) => drop(runtime.spawn_blocking(move || {
+                    d.remove();
+                    backend.shared.scratch.release(&id);
+                    let _ = std::fs::remove_dir_all(&dir);
+                })),
+                None => {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
             }
-            let _ = std::fs::remove_dir_all(&dir);
         })
         .await;
         if let Some(mut running) = running {

@@ -52,12 +52,16 @@ impl SandboxOwner {
 
     /// A new sandbox id of this owner.
     pub fn new_sandbox_id(&self) -> String {
-        format!(
-            "{SANDBOX_PREFIX}{}-{}",
-            self.id,
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        )
+        new_sandbox_id(&self.id)
     }
+}
+
+/// A new sandbox id of owner `owner`.
+pub fn new_sandbox_id(owner: &str) -> String {
+    format!(
+        "{SANDBOX_PREFIX}{owner}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
 }
 
 impl Drop for SandboxOwner {

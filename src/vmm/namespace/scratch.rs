@@ -23,7 +23,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::metrics::storage::human_bytes;
 use crate::vmm::error::{Result, VmmError};
@@ -76,20 +76,74 @@ pub fn grant(
     (granted >= need).then_some(granted)
 }
 
-/// Every scratch disk of one backend: the template image and the live disks' grants.
+/// Disks kept mounted ahead of need: copying the template and mounting it take about 5 ms,
+/// which a boot then does not wait for.
+const SPARES: usize = 2;
+
+/// Every scratch disk of one backend: the template image, spares, and the live disks' grants.
 pub struct ScratchDisks {
     config: DiskConfig,
     /// The data directory's `sandboxes/`.
     dir: PathBuf,
     /// The formatted image new disks copy, when disks are bounded.
     template: Option<PathBuf>,
+    /// Names a new sandbox (the owner's id generator): a spare is a sandbox directory made
+    /// ahead, so a dead owner's spares are swept like its sandboxes.
+    new_id: Arc<dyn Fn() -> String + Send + Sync>,
+    spares: Arc<Mutex<Spares>>,
     /// Live disks by sandbox id: image file and grant.
     live: Mutex<HashMap<String, (PathBuf, u64)>>,
 }
 
+#[derive(Default)]
+struct Spares {
+    ready: Vec<Prepared>,
+    making: bool,
+    closed: bool,
+}
+
+/// A sandbox directory with a mounted, empty scratch disk.
+struct Prepared {
+    id: String,
+    dir: PathBuf,
+    /// Free bytes on the disk.
+    free: u64,
+}
+
+impl Prepared {
+    fn make(template: &Path, dir: PathBuf, id: String) -> io::Result<Prepared> {
+        let made = (|| {
+            std::fs::create_dir_all(&dir)?;
+            copy_sparse(template, &dir.join(IMAGE_FILE))?;
+            let mount = dir.join(MOUNT_DIR);
+            std::fs::create_dir_all(&mount)?;
+            mount_image(&dir.join(IMAGE_FILE), &mount)?;
+            statvfs(&mount).map(|(free, _)| free)
+        })();
+        match made {
+            Ok(free) => Ok(Prepared { id, dir, free }),
+            Err(e) => {
+                unmount(&dir.join(MOUNT_DIR));
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    fn discard(self) {
+        unmount(&self.dir.join(MOUNT_DIR));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl ScratchDisks {
     /// Makes the template image (once per size and data directory) when disks are bounded.
-    pub fn open(config: DiskConfig, sandboxes: &Path) -> Result<ScratchDisks> {
+    /// `new_id` names sandboxes: a disk comes with its sandbox's directory.
+    pub fn open(
+        config: DiskConfig,
+        sandboxes: &Path,
+        new_id: Arc<dyn Fn() -> String + Send + Sync>,
+    ) -> Result<ScratchDisks> {
         let template = match config.max {
             Some(size) => Some(ensure_template(sandboxes, size)?),
             None => None,
@@ -98,6 +152,8 @@ impl ScratchDisks {
             config,
             dir: sandboxes.to_path_buf(),
             template,
+            new_id,
+            spares: Default::default(),
             live: Mutex::new(HashMap::new()),
         })
     }
@@ -106,11 +162,16 @@ impl ScratchDisks {
         self.config
     }
 
-    /// A scratch disk mounted in sandbox directory `dir`, granting at least `need` bytes (the
-    /// build's `minFreeDiskMb`, else [`FLOOR`]); `None` when disks are unbounded.
-    pub fn create(&self, id: &str, dir: &Path, need: Option<u64>) -> Result<Option<ScratchDisk>> {
+    /// A new sandbox's id and directory (made), with its scratch disk mounted in it, granting
+    /// at least `need` bytes (the build's `minFreeDiskMb`, else [`FLOOR`]); no disk when disks
+    /// are unbounded.
+    pub fn create(&self, need: Option<u64>) -> Result<(String, PathBuf, Option<ScratchDisk>)> {
         let (Some(template), Some(size)) = (&self.template, self.config.max) else {
-            return Ok(None);
+            let id = (self.new_id)();
+            let dir = self.dir.join(&id);
+            std::fs::create_dir_all(&dir)
+                .map_err(VmmError::io("creating the sandbox directory"))?;
+            return Ok((id, dir, None));
         };
         let need = need.unwrap_or(0).max(FLOOR.min(size));
         if need > size {
@@ -121,41 +182,31 @@ impl ScratchDisks {
                 human_bytes(size)
             )));
         }
-        let image = dir.join(IMAGE_FILE);
-        let mount = dir.join(MOUNT_DIR);
-        let made = (|| -> io::Result<u64> {
-            copy_sparse(template, &image)?;
-            std::fs::create_dir_all(&mount)?;
-            mount_image(&image, &mount)?;
-            Ok(statvfs(&mount)?.0)
-        })();
-        let disk_free = match made {
-            Ok(free) => free,
-            Err(e) => {
-                unmount(&mount);
-                let _ = std::fs::remove_file(&image);
-                return Err(VmmError::io(format!(
-                    "making the sandbox's scratch disk in {} (a loop device and ext4; set \
-                     STRATA_BUILD_DISK_MAX=none where there are none)",
-                    dir.display()
-                ))(e));
+        let spare = self.take_spare();
+        let prepared = match spare {
+            Some(p) => p,
+            None => {
+                let id = (self.new_id)();
+                Prepared::make(template, self.dir.join(&id), id).map_err(|e| {
+                    VmmError::io(format!(
+                        "making a sandbox's scratch disk in {} (a loop device and ext4; set \
+                         STRATA_BUILD_DISK_MAX=none where there are none)",
+                        self.dir.display()
+                    ))(e)
+                })?
             }
         };
+        let (id, dir, disk_free) = (prepared.id.clone(), prepared.dir.clone(), prepared.free);
+        let mount = dir.join(MOUNT_DIR);
         // The disk's own metadata takes a little of its size: a need up to the size is met by
         // all the disk has.
         let need = need.min(disk_free);
-        let mut disk = ScratchDisk {
-            mount: mount.clone(),
-            granted: disk_free,
-            limit: size,
-            trimmed: false,
-        };
         let mut live = self.live.lock().expect("scratch registry");
         let others: u64 = live.values().map(|(image, g)| may_grow(image, *g)).sum();
         let node_free = statvfs(&self.dir).map(|(f, _)| f).unwrap_or(0);
         let Some(granted) = grant(node_free, self.config.reserve, others, disk_free, need) else {
             drop(live);
-            disk.remove();
+            prepared.discard();
             return Err(VmmError::Disk(format!(
                 "this node has {} free for sandboxes beyond its reserve of {} \
                  (STRATA_NODE_DISK_RESERVE), less than the {} this build needs; free space on the \
@@ -169,25 +220,82 @@ impl ScratchDisks {
                 human_bytes(need)
             )));
         };
+        let mut disk = ScratchDisk {
+            mount: mount.clone(),
+            granted: disk_free,
+            limit: size,
+            trimmed: false,
+        };
         if granted < disk_free {
             if let Err(e) = hold(&mount.join(HELD_FILE), disk_free - granted) {
                 drop(live);
-                disk.remove();
+                prepared.discard();
                 return Err(VmmError::io("holding back part of the scratch disk")(e));
             }
-        }
-        live.insert(id.to_owned(), (image, granted));
-        if granted < disk_free {
             disk.granted = granted;
             disk.limit = granted;
             disk.trimmed = true;
         }
-        Ok(Some(disk))
+        live.insert(id.clone(), (dir.join(IMAGE_FILE), granted));
+        drop(live);
+        self.replenish();
+        Ok((id, dir, Some(disk)))
+    }
+
+    fn take_spare(&self) -> Option<Prepared> {
+        self.spares.lock().expect("scratch spares").ready.pop()
+    }
+
+    /// Makes spares in the background up to [`SPARES`]; called after a disk was granted, so a
+    /// node without room makes none.
+    fn replenish(&self) {
+        let Some(template) = self.template.clone() else {
+            return;
+        };
+        let mut spares = self.spares.lock().expect("scratch spares");
+        if !spares.making && spares.ready.len() < SPARES {
+            spares.making = true;
+            let (shared, dir, new_id) =
+                (self.spares.clone(), self.dir.clone(), self.new_id.clone());
+            let spawned = std::thread::Builder::new()
+                .name("scratch-spares".into())
+                .spawn(move || loop {
+                    let id = new_id();
+                    let made = Prepared::make(&template, dir.join(&id), id);
+                    let mut spares = shared.lock().expect("scratch spares");
+                    match made {
+                        Ok(p) if !spares.closed => spares.ready.push(p),
+                        Ok(p) => p.discard(),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot make a spare scratch disk; sandboxes make their own");
+                            spares.making = false;
+                            return;
+                        }
+                    }
+                    if spares.closed || spares.ready.len() >= SPARES {
+                        spares.making = false;
+                        return;
+                    }
+                });
+            if spawned.is_err() {
+                spares.making = false;
+            }
+        }
     }
 
     /// Forgets a disk's grant once its sandbox is gone.
     pub fn release(&self, id: &str) {
         self.live.lock().expect("scratch registry").remove(id);
+    }
+}
+
+impl Drop for ScratchDisks {
+    fn drop(&mut self) {
+        let mut spares = self.spares.lock().expect("scratch spares");
+        spares.closed = true;
+        for p in spares.ready.drain(..) {
+            p.discard();
+        }
     }
 }
 

@@ -202,6 +202,11 @@ done"#,
 /// mount, no process.
 pub fn assert_no_trace(id: &str) {
     let dir = node_dir().join("sandboxes").join(id);
+    // A destroyed sandbox's disk and directory go a moment after its processes (ADR 0023).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while dir.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     assert!(!dir.exists(), "{} is left behind", dir.display());
     for ctrl in ["", "pids/", "memory/", "cpu/", "devices/", "unified/"] {
         let cg = PathBuf::from(format!("/sys/fs/cgroup/{ctrl}strata/{id}"));
