@@ -176,6 +176,15 @@ pub struct ServeArgs {
     /// How long a started build may wait for a worker before it fails, in seconds.
     #[arg(long, env = "STRATA_BUILD_QUEUE_TIMEOUT", default_value_t = 3600)]
     pub build_queue_timeout_secs: u64,
+
+    /// Most CPUs one build may ask for (`cpuCount`); a registration above it gets a 400.
+    #[arg(long, env = "STRATA_BUILD_CPU_MAX", default_value_t = crate::domain::build_spec::Ceilings::DEFAULT.cpu_count)]
+    pub build_cpu_max: u32,
+
+    /// Most memory one build may ask for (`memoryMB`), in MiB; a registration above it gets a
+    /// 400.
+    #[arg(long, env = "STRATA_BUILD_MEMORY_MAX", default_value_t = crate::domain::build_spec::Ceilings::DEFAULT.memory_mb)]
+    pub build_memory_max_mb: u32,
 }
 
 /// Identity of this process in event metadata and logs.

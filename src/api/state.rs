@@ -35,6 +35,8 @@ pub struct ProtocolSettings {
     pub upload_url_ttl: Duration,
     pub waiting_timeout: Duration,
     pub queue_timeout: Duration,
+    /// The most one build may ask for.
+    pub ceilings: crate::domain::build_spec::Ceilings,
 }
 
 /// Shared by every handler; cheap to clone.
@@ -85,6 +87,10 @@ impl AppState {
                 upload_url_ttl: secs(serve.upload_url_ttl_secs),
                 waiting_timeout: secs(serve.build_waiting_timeout_secs),
                 queue_timeout: secs(serve.build_queue_timeout_secs),
+                ceilings: crate::domain::build_spec::Ceilings {
+                    cpu_count: serve.build_cpu_max,
+                    memory_mb: serve.build_memory_max_mb,
+                },
             }),
             data_dir: data_dir.to_path_buf(),
         })

@@ -92,6 +92,8 @@ async fn start_api(
         upload_url_ttl_secs: 900,
         build_waiting_timeout_secs: 3600,
         build_queue_timeout_secs: 3600,
+        build_cpu_max: strata::domain::build_spec::Ceilings::DEFAULT.cpu_count,
+        build_memory_max_mb: strata::domain::build_spec::Ceilings::DEFAULT.memory_mb,
     };
     let state = AppState::new(pool.clone(), &serve, "bench".into(), data_dir)
         .context("preparing the API")?

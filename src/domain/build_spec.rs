@@ -35,6 +35,15 @@ pub enum SpecError {
         value: u64,
         rule: &'static str,
     },
+    #[error(
+        "{field} {value} is more than this service gives one build: at most {ceiling} ({setting})"
+    )]
+    OverCeiling {
+        field: &'static str,
+        value: u64,
+        ceiling: u64,
+        setting: &'static str,
+    },
     #[error("the build must name exactly one base: send either 'fromImage' or 'fromTemplate'")]
     NoBase,
     #[error("'fromImage' and 'fromTemplate' are mutually exclusive; send only one of them")]
@@ -230,6 +239,45 @@ impl Resources {
             }
         }
         Ok(self)
+    }
+}
+
+/// The most one build may ask for on this service (`STRATA_BUILD_CPU_MAX`,
+/// `STRATA_BUILD_MEMORY_MAX`): a request above is refused when the build is registered, as
+/// E2B refuses resources over a team's limit, instead of waiting for a node that never comes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ceilings {
+    pub cpu_count: u32,
+    pub memory_mb: u32,
+}
+
+impl Ceilings {
+    pub const DEFAULT: Ceilings = Ceilings {
+        cpu_count: 8,
+        memory_mb: 8192,
+    };
+
+    /// Refuses what `resources` asks (or gets by default) beyond the ceilings.
+    pub fn check(&self, resources: &Resources) -> Result<(), SpecError> {
+        let cpu = resources.effective_cpu_count();
+        if cpu > self.cpu_count {
+            return Err(SpecError::OverCeiling {
+                field: "cpuCount",
+                value: cpu.into(),
+                ceiling: self.cpu_count.into(),
+                setting: "STRATA_BUILD_CPU_MAX",
+            });
+        }
+        let mem = resources.effective_memory_mb();
+        if mem > self.memory_mb {
+            return Err(SpecError::OverCeiling {
+                field: "memoryMB",
+                value: mem.into(),
+                ceiling: self.memory_mb.into(),
+                setting: "STRATA_BUILD_MEMORY_MAX",
+            });
+        }
+        Ok(())
     }
 }
 
@@ -1073,6 +1121,47 @@ mod tests {
             serde_json::from_value::<TemplateBuildRequestV3>(json!({"name": "a", "cpuCount": 0}))
                 .unwrap_err();
         assert!(err.to_string().contains("cpuCount"));
+    }
+
+    #[test]
+    fn resources_over_the_ceilings_are_refused_naming_the_setting() {
+        let ceilings = Ceilings {
+            cpu_count: 4,
+            memory_mb: 2048,
+        };
+        let asks = |cpu, mem| Resources {
+            cpu_count: cpu,
+            memory_mb: mem,
+            min_free_disk_mb: None,
+        };
+        assert_eq!(ceilings.check(&asks(Some(4), Some(2048))), Ok(()));
+        assert_eq!(
+            ceilings.check(&asks(None, None)),
+            Ok(()),
+            "E2B's defaults fit"
+        );
+        let err = ceilings
+            .check(&asks(Some(5), None))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "cpuCount 5 is more than this service gives one build: at most 4 (STRATA_BUILD_CPU_MAX)"
+        );
+        let err = ceilings
+            .check(&asks(None, Some(4096)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("memoryMB 4096") && err.contains("STRATA_BUILD_MEMORY_MAX"),
+            "{err}"
+        );
+        // A ceiling under the defaults refuses a request that names nothing.
+        let tiny = Ceilings {
+            cpu_count: 1,
+            memory_mb: 512,
+        };
+        assert!(tiny.check(&asks(None, None)).is_err());
     }
 
     fn start(body: Value) -> Result<TemplateBuildStartV2, String> {

@@ -729,3 +729,52 @@ async fn two_concurrent_builds_of_one_template_both_start_with_the_uploaded_cont
     }
     assert_eq!(frozen[0], frozen[1], "both builds copy the uploaded bytes");
 }
+
+/// Issue: a build could ask for 64 CPUs and 1 TiB and was queued for a node that never comes.
+/// Over the service's ceilings, registration answers 400 naming the ceiling and its setting, and
+/// registers nothing.
+#[tokio::test]
+async fn resources_over_the_ceilings_are_refused_at_registration() {
+    let (db, _data, api) = setup(&["--build-cpu-max", "4", "--build-memory-max-mb", "2048"]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    for (body, field, ceiling) in [
+        (
+            json!({"name": "big", "cpuCount": 64}),
+            "cpuCount 64",
+            "at most 4 (STRATA_BUILD_CPU_MAX)",
+        ),
+        (
+            json!({"name": "big", "memoryMB": 1 << 20}),
+            "memoryMB 1048576",
+            "at most 2048 (STRATA_BUILD_MEMORY_MAX)",
+        ),
+    ] {
+        let (status, reply) = c
+            .call(reqwest::Method::POST, "/v3/templates", Some(body))
+            .await;
+        assert_eq!(status, 400, "{reply}");
+        assert_eq!(reply["code"], 400);
+        let message = reply["message"].as_str().unwrap();
+        assert!(
+            message.contains(field) && message.contains(ceiling),
+            "{message}"
+        );
+    }
+    let (status, listed) = c.call(reqwest::Method::GET, "/templates", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        listed,
+        json!([]),
+        "a refused registration registers nothing"
+    );
+    // At the ceilings, and with E2B's defaults, a build registers.
+    let (status, reply) = c
+        .call(
+            reqwest::Method::POST,
+            "/v3/templates",
+            Some(json!({"name": "fits", "cpuCount": 4, "memoryMB": 2048})),
+        )
+        .await;
+    assert_eq!(status, 202, "{reply}");
+    c.register("defaults").await;
+}

@@ -48,6 +48,11 @@ pub async fn register_build(
             )));
         }
     }
+    state
+        .protocol
+        .ceilings
+        .check(&request.resources)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let tags = request.effective_tags();
     let now = crate::streams::database_now(&state.pool).await?;
     let command = RegisterBuild {
