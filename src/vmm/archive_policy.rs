@@ -193,6 +193,10 @@ pub fn extract_tar(
     })?;
     let mut archive = tar::Archive::new(reader);
     let mut stats = ExtractStats::default();
+    // A layer's directories get their times once everything inside them is written (each
+    // entry written later changes its directory's mtime): a layer tree then seals again to the
+    // very tar it came from, which republishing a blob from a node's tree relies on.
+    let mut directory_times: Vec<(Vec<OsString>, String, i64)> = Vec::new();
     let entries = archive.entries().map_err(ArchiveError::Corrupt)?;
     for entry in entries {
         let mut entry = entry.map_err(ArchiveError::Corrupt)?;
@@ -260,6 +264,7 @@ pub fn extract_tar(
             // The root itself ("./"): layers carry its mode and owner, uploads ignore it.
             if header_type == tar::EntryType::Directory && policy.kind == ArchiveKind::Layer {
                 apply_meta(&root, None, mode, owner, None).map_err(io_err)?;
+                directory_times.push((Vec::new(), name, mtime));
             }
             continue;
         };
@@ -301,6 +306,9 @@ pub fn extract_tar(
                 }
                 let dir = open_dirs(&parent, std::slice::from_ref(leaf), false, None, &name)?;
                 apply_meta(&dir, None, mode, owner, None).map_err(io_err)?;
+                if policy.kind == ArchiveKind::Layer {
+                    directory_times.push((components.clone(), name.clone(), mtime));
+                }
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
                 remove_existing(&parent, leaf, &name, false)?;
@@ -393,6 +401,15 @@ pub fn extract_tar(
                 });
             }
         }
+    }
+    // Reopened by name, never followed through a symlink, as every entry was; later entries
+    // for one directory win, as they would have.
+    for (parts, name, mtime) in directory_times {
+        let dir = open_dirs(&root, &parts, false, None, &name)?;
+        set_mtime(&dir, mtime).map_err(|e| ArchiveError::Io {
+            entry: name,
+            source: e,
+        })?;
     }
     Ok(stats)
 }
@@ -545,18 +562,24 @@ fn apply_meta(
     }
     rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))?;
     if let Some(secs) = mtime {
-        let t = rustix::fs::Timespec {
-            tv_sec: secs,
-            tv_nsec: 0,
-        };
-        rustix::fs::futimens(
-            fd,
-            &Timestamps {
-                last_access: t,
-                last_modification: t,
-            },
-        )?;
+        set_mtime(fd, secs)?;
     }
+    Ok(())
+}
+
+/// Sets an open file's access and modification times to `secs`.
+fn set_mtime(fd: &impl AsFd, secs: i64) -> io::Result<()> {
+    let t = rustix::fs::Timespec {
+        tv_sec: secs,
+        tv_nsec: 0,
+    };
+    rustix::fs::futimens(
+        fd,
+        &Timestamps {
+            last_access: t,
+            last_modification: t,
+        },
+    )?;
     Ok(())
 }
 

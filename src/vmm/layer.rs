@@ -211,11 +211,6 @@ pub fn seal_beside_cache(
         wrote.and(extracted)
     });
     written?;
-    // The extraction gives directories the time it made them; the tar (and so a later seal of
-    // the tree, when the blob is republished from it) has the upper's.
-    copy_directory_mtimes(dir, staging.path()).map_err(VmmError::io(
-        "giving the extracted tree its directories' times",
-    ))?;
     let (digest, size) = writer.commit()?;
     let layer = LayerRef { digest, size };
     tracing::debug!(
@@ -227,27 +222,6 @@ pub fn seal_beside_cache(
         cache.adopt_staged(staging, &layer.digest)?;
     }
     Ok(layer)
-}
-
-/// Sets the mtime of every directory of `to` to that of the same directory in `from`, walking
-/// `from` without following symlinks (what a directory of `from` is, `to` has as a directory:
-/// it was extracted from `from`'s tar).
-fn copy_directory_mtimes(from: &Path, to: &Path) -> io::Result<()> {
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let meta = fs::symlink_metadata(from.join(&rel))?;
-        for entry in fs::read_dir(from.join(&rel))? {
-            let entry = entry?;
-            if entry.file_type()?.is_dir() {
-                stack.push(rel.join(entry.file_name()));
-            }
-        }
-        let target = to.join(&rel);
-        if fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
-            fs::File::open(&target)?.set_modified(meta.modified()?)?;
-        }
-    }
-    Ok(())
 }
 
 /// Whether [`LayerCache::adopt`] could move a tree into the cache.
@@ -1085,11 +1059,16 @@ mod tests {
         let teed = teed_cache.path(&layer.digest);
         let extracted = extracted_cache.ensure(&blobs, &layer.digest).unwrap();
         assert_eq!(observed(&teed), observed(&extracted));
-        // What republishing a layer from the node's copy relies on.
-        assert_eq!(
-            seal_dir(&teed, &blobs, Owners::Mapped(teed_cache.ids())).unwrap(),
-            layer
-        );
+        // What republishing a layer from the node's copy relies on, whichever way the copy
+        // was made.
+        for tree in [&teed, &extracted] {
+            assert_eq!(
+                seal_dir(tree, &blobs, Owners::Mapped(teed_cache.ids())).unwrap(),
+                layer,
+                "{}",
+                tree.display()
+            );
+        }
     }
 
     #[test]

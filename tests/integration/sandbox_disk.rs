@@ -160,3 +160,38 @@ fn traces_of(backend: &strata::vmm::NamespaceBackend) -> Vec<String> {
     );
     found
 }
+
+/// The other way to fill a disk: files, not bytes. The node's inode table is not the tenant's
+/// either.
+#[tokio::test]
+async fn a_step_that_makes_files_without_end_runs_out_of_its_own_inodes() {
+    let backend = backend_with_disk(limited());
+    let mut sb = boot(&backend, spec(busybox(&backend).await)).await;
+    let id = sb.id().to_string();
+    let out = exec(
+        &mut sb,
+        ExecRequest::shell("mkdir /many && cd /many && seq 1 100000 | xargs touch"),
+    )
+    .await;
+    assert!(
+        !out.outcome.success(),
+        "100000 files fit a 64 MiB disk's inodes"
+    );
+    assert!(
+        out.stderr.contains("No space left on device"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        sb.disk_note().is_some(),
+        "a disk out of inodes is said to be full"
+    );
+    let made: u64 = sh(&mut sb, "ls /many | wc -l")
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(made > 1000 && made < 100000, "{made} files made");
+    sb.destroy().await.unwrap();
+    assert_no_trace(&id);
+}

@@ -308,8 +308,7 @@ impl SandboxBackend for NamespaceBackend {
         let (id, dir, disk) = self.shared.scratch.create(spec.limits.disk_min_free)?;
         let undo = |disk: Option<scratch::ScratchDisk>| {
             if let Some(d) = disk {
-                d.remove();
-                self.shared.scratch.release(&id);
+                self.shared.scratch.remove(&id, d);
             }
             let _ = std::fs::remove_dir_all(&dir);
         };
@@ -832,8 +831,7 @@ impl NamespaceSandbox {
                 // the disk is gone. Unmounted before the directory is removed: removing the
                 // disk's files one by one would be wasted work.
                 Some(d) => drop(runtime.spawn_blocking(move || {
-                    d.remove();
-                    backend.shared.scratch.release(&id);
+                    backend.shared.scratch.remove(&id, d);
                     let _ = std::fs::remove_dir_all(&dir);
                 })),
                 None => {
@@ -1003,7 +1001,8 @@ impl Sandbox for NamespaceSandbox {
                 None
             } else if on_scratch {
                 // The sealed upper stays on the scratch disk, counted against the build's limit;
-                // the cache's tree is extracted from the blob (another filesystem).
+                // the cache's tree (another filesystem) is extracted from the tar as it is
+                // written.
                 Some(layer::seal_beside_cache(
                     &upper,
                     shared.blobs.as_ref(),
@@ -1055,8 +1054,7 @@ impl Drop for NamespaceSandbox {
             c.remove();
         }
         if let Some(d) = self.disk.take() {
-            d.remove();
-            self.backend.shared.scratch.release(&self.id);
+            self.backend.shared.scratch.remove(&self.id, d);
         }
         if self.dir.exists() {
             let _ = std::fs::remove_dir_all(&self.dir);

@@ -283,8 +283,9 @@ impl ScratchDisks {
         }
     }
 
-    /// Forgets a disk's grant once its sandbox is gone.
-    pub fn release(&self, id: &str) {
+    /// Removes sandbox `id`'s disk (see [`ScratchDisk::remove`]) and forgets its grant.
+    pub fn remove(&self, id: &str, disk: ScratchDisk) {
+        disk.remove();
         self.live.lock().expect("scratch registry").remove(id);
     }
 }
@@ -346,7 +347,7 @@ impl ScratchDisk {
 
     /// Unmounts the disk (lazily: a dying sandbox's namespace may still hold it) and removes
     /// its image; the kernel frees the loop device when the last mount goes.
-    pub fn remove(&self) {
+    fn remove(&self) {
         unmount(&self.mount);
         if let Some(dir) = self.mount.parent() {
             let _ = std::fs::remove_file(dir.join(IMAGE_FILE));
