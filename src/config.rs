@@ -36,6 +36,9 @@ pub struct StorageArgs {
     #[command(flatten)]
     pub sandbox_disk: SandboxDiskArgs,
 
+    #[command(flatten)]
+    pub team_limits: TeamLimitArgs,
+
     /// Maximum connections in this process's Postgres pool.
     #[arg(long, env = "STRATA_DB_POOL_SIZE", default_value_t = 16)]
     pub db_pool_size: u32,
@@ -78,6 +81,68 @@ impl SandboxDiskArgs {
         crate::vmm::namespace::scratch::DiskConfig {
             max: self.build_disk_max.0,
             reserve: self.node_disk_reserve,
+        }
+    }
+}
+
+/// What one team may hold at once (ADR 0024). Each is a count or `none`. Every API replica
+/// and build node should be given the same values: the API holds teams to the queued, upload
+/// and step limits, the build nodes to the running one.
+#[derive(Debug, Clone, Args)]
+pub struct TeamLimitArgs {
+    /// Builds of one team running at once, across all nodes; its further builds stay queued,
+    /// and other teams' builds are taken first.
+    #[arg(long, env = "STRATA_TEAM_MAX_RUNNING_BUILDS", default_value_t = Limit(crate::domain::team_limits::TeamLimits::DEFAULT.running_builds), value_name = "N|none")]
+    pub team_max_running_builds: Limit,
+
+    /// Builds of one team registered and not yet running (waiting for uploads, or queued);
+    /// a registration past it gets a 429.
+    #[arg(long, env = "STRATA_TEAM_MAX_QUEUED_BUILDS", default_value_t = Limit(crate::domain::team_limits::TeamLimits::DEFAULT.queued_builds), value_name = "N|none")]
+    pub team_max_queued_builds: Limit,
+
+    /// Upload links of one team's waiting builds not yet used; a link past it gets a 429.
+    #[arg(long, env = "STRATA_TEAM_MAX_PENDING_UPLOADS", default_value_t = Limit(crate::domain::team_limits::TeamLimits::DEFAULT.pending_uploads), value_name = "N|none")]
+    pub team_max_pending_uploads: Limit,
+
+    /// Steps one build may have; a start with more gets a 400.
+    #[arg(long, env = "STRATA_BUILD_MAX_STEPS", default_value_t = Limit(crate::domain::team_limits::TeamLimits::DEFAULT.steps_per_build), value_name = "N|none")]
+    pub build_max_steps: Limit,
+}
+
+impl TeamLimitArgs {
+    pub fn limits(&self) -> crate::domain::team_limits::TeamLimits {
+        crate::domain::team_limits::TeamLimits {
+            running_builds: self.team_max_running_builds.0,
+            queued_builds: self.team_max_queued_builds.0,
+            pending_uploads: self.team_max_pending_uploads.0,
+            steps_per_build: self.build_max_steps.0,
+        }
+    }
+}
+
+/// A count limit, or `none` for no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit(pub Option<u32>);
+
+impl std::str::FromStr for Limit {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "none" => Ok(Limit(None)),
+            t => t
+                .parse()
+                .map(|n| Limit(Some(n)))
+                .map_err(|_| format!("{text:?} is not a limit; write a count such as 8, or none")),
+        }
+    }
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(n) => write!(f, "{n}"),
+            None => f.write_str("none"),
         }
     }
 }

@@ -44,6 +44,11 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, message)
     }
 
+    /// A team at one of its limits (ADR 0024); the SDK raises its rate-limit error on it.
+    pub fn too_many_requests(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, message)
+    }
+
     /// An unexpected failure: logged in full here, answered without internals.
     pub fn internal(context: &str, err: &dyn std::fmt::Display) -> Self {
         tracing::error!(error = %err, "{context}");

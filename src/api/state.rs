@@ -37,6 +37,8 @@ pub struct ProtocolSettings {
     pub queue_timeout: Duration,
     /// The most one build may ask for.
     pub ceilings: crate::domain::build_spec::Ceilings,
+    /// What one team may hold at once (ADR 0024).
+    pub team_limits: crate::domain::team_limits::TeamLimits,
 }
 
 /// Shared by every handler; cheap to clone.
@@ -91,9 +93,17 @@ impl AppState {
                     cpu_count: serve.build_cpu_max,
                     memory_mb: serve.build_memory_max_mb,
                 },
+                team_limits: crate::domain::team_limits::TeamLimits::DEFAULT,
             }),
             data_dir: data_dir.to_path_buf(),
         })
+    }
+
+    /// The same state holding teams to `limits` (`STRATA_TEAM_MAX_*`, `STRATA_BUILD_MAX_STEPS`)
+    /// instead of the defaults.
+    pub fn with_team_limits(mut self, limits: crate::domain::team_limits::TeamLimits) -> Self {
+        Arc::make_mut(&mut self.protocol).team_limits = limits;
+        self
     }
 
     /// The same state with uploads stored in `blobs` (`STRATA_BLOB_URL`) instead of

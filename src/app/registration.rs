@@ -14,7 +14,7 @@ use crate::domain::build;
 use crate::domain::build_spec::{Resources, Tag, TemplateName};
 use crate::domain::ids::{BuildId, TeamId, TemplateId};
 use crate::domain::template;
-use crate::events::command::{execute_writes_with, load, CommandContext};
+use crate::events::command::{execute_writes_admitted, load, CommandContext};
 use crate::events::{CommandError, EventStore, ExpectedVersion};
 use crate::streams::{
     build_stream, template_name_stream, template_stream, Template, TemplateName as NameClaim,
@@ -71,7 +71,8 @@ pub async fn register_build(
     let candidate = new_template_id();
     let name_stream = template_name_stream(&cmd.team, &cmd.name.name);
     let (candidate_ref, name_ref) = (&candidate, &name_stream);
-    let (_, chosen) = execute_writes_with(store, 16, move || async move {
+    let admission = ctx.admission.as_ref();
+    let (_, chosen) = execute_writes_admitted(store, 16, admission, move || async move {
         let names = load::<NameClaim>(store, name_ref)
             .await
             .map_err(CommandError::into_other)?;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::domain::files::PublishedGeneration;
 use crate::domain::ids::{BuildId, Digest, FilesHash, Generation, Scope};
 use crate::domain::{build, files, reachability};
-use crate::events::command::{execute_writes_with, load, CommandContext};
+use crate::events::command::{execute_writes_admitted, load, CommandContext};
 use crate::events::{CommandError, EventStore};
 use crate::streams::{
     build_stream, database_now, files_stream, object_stream, Build, Files, Object,
@@ -120,7 +120,8 @@ async fn decide_build_and_files<T>(
     decide: impl Fn(&build::State, &files::State, bool) -> Result<(Decision, T), UploadError>,
 ) -> Result<T, CommandError<UploadError>> {
     let decide = &decide;
-    let (_, value) = execute_writes_with(store, MAX_ROUNDS, move || async move {
+    let admission = ctx.admission.as_ref();
+    let (_, value) = execute_writes_admitted(store, MAX_ROUNDS, admission, move || async move {
         let b_stream = build_stream(build_id);
         let build = load::<Build>(store, &b_stream)
             .await

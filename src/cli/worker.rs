@@ -54,6 +54,7 @@ pub fn settings(
     settings.sandbox_ids = storage.sandbox_id_range;
     settings.sandbox_network = storage.sandbox_network.config()?;
     settings.sandbox_disk = storage.sandbox_disk.config();
+    settings.team_limits = storage.team_limits.limits();
     // Registry credentials are sealed by the API under the server secret; every node opens
     // them with the same one (STRATA_UPLOAD_SECRET, or the data directory's secret file).
     let secret = strata::api::state::server_secret(

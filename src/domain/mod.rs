@@ -8,6 +8,7 @@
 //! * [`build_spec`]: the E2B request bodies as validated types, the request digest, and the
 //!   command-context fold.
 //! * [`team`]: tenants and their API keys.
+//! * [`team_limits`]: what one team may hold at once (fair share of a shared service).
 //! * [`template`]: the template aggregate and the team-scoped name claim.
 //! * [`build`]: the build aggregate (upload bindings and intents, freeze, attempts, fencing,
 //!   publishing, terminal states) and its E2B status view.
@@ -23,7 +24,7 @@
 //! * [`reachability`]: roots and tiers of stored objects, from the folded streams.
 //! * [`retention`]: which unreferenced objects a GC pass deletes, in which order, and why.
 //! * [`placement`]: which queued builds a free node claims first, given which nodes hold
-//!   their layers (cache-aware placement, with a bounded wait).
+//!   their layers (cache-aware placement, with a bounded wait), fair across teams.
 //!
 //! Every aggregate follows one shape: `State` (Default), `Command`, `Event` (versioned, serde
 //! tagged by `type`), `Error`, `decide` and `evolve`. Where one transition spans several streams,
@@ -50,5 +51,6 @@ pub mod retention;
 pub mod snapshot;
 pub mod start;
 pub mod team;
+pub mod team_limits;
 pub mod template;
 pub mod upload_url;

@@ -10,9 +10,12 @@
 //!   build was queued; past that it claims it like any other (`miss`): nobody waits longer
 //!   for a cache, whether the preferred node is busy, stopped or gone.
 //!
-//! Order of the claimable builds: the ones past the wait first (oldest queued first), then
-//! hits, then the rest, each in queue order. Past-the-wait first keeps the bound a bound: a
-//! node with a steady stream of hits still takes an overdue build before its next hit.
+//! Order of the claimable builds: fair share first, then cache. The queue comes in fair-share
+//! rounds across teams (`projections::builds::queue`, ADR 0024), and a lower round always goes
+//! first, so a team whose builds the cache favours cannot jump another team's turn. Within a
+//! round: the ones past the wait first (oldest queued first), then hits, then the rest, each in
+//! queue order. Past-the-wait first keeps the bound a bound: a node with a steady stream of
+//! hits still takes an overdue build before its next hit.
 //!
 //! Residency is a hint: every input here may be stale, and the worst a wrong answer does is
 //! make a node fetch layers from the blob store or leave a build queued for at most `wait`.
@@ -32,6 +35,8 @@ pub struct Candidate {
     /// registry base it never pulled, an unreadable index) or when no sandbox is needed (a
     /// final cache hit): no node is preferred.
     pub wants: Option<Vec<Digest>>,
+    /// Its fair-share round: lower rounds are claimed first, whatever the cache says.
+    pub round: u32,
 }
 
 /// Which live node holds which layers, and how many bytes of each.
@@ -123,8 +128,39 @@ pub struct Placement {
     pub next_due: Option<Duration>,
 }
 
-/// Orders `queue` (oldest first) for `node`.
+/// Orders `queue` (in fair-share order: by round, oldest first) for `node`.
 pub fn place(node: &str, queue: &[Candidate], residency: &Residency, wait: Duration) -> Placement {
+    let mut placed = Placement {
+        claimable: Vec::new(),
+        deferred: Vec::new(),
+        next_due: None,
+    };
+    let mut start = 0;
+    while start < queue.len() {
+        let round = queue[start].round;
+        let len = queue[start..]
+            .iter()
+            .take_while(|c| c.round == round)
+            .count();
+        let one = place_round(node, &queue[start..start + len], residency, wait);
+        placed.claimable.extend(one.claimable);
+        placed.deferred.extend(one.deferred);
+        placed.next_due = match (placed.next_due, one.next_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        start += len;
+    }
+    placed
+}
+
+/// Orders the builds of one fair-share round.
+fn place_round(
+    node: &str,
+    queue: &[Candidate],
+    residency: &Residency,
+    wait: Duration,
+) -> Placement {
     let mut overdue = Vec::new();
     let mut hits = Vec::new();
     let mut rest = Vec::new();
@@ -168,6 +204,7 @@ mod tests {
             build: build(n),
             waited: Duration::from_millis(waited_ms),
             wants: wants.map(|w| w.iter().map(|d| digest(*d)).collect()),
+            round: 0,
         }
     }
 
@@ -284,5 +321,21 @@ mod tests {
                 remaining: WAIT
             }
         );
+    }
+
+    #[test]
+    fn a_lower_round_goes_first_even_when_a_later_one_is_a_hit() {
+        // Build 1 (round 0, another team's first) wants nothing anyone holds; builds 2 and 3
+        // are the busy team's next builds (round 1), hits on this node.
+        let r = residency(&[("a", 1, 100)]);
+        let mut first = candidate(1, 0, Some(&[9]));
+        first.round = 0;
+        let mut hit = candidate(2, 0, Some(&[1]));
+        hit.round = 1;
+        let mut overdue = candidate(3, 60_000, Some(&[1]));
+        overdue.round = 1;
+        let placed = place("a", &[first, hit, overdue], &r, WAIT);
+        let order: Vec<BuildId> = placed.claimable.iter().map(|(b, _)| *b).collect();
+        assert_eq!(order, vec![build(1), build(3), build(2)]);
     }
 }

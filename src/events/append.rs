@@ -58,12 +58,15 @@ enum AttemptError {
     },
     /// An event id of this append is already stored (`events_event_id_key`).
     EventIdTaken,
+    Refused(super::AdmissionRefused),
     Database(sqlx::Error),
 }
 
 impl From<sqlx::Error> for AttemptError {
     fn from(err: sqlx::Error) -> Self {
-        if violated_constraint(&err) == Some("events_event_id_key") {
+        if let Some(refused) = super::AdmissionRefused::found_in(&err) {
+            Self::Refused(refused.clone())
+        } else if violated_constraint(&err) == Some("events_event_id_key") {
             Self::EventIdTaken
         } else {
             Self::Database(err)
@@ -89,6 +92,18 @@ impl EventStore {
         inline: &(dyn InlineProjection + '_),
     ) -> Result<AppendOutcome, AppendError> {
         self.append_observed(writes, inline, false).await
+    }
+
+    /// [`Self::append`], or with `admission` run in the same transaction when there is one.
+    pub async fn append_admitted(
+        &self,
+        writes: Vec<StreamWrite>,
+        admission: Option<&super::AdmissionCheck>,
+    ) -> Result<AppendOutcome, AppendError> {
+        match admission {
+            Some(check) => self.append_with(writes, check.0.as_ref()).await,
+            None => self.append(writes).await,
+        }
     }
 
     /// An append, traced and counted. `groupable`: the caller has no inline projection of its
@@ -118,6 +133,7 @@ impl EventStore {
             Err(AppendError::VersionConflict { .. }) => "version_conflict",
             Err(AppendError::EventIdsReused { .. }) => "event_ids_reused",
             Err(AppendError::Invalid(_)) => "invalid",
+            Err(AppendError::Refused(_)) => "refused",
             Err(AppendError::SerializationRetriesExhausted { .. }) => "retries_exhausted",
             Err(AppendError::Database(_)) => "database_error",
         };
@@ -207,6 +223,7 @@ impl EventStore {
                     tracing::debug!(attempt, error = %err, "append serialization failure; retrying");
                     tokio::time::sleep(self.retry.backoff(attempt)).await;
                 }
+                Err(AttemptError::Refused(refused)) => return Err(AppendError::Refused(refused)),
                 Err(AttemptError::Database(err)) => return Err(AppendError::Database(err)),
             }
         }

@@ -16,8 +16,8 @@ use thiserror::Error;
 use uuid::Uuid;
 
 use super::{
-    AppendError, AppendOutcome, DecodeError, DomainEvent, EncodeError, EventStore, ExpectedVersion,
-    Metadata, ReadError, RecordedEvent, StreamId, StreamWrite,
+    AdmissionCheck, AppendError, AppendOutcome, DecodeError, DomainEvent, EncodeError, EventStore,
+    ExpectedVersion, Metadata, ReadError, RecordedEvent, StreamId, StreamWrite,
 };
 
 /// A stream's state machine. Implemented by pure domain types.
@@ -44,6 +44,8 @@ pub struct CommandContext {
     pub metadata: Metadata,
     /// Decide-and-append rounds before giving up on a contended stream.
     pub max_attempts: u32,
+    /// A limit every append of this command must pass inside its transaction.
+    pub admission: Option<AdmissionCheck>,
 }
 
 impl CommandContext {
@@ -57,7 +59,15 @@ impl CommandContext {
             command_id,
             metadata,
             max_attempts: 64,
+            admission: None,
         }
+    }
+
+    /// This command's appends also run `check` in their transaction, and fail with
+    /// [`AppendError::Refused`] (storing nothing) when it refuses.
+    pub fn with_admission(mut self, check: AdmissionCheck) -> Self {
+        self.admission = Some(check);
+        self
     }
 
     pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
@@ -263,7 +273,10 @@ pub async fn execute<A: Aggregate>(
             loaded.expected(),
             context.encode(stream, &decided)?,
         );
-        match store.append(vec![write]).await {
+        match store
+            .append_admitted(vec![write], context.admission.as_ref())
+            .await
+        {
             Ok(outcome) if outcome.replay => {
                 // An earlier run of this command landed; its events may or may not be in what
                 // we loaded, so report the stream as it is now.
@@ -328,7 +341,10 @@ pub async fn execute_from<A: Aggregate>(
                 carried.expected(),
                 context.encode(stream, &decided)?,
             );
-            match store.append(vec![write]).await {
+            match store
+                .append_admitted(vec![write], context.admission.as_ref())
+                .await
+            {
                 Ok(outcome) if !outcome.replay => {
                     let version = outcome.version(stream).unwrap_or(carried.version);
                     return Ok(Executed {
@@ -398,6 +414,20 @@ where
 pub async fn execute_writes_with<T, E, F, Fut>(
     store: &EventStore,
     max_attempts: u32,
+    decide: F,
+) -> Result<(AppendOutcome, T), CommandError<E>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(Vec<StreamWrite>, T), CommandError<E>>>,
+{
+    execute_writes_admitted(store, max_attempts, None, decide).await
+}
+
+/// [`execute_writes_with`] whose every append also runs `admission` in its transaction.
+pub async fn execute_writes_admitted<T, E, F, Fut>(
+    store: &EventStore,
+    max_attempts: u32,
+    admission: Option<&AdmissionCheck>,
     mut decide: F,
 ) -> Result<(AppendOutcome, T), CommandError<E>>
 where
@@ -408,7 +438,7 @@ where
     loop {
         attempt += 1;
         let (writes, value) = decide().await?;
-        match store.append(writes).await {
+        match store.append_admitted(writes, admission).await {
             Ok(mut outcome) => {
                 outcome.attempts = attempt;
                 return Ok((outcome, value));

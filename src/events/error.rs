@@ -45,6 +45,11 @@ pub enum AppendError {
         #[source]
         last: sqlx::Error,
     },
+    /// The command's admission check ([`super::AdmissionCheck`]) found the append over its
+    /// limit: nothing was stored. Not an outage: the same append refuses again until the
+    /// usage it counts goes down.
+    #[error("{0}")]
+    Refused(super::AdmissionRefused),
     #[error("database error while appending: {0}")]
     Database(#[from] sqlx::Error),
 }

@@ -12,6 +12,7 @@
 //!
 //! Design notes: docs/adr/0001-event-store.md, docs/adr/0002-global-feed.md.
 
+mod admission;
 mod append;
 pub mod command;
 mod domain_event;
@@ -29,6 +30,7 @@ mod retry;
 mod store;
 mod stream_id;
 
+pub use admission::{AdmissionCheck, AdmissionRefused};
 pub use append::AppendOutcome;
 pub use command::{execute, execute_writes, Aggregate, CommandContext, CommandError, Executed};
 pub use domain_event::{DecodeError, DomainEvent, EncodeError};

@@ -126,6 +126,16 @@ async fn apply_one(
             .bind(lease_expires_at)
             .execute(&mut *conn)
             .await?;
+            sqlx::query(
+                "INSERT INTO team_turns (team_id, last_started_at)
+                 SELECT team_id, $2 FROM builds WHERE build_id = $1
+                 ON CONFLICT (team_id) DO UPDATE
+                 SET last_started_at = greatest(team_turns.last_started_at, excluded.last_started_at)",
+            )
+            .bind(build_id)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
         }
         Event::LeaseRenewed {
             lease_expires_at, ..
@@ -295,28 +305,54 @@ pub async fn builds_with_intents_due_after(
     .await
 }
 
-/// A queued build and how long it has been queued, by the database clock.
+/// A queued build, how long it has been queued (by the database clock), and its fair-share
+/// round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueuedBuild {
     pub build: BuildId,
     pub waited: std::time::Duration,
+    /// The team's builds running now plus those of its builds queued ahead of this one: the
+    /// build would be its team's `round`-th concurrent build. Lower rounds go first.
+    pub round: u32,
 }
 
-/// At most `limit` queued builds, the longest registered first, each with the time since it
-/// was queued: the queue as cache-aware placement reads it (ADR 0020).
-pub async fn queue(pool: &sqlx::PgPool, limit: i64) -> Result<Vec<QueuedBuild>, sqlx::Error> {
-    let rows: Vec<(Uuid, f64)> = sqlx::query_as(
-        "SELECT build_id, greatest(extract(epoch FROM now() - coalesce(queued_at, updated_at)), 0)::float8
-         FROM builds WHERE phase = 'queued' ORDER BY registered_at, build_id LIMIT $1",
+/// At most `limit` queued builds in fair-share order: round by round across teams (a team's
+/// oldest queued build is its round 0 when none of its builds runs); within a round, the team
+/// whose last build started longest ago (or never) first, then the longest registered. A team
+/// with `max_running` builds running has its builds left out: they wait for one of its own to
+/// end (and an acquire counts again in its own transaction, so racing nodes cannot pass it). This is the queue as placement reads it (ADR 0020,
+/// ADR 0024): one team's burst delays another team's build by at most one slot, whatever the
+/// order they registered in.
+pub async fn queue(
+    pool: &sqlx::PgPool,
+    limit: i64,
+    max_running: Option<u32>,
+) -> Result<Vec<QueuedBuild>, sqlx::Error> {
+    let rows: Vec<(Uuid, f64, i64)> = sqlx::query_as(
+        "WITH running AS (
+             SELECT team_id, count(*) AS n FROM builds WHERE phase = 'active' GROUP BY team_id
+         ), queued AS (
+             SELECT build_id, team_id, registered_at,
+                    greatest(extract(epoch FROM now() - coalesce(queued_at, updated_at)), 0)::float8 AS waited,
+                    row_number() OVER (PARTITION BY team_id ORDER BY registered_at, build_id) - 1 AS ahead
+             FROM builds WHERE phase = 'queued'
+         )
+         SELECT q.build_id, q.waited, coalesce(r.n, 0) + q.ahead AS round
+         FROM queued q LEFT JOIN running r USING (team_id) LEFT JOIN team_turns t USING (team_id)
+         WHERE $2::bigint IS NULL OR coalesce(r.n, 0) < $2
+         ORDER BY round, t.last_started_at NULLS FIRST, q.registered_at, q.build_id
+         LIMIT $1",
     )
     .bind(limit)
+    .bind(max_running.map(i64::from))
     .fetch_all(pool)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, secs)| QueuedBuild {
+        .map(|(id, secs, round)| QueuedBuild {
             build: BuildId::from_uuid(id),
             waited: std::time::Duration::from_secs_f64(secs.max(0.0)),
+            round: u32::try_from(round).unwrap_or(u32::MAX),
         })
         .collect())
 }

@@ -7,7 +7,8 @@
 //!   time per projection (`FOR UPDATE SKIP LOCKED` on its checkpoint row); `rebuild` replays.
 //! * [`stream_catalog`]: the operators' catalog of streams.
 //! * [`builds`], [`templates`], [`api_keys`]: the inline read models, each with its typed reads;
-//!   [`build_logs`]: the reads of the worker's log lines.
+//!   [`build_logs`]: the reads of the worker's log lines; [`team_usage`]: what a team holds,
+//!   and the admission check that holds it to its limits.
 //! * [`registry`] / [`run_all`]: the projections this version ships, and running them.
 
 pub mod api_keys;
@@ -16,6 +17,7 @@ pub mod builds;
 mod projection;
 mod runner;
 pub mod stream_catalog;
+pub mod team_usage;
 pub mod templates;
 
 use std::sync::Arc;

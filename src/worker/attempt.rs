@@ -41,11 +41,16 @@ fn worker_metadata(node: &str, build: BuildId) -> Metadata {
 /// error is retried with that same id: if the first try committed and only its reply was lost,
 /// the retry is recognised as a replay and the node keeps the claim instead of leaving the build
 /// Active with nobody running it.
+///
+/// `max_running`: the build's team may have at most this many builds running; the acquire is
+/// refused inside its own transaction past it (`Ok(None)`), so nodes claiming at once cannot
+/// together run more.
 pub async fn acquire(
     store: &EventStore,
     build: BuildId,
     node: &str,
     lease: Duration,
+    max_running: Option<u32>,
 ) -> Result<Option<Attempt>, WorkerError> {
     let node_id = NodeId::parse(node).map_err(|e| WorkerError::Store(format!("node id: {e}")))?;
     let stream = build_stream(&build);
@@ -53,10 +58,19 @@ pub async fn acquire(
         .await
         .map_err(WorkerError::store)?;
     let epoch = observed.state.last_epoch.map_or(Epoch::FIRST, Epoch::next);
-    let ctx = CommandContext::with_id(
+    let mut ctx = CommandContext::with_id(
         command_id(build, &["acquire", node, &epoch.to_string()]),
         worker_metadata(node, build),
     );
+    if let (Some(max), Some(registration)) = (max_running, &observed.state.registration) {
+        ctx = ctx.with_admission(crate::events::AdmissionCheck::new(
+            crate::projections::team_usage::TeamCap {
+                team: registration.team.clone(),
+                held: crate::domain::team_limits::Held::RunningBuilds,
+                max,
+            },
+        ));
+    }
     let executed = retry_store_errors(build, "acquiring", || async {
         let now = db_now(store.pool()).await?;
         let grant = AttemptGrant {
@@ -96,6 +110,10 @@ pub async fn acquire(
         },
         Err(CommandError::Rejected(reason)) => {
             tracing::debug!(%build, %reason, "build not acquired");
+            Ok(None)
+        }
+        Err(CommandError::Append(AppendError::Refused(reason))) => {
+            tracing::info!(%build, %reason, "build left queued: its team is at its running-build limit");
             Ok(None)
         }
         Err(err) => Err(WorkerError::store(err)),

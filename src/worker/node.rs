@@ -211,7 +211,9 @@ impl Worker {
 
     /// Claims the first queued build this node can acquire, in placement's order.
     async fn claim_next(&self) -> Result<Claim, WorkerError> {
-        let queue = crate::projections::builds::queue(self.store.pool(), QUEUE_WINDOW).await?;
+        let max_running = self.settings.team_limits.running_builds;
+        let queue =
+            crate::projections::builds::queue(self.store.pool(), QUEUE_WINDOW, max_running).await?;
         let node = super::placement::Node {
             store: &self.store,
             catalog: &self.catalog,
@@ -226,6 +228,7 @@ impl Worker {
                 build,
                 &self.settings.node_id,
                 self.settings.lease,
+                max_running,
             )
             .instrument(crate::trace::build_span(&self.store, build, "build.acquire").await)
             .await?

@@ -59,7 +59,8 @@ pub struct Node<'a> {
 }
 
 impl Placer {
-    /// The order in which `node` tries `queue` (oldest first).
+    /// The order in which `node` tries `queue` (in fair-share order, see
+    /// [`crate::projections::builds::queue`]).
     pub async fn order(
         &self,
         node: &Node<'_>,
@@ -97,6 +98,7 @@ impl Placer {
                 build: q.build,
                 waited: q.waited,
                 wants,
+                round: q.round,
             });
         }
         let queued: HashSet<BuildId> = queue.iter().map(|q| q.build).collect();

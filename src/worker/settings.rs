@@ -48,6 +48,8 @@ pub struct WorkerSettings {
     /// How often this node reports its layer residency when nothing changed; its residency
     /// stops counting three of these after its last report.
     pub residency_heartbeat: Duration,
+    /// What one team may hold; a node reads the running-build limit (ADR 0024).
+    pub team_limits: crate::domain::team_limits::TeamLimits,
 }
 
 impl WorkerSettings {
@@ -76,6 +78,7 @@ impl WorkerSettings {
             credential_seal: None,
             placement_wait: Duration::from_secs(5),
             residency_heartbeat: Duration::from_secs(5),
+            team_limits: crate::domain::team_limits::TeamLimits::DEFAULT,
         }
     }
 

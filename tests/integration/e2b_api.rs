@@ -778,3 +778,139 @@ async fn resources_over_the_ceilings_are_refused_at_registration() {
     assert_eq!(status, 202, "{reply}");
     c.register("defaults").await;
 }
+
+/// A distinct valid filesHash per `n`.
+fn hash_n(n: usize) -> String {
+    format!("{n:064x}")
+}
+
+/// Issue: builds per team were unlimited, and a check made before the append lets a whole
+/// burst through. Twenty registrations at once against a limit of five: exactly five register
+/// (the limit is counted inside each registration's transaction), the rest answer 429 naming
+/// the limit, and another team still registers.
+#[tokio::test]
+async fn a_burst_of_registrations_stops_exactly_at_the_teams_queued_limit() {
+    let (db, _data, api) = setup(&["--team-max-queued-builds", "5"]).await;
+    let key = key_for(&db, "acme").await;
+    let calls = (0..20).map(|i| {
+        let c = client(&api, key.clone());
+        async move {
+            c.call(
+                reqwest::Method::POST,
+                "/v3/templates",
+                Some(json!({"name": format!("burst-{}", i % 4)})),
+            )
+            .await
+        }
+    });
+    let replies = futures::future::join_all(calls).await;
+    let admitted = replies.iter().filter(|(s, _)| *s == 202).count();
+    assert_eq!(admitted, 5, "{replies:?}");
+    for (status, reply) in replies.iter().filter(|(s, _)| *s != 202) {
+        assert_eq!(*status, 429, "{reply}");
+        assert_eq!(reply["code"], 429);
+        let message = reply["message"].as_str().unwrap();
+        assert!(
+            message.contains("team acme already has 5 builds waiting or queued")
+                && message.contains("STRATA_TEAM_MAX_QUEUED_BUILDS"),
+            "{message}"
+        );
+    }
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM builds WHERE team_id = 'acme'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 5, "a refused registration stores nothing");
+    let other = client(&api, key_for(&db, "globex").await);
+    other.register("theirs").await;
+}
+
+/// Upload links of one team's waiting builds stop at the limit (429, nothing reserved), also
+/// when asked for at once; using a link frees its place.
+#[tokio::test]
+async fn upload_links_stop_at_the_teams_pending_limit_and_a_used_link_frees_its_place() {
+    let (db, _data, api) = setup(&["--team-max-pending-uploads", "3"]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let (template, _) = c.register("links").await;
+    let calls = (0..8).map(|i| {
+        let c = client(&api, c.key.clone());
+        let template = template.clone();
+        async move {
+            c.call(
+                reqwest::Method::GET,
+                &format!("/templates/{template}/files/{}", hash_n(i)),
+                None,
+            )
+            .await
+        }
+    });
+    let replies = futures::future::join_all(calls).await;
+    let linked: Vec<&Value> = replies
+        .iter()
+        .filter(|(s, _)| *s == 201)
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(linked.len(), 3, "{replies:?}");
+    for (status, reply) in replies.iter().filter(|(s, _)| *s != 201) {
+        assert_eq!(*status, 429, "{reply}");
+        assert!(
+            reply["message"]
+                .as_str()
+                .unwrap()
+                .contains("STRATA_TEAM_MAX_PENDING_UPLOADS"),
+            "{reply}"
+        );
+    }
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM upload_intents")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 3, "a refused link reserves nothing");
+
+    // The fourth link is refused until one is used; an upload to one of them completes its
+    // intent, and then a link is handed out again.
+    let (status, reply) = c
+        .call(
+            reqwest::Method::GET,
+            &format!("/templates/{template}/files/{HASH_A}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 429, "{reply}");
+    let url = linked[0]["url"].as_str().unwrap();
+    let (status, reply) = c.put(url, tar_gz(&[("app/a.txt", b"hello")])).await;
+    assert!((200..300).contains(&status), "{status} {reply}");
+    let (present, _) = c.link(&template, HASH_A).await;
+    assert!(!present);
+}
+
+/// A start with more steps than one build may have is refused with a 400 naming the limit;
+/// at the limit it starts.
+#[tokio::test]
+async fn a_start_with_more_steps_than_the_limit_is_refused() {
+    let (db, _data, api) = setup(&["--build-max-steps", "2"]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let (template, build) = c.register("steps").await;
+    let run = json!({"type": "RUN", "args": ["true"], "force": false});
+    let (status, reply) = c
+        .call(
+            reqwest::Method::POST,
+            &format!("/v2/templates/{template}/builds/{build}"),
+            Some(json!({"fromImage": "busybox", "force": false, "steps": [run, run, run]})),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply}");
+    let message = reply["message"].as_str().unwrap();
+    assert!(
+        message.contains("3 steps, more than the 2") && message.contains("STRATA_BUILD_MAX_STEPS"),
+        "{message}"
+    );
+    let (status, reply) = c
+        .call(
+            reqwest::Method::POST,
+            &format!("/v2/templates/{template}/builds/{build}"),
+            Some(json!({"fromImage": "busybox", "force": false, "steps": [run, run]})),
+        )
+        .await;
+    assert_eq!(status, 202, "{reply}");
+}

@@ -59,7 +59,7 @@ async fn a_lost_acquire_reply_keeps_the_claim() {
     let build = queued_build(&store).await;
 
     store.lose_next_reply("build");
-    let claimed = attempt::acquire(&store, build, "node-a", LEASE)
+    let claimed = attempt::acquire(&store, build, "node-a", LEASE, None)
         .await
         .expect("a lost reply is retried, not reported")
         .expect("the retry finds the claim this node made");
@@ -75,7 +75,7 @@ async fn a_lost_acquire_reply_keeps_the_claim() {
     // The claim is usable: the attempt's own writes pass the fencing check.
     claimed.renew(LEASE).await.unwrap();
     // Another node still cannot take it.
-    assert!(attempt::acquire(&store, build, "node-b", LEASE)
+    assert!(attempt::acquire(&store, build, "node-b", LEASE, None)
         .await
         .unwrap()
         .is_none());
@@ -88,7 +88,7 @@ async fn a_lost_step_completion_reply_is_a_replay() {
     let db = common::test_db().await;
     let store = strata::app::event_store(db.pool.clone());
     let build = queued_build(&store).await;
-    let claimed = attempt::acquire(&store, build, "node-a", LEASE)
+    let claimed = attempt::acquire(&store, build, "node-a", LEASE, None)
         .await
         .unwrap()
         .unwrap();
@@ -739,7 +739,7 @@ async fn a_lost_reply_on_deleting_a_template_ends_its_queued_build_once() {
     assert_eq!(deleted, 1, "{template_events:?}");
     assert_eq!(read_model_phase(&db.pool, build).await, "error");
     assert!(
-        attempt::acquire(&store, build, "node-a", LEASE)
+        attempt::acquire(&store, build, "node-a", LEASE, None)
             .await
             .unwrap()
             .is_none(),
@@ -781,7 +781,7 @@ async fn a_lost_reply_on_starting_a_build_keeps_its_sealed_registry_credentials(
     // The start committed: a node claims the queued build before the client retries, and the
     // credentials it needs at `base` are there.
     let store = api.state.events.clone();
-    let epoch = attempt::acquire(&store, build, "node-a", LEASE)
+    let epoch = attempt::acquire(&store, build, "node-a", LEASE, None)
         .await
         .unwrap()
         .expect("the committed start queued the build")

@@ -15,6 +15,7 @@ mod deleted_template;
 mod e2b_api;
 mod event_feed;
 mod event_store;
+mod fair_share;
 mod gc;
 mod group_commit;
 mod intent_index;

@@ -54,7 +54,7 @@ pub async fn upload_link(
         expires_at: url_expires_at + UPLOAD_GRACE,
     };
     let span = crate::trace::build_span(&state.events, build, "build.upload_link").await;
-    let link = tracing::Instrument::instrument(reserve(&state, &command), span).await?;
+    let link = tracing::Instrument::instrument(reserve(&state, &team, &command), span).await?;
     let url = signed_url(&state, &team, &command, &link, url_expires_at);
     tracing::info!(build = %build, present = link.present, generation = %link.generation, "upload link issued");
     Ok((
@@ -82,8 +82,20 @@ async fn waiting_build(
 }
 
 /// One compare-and-set over the build and the files stream of the hash.
-async fn reserve(state: &AppState, command: &ReserveUpload) -> Result<LinkResponse, ApiError> {
-    let ctx = CommandContext::new(api_metadata(state));
+/// The team's limit on upload links not yet used is checked in the same transaction.
+async fn reserve(
+    state: &AppState,
+    team: &Team,
+    command: &ReserveUpload,
+) -> Result<LinkResponse, ApiError> {
+    let mut ctx = CommandContext::new(api_metadata(state));
+    if let Some(check) = crate::projections::team_usage::admission(
+        &state.protocol.team_limits,
+        &team.0,
+        crate::domain::team_limits::Held::PendingUploads,
+    ) {
+        ctx = ctx.with_admission(check);
+    }
     crate::app::upload::link_upload(&state.events, &ctx, &state.blobs, command)
         .await
         .map_err(|e| command_error(e, upload_error))

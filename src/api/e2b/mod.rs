@@ -82,6 +82,9 @@ where
             "{stream} is being changed concurrently; retry the request"
         )),
         CommandError::Read(crate::events::ReadError::Database(db)) => ApiError::from(db),
+        CommandError::Append(crate::events::AppendError::Refused(limit)) => {
+            ApiError::too_many_requests(limit.0)
+        }
         other => ApiError::internal("event store", &other),
     }
 }

@@ -33,6 +33,11 @@ pub async fn start_build(
     let build_id = parse_build_id(&build_id)?;
     let spec: TemplateBuildStartV2 = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid build start request: {e}")))?;
+    state
+        .protocol
+        .team_limits
+        .check_steps(spec.steps.len())
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     check_build_of(&state, &team.0, &template_id, &build_id).await?;
 
     if let BaseSource::Image { reference, .. } = &spec.base {

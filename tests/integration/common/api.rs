@@ -5,12 +5,14 @@ use std::path::Path;
 
 use clap::Parser;
 use strata::api::{router, AppState};
-use strata::config::ServeArgs;
+use strata::config::{ServeArgs, TeamLimitArgs};
 
 #[derive(Parser)]
 struct Settings {
     #[command(flatten)]
     serve: ServeArgs,
+    #[command(flatten)]
+    team_limits: TeamLimitArgs,
 }
 
 /// A running API and the state it serves with.
@@ -36,7 +38,9 @@ pub async fn serve(
     let addr = listener.local_addr().unwrap();
     let mut serve = settings.serve;
     serve.public_url = Some(format!("http://{addr}"));
-    let state = AppState::new(pool, &serve, "test-node".into(), data_dir).expect("API state");
+    let state = AppState::new(pool, &serve, "test-node".into(), data_dir)
+        .expect("API state")
+        .with_team_limits(settings.team_limits.limits());
     let app = router(state.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     TestApi {

@@ -1,0 +1,68 @@
+//! What a team holds right now, counted from the `builds` and `upload_intents` read models, and
+//! the admission check that holds a team to its limits ([`crate::domain::team_limits`]).
+//!
+//! The check runs inside the append that would add to the count, after the standing
+//! projections have applied it, so the count includes the new row: over the limit, the append
+//! stores nothing ([`crate::events::AdmissionCheck`]). The counts read an index range of the
+//! team's rows (`builds_team_phase_idx`), so under SERIALIZABLE two concurrent admissions of
+//! one team cannot both commit past the limit, and admissions of different teams do not meet.
+
+use async_trait::async_trait;
+use sqlx::PgConnection;
+
+use crate::domain::ids::TeamId;
+use crate::domain::team_limits::{Held, TeamLimits};
+use crate::events::{AdmissionCheck, AdmissionRefused, InlineProjection, RecordedEvent};
+
+/// Holds `team` to `max` of `held`, inside the append.
+pub struct TeamCap {
+    pub team: TeamId,
+    pub held: Held,
+    pub max: u32,
+}
+
+#[async_trait]
+impl InlineProjection for TeamCap {
+    async fn apply(&self, conn: &mut PgConnection, _: &[RecordedEvent]) -> Result<(), sqlx::Error> {
+        let count = count(&mut *conn, &self.team, self.held).await?;
+        match self.held.over(&self.team, count, self.max) {
+            Some(over) => Err(AdmissionRefused(over.to_string()).into_sqlx()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The check that holds `team` to its limit on `held`, if it has one.
+pub fn admission(limits: &TeamLimits, team: &TeamId, held: Held) -> Option<AdmissionCheck> {
+    limits.max(held).map(|max| {
+        AdmissionCheck::new(TeamCap {
+            team: team.clone(),
+            held,
+            max,
+        })
+    })
+}
+
+/// How many of `held` `team` has.
+pub async fn count<'c, X>(executor: X, team: &TeamId, held: Held) -> Result<u64, sqlx::Error>
+where
+    X: sqlx::Executor<'c, Database = sqlx::Postgres>,
+{
+    let sql = match held {
+        Held::RunningBuilds => {
+            "SELECT count(*) FROM builds WHERE team_id = $1 AND phase = 'active'"
+        }
+        Held::QueuedBuilds => {
+            "SELECT count(*) FROM builds WHERE team_id = $1 AND phase IN ('waiting', 'queued')"
+        }
+        Held::PendingUploads => {
+            "SELECT count(*) FROM builds b JOIN upload_intents i USING (build_id)
+             WHERE b.team_id = $1 AND b.phase = 'waiting'"
+        }
+    };
+    let n: i64 = sqlx::query_scalar(sql)
+        .bind(team.as_str())
+        .fetch_one(executor)
+        .await?;
+    Ok(n.max(0) as u64)
+}
