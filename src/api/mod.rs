@@ -31,6 +31,7 @@ pub fn router(state: AppState) -> Router {
             crate::metrics::scrape::ScrapeSources {
                 builds: Some(build_counts_reader(state.pool.clone())),
                 data_dir: Some(state.data_dir.clone()),
+                team_limits: Some(state.protocol.team_limits),
             },
         ))
         .merge(e2b::routes())

@@ -25,6 +25,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         let sources = strata::metrics::scrape::ScrapeSources {
             builds: None,
             data_dir: Some(args.storage.data_dir.clone()),
+            team_limits: Some(settings.team_limits),
         };
         strata::metrics::server::serve(addr, sources, shutdown.clone())
             .await

@@ -32,6 +32,17 @@ static STORAGE: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     .expect("metric registers once")
 });
 
+static TEAM_LIMITS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "strata_team_limit",
+        "The limit every team is held to, by setting (STRATA_TEAM_MAX_RUNNING_BUILDS, \
+         STRATA_TEAM_MAX_QUEUED_BUILDS, STRATA_TEAM_MAX_PENDING_UPLOADS, STRATA_BUILD_MAX_STEPS), \
+         as this process was configured; a setting of none is not reported.",
+        &["setting"]
+    )
+    .expect("metric registers once")
+});
+
 const PHASES: [&str; 6] = [
     "waiting",
     "queued",
@@ -63,6 +74,8 @@ pub struct ScrapeSources {
     pub builds: Option<BuildCountsReader>,
     /// The node's data dir, for storage bytes.
     pub data_dir: Option<PathBuf>,
+    /// The per-team limits this process holds teams to.
+    pub team_limits: Option<crate::domain::team_limits::TeamLimits>,
 }
 
 impl ScrapeSources {
@@ -82,6 +95,16 @@ impl ScrapeSources {
                 .unwrap_or_default();
             for u in usage {
                 STORAGE.with_label_values(&[u.kind]).set(u.bytes as i64);
+            }
+        }
+        if let Some(limits) = &self.team_limits {
+            for (setting, value) in limits.rows() {
+                match value {
+                    Some(v) => TEAM_LIMITS.with_label_values(&[setting]).set(i64::from(v)),
+                    None => {
+                        let _ = TEAM_LIMITS.remove_label_values(&[setting]);
+                    }
+                }
             }
         }
         let mut text = super::render();

@@ -66,3 +66,41 @@ where
         .await?;
     Ok(n.max(0) as u64)
 }
+
+/// What one team holds now, for the operator page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TeamHoldings {
+    pub team: String,
+    pub running: i64,
+    pub queued: i64,
+    pub pending_uploads: i64,
+}
+
+/// Every team holding anything now (running, waiting or queued builds, unused upload links),
+/// the most running first. At most `limit` rows.
+pub async fn holdings(pool: &sqlx::PgPool, limit: i64) -> Result<Vec<TeamHoldings>, sqlx::Error> {
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT b.team_id,
+                count(*) FILTER (WHERE b.phase = 'active'),
+                count(*) FILTER (WHERE b.phase IN ('waiting', 'queued')),
+                coalesce(sum((SELECT count(*) FROM upload_intents i WHERE i.build_id = b.build_id))
+                         FILTER (WHERE b.phase = 'waiting'), 0)::bigint
+         FROM builds b
+         WHERE b.phase IN ('waiting', 'queued', 'active')
+         GROUP BY b.team_id
+         ORDER BY 2 DESC, 3 DESC, b.team_id
+         LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(team, running, queued, pending_uploads)| TeamHoldings {
+            team,
+            running,
+            queued,
+            pending_uploads,
+        })
+        .collect())
+}

@@ -122,6 +122,7 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     for path in [
         "/ui/templates",
         "/ui/storage",
+        "/ui/teams",
         &format!("/ui/builds/{ok}"),
         &format!("/ui/builds/{ok}/why.json"),
     ] {
@@ -394,4 +395,71 @@ async fn long_lists_are_paged_newest_first_by_an_older_link() {
             .unwrap();
         assert_eq!(resp.status().as_u16(), 400, "{bad}");
     }
+}
+
+/// The limits every team is held to, on `/ui/teams` and `/metrics`, with the team at one
+/// marked: an operator sees why a team's registrations answer 429.
+#[tokio::test]
+async fn the_teams_page_and_metrics_show_the_limits_and_the_team_at_one() {
+    let db = common::test_db().await;
+    let data = common::data_dir();
+    let api = common::api::serve(
+        db.pool.clone(),
+        data.path(),
+        Some(TOKEN),
+        &[
+            "--upload-secret",
+            SECRET,
+            "--team-max-queued-builds",
+            "2",
+            "--team-max-running-builds",
+            "none",
+        ],
+    )
+    .await;
+    let acme = common::http_build::SdkClient::new(&api.base, &db.url, "acme").await;
+    acme.register("one").await;
+    acme.register("two").await;
+    let globex = common::http_build::SdkClient::new(&api.base, &db.url, "globex").await;
+    globex.register("theirs").await;
+
+    let http = no_redirects();
+    let page = http
+        .get(format!("{}/ui/teams", api.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status().as_u16(), 200);
+    let page = page.text().await.unwrap();
+    let limits = &page[page.find("<table id=\"limits\">").unwrap()..];
+    assert!(
+        limits.contains("<td><code>STRATA_TEAM_MAX_QUEUED_BUILDS</code></td><td>2</td>")
+            && limits.contains("<td><code>STRATA_TEAM_MAX_RUNNING_BUILDS</code></td><td>none</td>")
+            && limits.contains("<td><code>STRATA_BUILD_MAX_STEPS</code></td><td>500</td>"),
+        "{limits}"
+    );
+    let teams = &page[page.find("<table id=\"teams\">").unwrap()..];
+    assert!(
+        teams.contains("<tr><td>acme</td><td>0</td><td><span class=\"error\">2 of 2 (at the limit)</span></td>"),
+        "{teams}"
+    );
+    assert!(
+        teams.contains("<tr><td>globex</td><td>0</td><td>1 of 2</td>"),
+        "{teams}"
+    );
+
+    let metrics = common::http_build::scrape(&format!("{}/metrics", api.base)).await;
+    assert_eq!(
+        metrics["strata_team_limit{setting=\"STRATA_TEAM_MAX_QUEUED_BUILDS\"}"],
+        2.0
+    );
+    assert_eq!(
+        metrics["strata_team_limit{setting=\"STRATA_BUILD_MAX_STEPS\"}"],
+        500.0
+    );
+    assert!(
+        !metrics.contains_key("strata_team_limit{setting=\"STRATA_TEAM_MAX_RUNNING_BUILDS\"}"),
+        "a limit of none is not reported"
+    );
 }

@@ -4,6 +4,7 @@
 //!
 //! * [`builds`]: the builds list (filterable), one build's timeline and its `why`.
 //! * [`templates`]: templates with tags and results; storage on this node.
+//! * [`teams`]: the per-team limits and what each team holds now.
 //! * [`layout`]: the page frame and HTML escaping.
 //! * [`paging`]: newest-first pages with an "older" link.
 
@@ -11,6 +12,7 @@ pub mod auth;
 pub mod builds;
 pub mod layout;
 pub mod paging;
+pub mod teams;
 pub mod templates;
 
 use axum::middleware;
@@ -26,6 +28,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/ui/builds/{id}/why.json", get(builds::why_json))
         .route("/ui/templates", get(templates::list_templates))
         .route("/ui/storage", get(templates::show_storage))
+        .route("/ui/teams", get(teams::show_teams))
         .route_layer(middleware::from_fn_with_state(state, auth::require_admin));
     pages.route("/ui/login", post(auth::login))
 }

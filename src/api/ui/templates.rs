@@ -115,8 +115,8 @@ pub async fn show_storage(State(state): State<AppState>) -> Html<String> {
         .await
         .unwrap_or_default();
     let mut body = String::from(
-        "<p>Bytes on this node's disk (the node serving this page). Storage tiers and garbage \
-         collection do not exist yet, so nothing here is reclaimed automatically.</p>\
+        "<p>Bytes on this node's disk (the node serving this page). <code>strata storage</code> \
+         shows the blob store by garbage-collection tier.</p>\
          <table id=\"storage\"><tr><th>kind</th><th>path</th><th>files</th><th>bytes</th></tr>",
     );
     for u in usage {

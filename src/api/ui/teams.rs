@@ -1,0 +1,75 @@
+//! `GET /ui/teams`: the limits every team is held to (ADR 0024) and what each team holds now,
+//! so an operator sees who is at a limit and why their builds wait.
+
+use std::fmt::Write as _;
+
+use axum::extract::State;
+use axum::response::Html;
+
+use super::builds::UiError;
+use super::layout::{escape, page};
+use crate::api::AppState;
+use crate::projections::team_usage;
+
+/// Teams shown at most; the busiest first.
+const ROWS: i64 = 200;
+
+pub async fn show_teams(State(state): State<AppState>) -> Result<Html<String>, UiError> {
+    let limits = state.protocol.team_limits;
+    let teams = team_usage::holdings(&state.pool, ROWS).await?;
+    let mut body = String::from(
+        "<p>Limits every team is held to, as this API process was configured; the running \
+         limit is the build nodes' own setting (give every process the same values).</p>\
+         <table id=\"limits\"><tr><th>setting</th><th>value</th></tr>",
+    );
+    for (setting, value) in limits.rows() {
+        let _ = write!(
+            body,
+            "<tr><td><code>{setting}</code></td><td>{}</td></tr>",
+            value.map_or_else(|| "none".to_string(), |v| v.to_string())
+        );
+    }
+    body.push_str(
+        "</table><h2>What teams hold now</h2>\
+         <table id=\"teams\"><tr><th>team</th><th>running</th><th>waiting or queued</th>\
+         <th>unused upload links</th></tr>",
+    );
+    if teams.is_empty() {
+        body.push_str("<tr><td colspan=\"4\">No team holds anything now.</td></tr>");
+    }
+    for t in &teams {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&t.team),
+            cell(t.running, limits.running_builds),
+            cell(t.queued, limits.queued_builds),
+            cell(t.pending_uploads, limits.pending_uploads),
+        );
+    }
+    body.push_str("</table>");
+    Ok(page("teams", &body))
+}
+
+/// `n`, or `n of max` marked when the team is at its limit.
+fn cell(n: i64, max: Option<u32>) -> String {
+    match max {
+        Some(max) if n >= i64::from(max) => {
+            format!("<span class=\"error\">{n} of {max} (at the limit)</span>")
+        }
+        Some(max) => format!("{n} of {max}"),
+        None => n.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_team_at_its_limit_is_marked() {
+        assert_eq!(cell(2, Some(8)), "2 of 8");
+        assert!(cell(8, Some(8)).contains("at the limit"));
+        assert_eq!(cell(5, None), "5");
+    }
+}
