@@ -234,6 +234,16 @@ pub struct ServeArgs {
     #[arg(long, env = "STRATA_UPLOAD_URL_TTL", default_value_t = 900)]
     pub upload_url_ttl_secs: u64,
 
+    /// Longest pause in an upload body, in seconds: a client that sends nothing for this long
+    /// is cut off (408) and the URL may be used again.
+    #[arg(long, env = "STRATA_UPLOAD_IDLE_TIMEOUT_SECS", default_value_t = 30)]
+    pub upload_idle_timeout_secs: u64,
+
+    /// Uploads this API process receives at once; one more answers 503 with `Retry-After`.
+    /// Each holds two threads of the blocking pool, which `strata up`'s worker shares.
+    #[arg(long, env = "STRATA_UPLOAD_MAX_CONCURRENT", default_value_t = 64)]
+    pub upload_max_concurrent: usize,
+
     /// How long a registered build waits for its uploads and start before it expires, in seconds.
     #[arg(long, env = "STRATA_BUILD_WAITING_TIMEOUT", default_value_t = 3600)]
     pub build_waiting_timeout_secs: u64,

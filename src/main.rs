@@ -27,6 +27,8 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Run everything in one process: API, worker and reconcilers. Without DATABASE_URL, a
     /// local Postgres cluster is created and started in the data directory, and stopped on

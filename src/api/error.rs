@@ -14,6 +14,8 @@ use axum::Json;
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// Sent as `Retry-After` (seconds): the refusal is about load, not about the request.
+    pub retry_after_secs: Option<u32>,
 }
 
 impl ApiError {
@@ -21,7 +23,14 @@ impl ApiError {
         Self {
             status,
             message: message.into(),
+            retry_after_secs: None,
         }
+    }
+
+    /// The same refusal, telling the client when to try again.
+    pub fn retry_after(mut self, secs: u32) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -77,6 +86,12 @@ impl From<sqlx::Error> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }

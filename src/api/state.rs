@@ -33,6 +33,8 @@ pub enum StateError {
 pub struct ProtocolSettings {
     pub upload_max_bytes: u64,
     pub upload_url_ttl: Duration,
+    /// Longest pause in an upload body.
+    pub upload_idle_timeout: std::time::Duration,
     pub waiting_timeout: Duration,
     pub queue_timeout: Duration,
     /// The most one build may ask for.
@@ -62,6 +64,8 @@ pub struct AppState {
     pub protocol: Arc<ProtocolSettings>,
     /// The node's data dir: `/metrics` and `/ui` report its bytes on disk.
     pub data_dir: std::path::PathBuf,
+    /// Uploads this process may receive at once (`STRATA_UPLOAD_MAX_CONCURRENT`).
+    pub upload_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -87,6 +91,9 @@ impl AppState {
             protocol: Arc::new(ProtocolSettings {
                 upload_max_bytes: serve.upload_max_bytes,
                 upload_url_ttl: secs(serve.upload_url_ttl_secs),
+                upload_idle_timeout: std::time::Duration::from_secs(
+                    serve.upload_idle_timeout_secs.max(1),
+                ),
                 waiting_timeout: secs(serve.build_waiting_timeout_secs),
                 queue_timeout: secs(serve.build_queue_timeout_secs),
                 ceilings: crate::domain::build_spec::Ceilings {
@@ -96,6 +103,9 @@ impl AppState {
                 team_limits: crate::domain::team_limits::TeamLimits::DEFAULT,
             }),
             data_dir: data_dir.to_path_buf(),
+            upload_slots: Arc::new(tokio::sync::Semaphore::new(
+                serve.upload_max_concurrent.max(1),
+            )),
         })
     }
 

@@ -29,9 +29,14 @@ pub enum IngestError {
     LengthMismatch { declared: u64, received: u64 },
     #[error("reading the upload body failed: {0}")]
     Body(String),
+    #[error("the upload sent nothing for {idle_secs} s after {received} bytes (STRATA_UPLOAD_IDLE_TIMEOUT_SECS); resend the whole archive")]
+    Idle { idle_secs: u64, received: u64 },
     /// The upload's content could not be referenced before publishing (see `ingest_upload`).
     #[error("{0}")]
     Refused(String),
+    /// The received bytes are not the ones this upload may publish (see `ingest_upload`).
+    #[error("{0}")]
+    Conflict(String),
     #[error("storing the upload in {store} failed: {source}")]
     Store {
         store: String,
@@ -57,17 +62,25 @@ const BATCH_BYTES: usize = 1 << 20;
 /// MiB per upload, on top of what the store's sink holds (a few parts for an object store).
 const CHANNEL_BATCHES: usize = 8;
 
+/// What a body must be: exactly `declared` bytes (the request's `Content-Length`), at most
+/// `ceiling` (the size signed into the upload URL), with no gap longer than `idle` between
+/// chunks (a client that stops sending does not hold the upload's threads and claim forever).
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    pub declared: u64,
+    pub ceiling: u64,
+    pub idle: std::time::Duration,
+}
+
 /// Receives `body` into `blobs`, hashing as it goes, and publishes it under its digest.
 ///
-/// `declared` is the request's `Content-Length`; `ceiling` is the size limit signed into the
-/// upload URL. A declared length over the ceiling is refused before a byte is read.
+/// A declared length over the ceiling is refused before a byte is read.
 /// `before_publish` runs with the digest once the bytes are received and before they become
 /// visible under it: the API references the object there (the Deleting barrier), so bytes it
 /// publishes are never ones a garbage-collection pass is about to delete.
 pub async fn ingest_upload<S, E, F, Fut>(
     body: S,
-    declared: u64,
-    ceiling: u64,
+    limits: BodyLimits,
     blobs: Arc<dyn BlobStore>,
     before_publish: F,
 ) -> Result<IngestedUpload, IngestError>
@@ -77,84 +90,141 @@ where
     F: FnOnce(Digest) -> Fut,
     Fut: std::future::Future<Output = Result<(), IngestError>>,
 {
-    if declared > ceiling {
-        return Err(IngestError::TooLarge { declared, ceiling });
-    }
+    limits.check_declared()?;
     let described = blobs.describe();
     let store_error = |source| IngestError::Store {
         store: described.clone(),
         source,
     };
-    let joined = |e: tokio::task::JoinError| {
-        store_error(VmmError::io("an upload thread")(std::io::Error::other(
-            e.to_string(),
-        )))
-    };
     let sink = tokio::task::spawn_blocking(move || blobs.sink())
         .await
-        .map_err(joined)?
+        .map_err(|e| store_error(joined(e)))?
         .map_err(store_error)?;
     let (to_hasher, hasher_rx) = tokio::sync::mpsc::channel::<Vec<Bytes>>(CHANNEL_BATCHES);
     let (to_writer, writer_rx) = tokio::sync::mpsc::channel::<Vec<Bytes>>(CHANNEL_BATCHES);
     let hasher = tokio::task::spawn_blocking(move || hash(hasher_rx));
     let writer = tokio::task::spawn_blocking(move || write(sink, writer_rx));
 
+    let read = read_body(body, limits, &[to_hasher, to_writer]).await;
+    let digest = hasher.await.map_err(|e| store_error(joined(e)))?;
+    let written = writer.await.map_err(|e| store_error(joined(e)))?;
+    let received = read?;
+    let sink = written.map_err(|e| store_error(VmmError::io("writing the upload")(e)))?;
+    if received != limits.declared {
+        return Err(IngestError::LengthMismatch {
+            declared: limits.declared,
+            received,
+        });
+    }
+    before_publish(digest).await?;
+    tokio::task::spawn_blocking(move || sink.publish(&digest))
+        .await
+        .map_err(|e| store_error(joined(e)))?
+        .map_err(store_error)?;
+    Ok(IngestedUpload {
+        digest,
+        size: received,
+    })
+}
+
+/// Reads `body` under `limits` and computes its digest, storing nothing: how a PUT to a URL
+/// whose upload already completed is told apart from a replay of the same bytes.
+pub async fn digest_body<S, E>(body: S, limits: BodyLimits) -> Result<IngestedUpload, IngestError>
+where
+    S: Stream<Item = Result<Bytes, E>>,
+    E: std::fmt::Display,
+{
+    limits.check_declared()?;
+    let (to_hasher, hasher_rx) = tokio::sync::mpsc::channel::<Vec<Bytes>>(CHANNEL_BATCHES);
+    let hasher = tokio::task::spawn_blocking(move || hash(hasher_rx));
+    let read = read_body(body, limits, &[to_hasher]).await;
+    let digest = hasher.await.map_err(|e| IngestError::Body(e.to_string()))?;
+    let received = read?;
+    if received != limits.declared {
+        return Err(IngestError::LengthMismatch {
+            declared: limits.declared,
+            received,
+        });
+    }
+    Ok(IngestedUpload {
+        digest,
+        size: received,
+    })
+}
+
+impl BodyLimits {
+    fn check_declared(&self) -> Result<(), IngestError> {
+        if self.declared > self.ceiling {
+            return Err(IngestError::TooLarge {
+                declared: self.declared,
+                ceiling: self.ceiling,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn joined(e: tokio::task::JoinError) -> VmmError {
+    VmmError::io("an upload thread")(std::io::Error::other(e.to_string()))
+}
+
+/// Reads the body in batches to every one of `to` (closed when it returns), enforcing the
+/// length and the idle limit; returns the bytes received. A receiver that went away (the
+/// writer stopped on an error) ends the read; its error is reported by its thread.
+async fn read_body<S, E>(
+    body: S,
+    limits: BodyLimits,
+    to: &[tokio::sync::mpsc::Sender<Vec<Bytes>>],
+) -> Result<u64, IngestError>
+where
+    S: Stream<Item = Result<Bytes, E>>,
+    E: std::fmt::Display,
+{
     let mut received: u64 = 0;
-    let mut outcome = Ok(());
     let mut batch = Vec::new();
     let mut batched = 0;
     futures::pin_mut!(body);
     loop {
-        let chunk = match body.next().await {
+        let next = tokio::time::timeout(limits.idle, body.next())
+            .await
+            .map_err(|_| IngestError::Idle {
+                idle_secs: limits.idle.as_secs(),
+                received,
+            })?;
+        let chunk = match next {
             Some(Ok(chunk)) => Some(chunk),
-            Some(Err(e)) => {
-                outcome = Err(IngestError::Body(e.to_string()));
-                break;
-            }
+            Some(Err(e)) => return Err(IngestError::Body(e.to_string())),
             None => None,
         };
         let last = chunk.is_none();
         if let Some(chunk) = chunk {
             received += chunk.len() as u64;
-            if received > declared {
-                outcome = Err(IngestError::LengthMismatch { declared, received });
-                break;
+            if received > limits.declared {
+                return Err(IngestError::LengthMismatch {
+                    declared: limits.declared,
+                    received,
+                });
             }
             batched += chunk.len();
             batch.push(chunk);
         }
         if batch.is_empty() || (batched < BATCH_BYTES && !last) {
             if last {
-                break;
+                return Ok(received);
             }
             continue;
         }
         let full = std::mem::take(&mut batch);
         batched = 0;
-        if to_hasher.send(full.clone()).await.is_err() || to_writer.send(full).await.is_err() {
-            break; // the writer stopped on an error; it is reported below
+        for tx in to {
+            if tx.send(full.clone()).await.is_err() {
+                return Ok(received);
+            }
         }
         if last {
-            break;
+            return Ok(received);
         }
     }
-    drop((to_hasher, to_writer));
-    let digest = hasher.await.map_err(joined)?;
-    let written = writer.await.map_err(joined)?;
-    outcome?;
-    let sink = written.map_err(|e| store_error(VmmError::io("writing the upload")(e)))?;
-    if received != declared {
-        return Err(IngestError::LengthMismatch { declared, received });
-    }
-    before_publish(digest).await?;
-    tokio::task::spawn_blocking(move || sink.publish(&digest))
-        .await
-        .map_err(joined)?
-        .map_err(store_error)?;
-    Ok(IngestedUpload {
-        digest,
-        size: received,
-    })
 }
 
 /// The hashing thread: hashes every chunk until the channel closes; returns their digest.
@@ -200,6 +270,14 @@ mod tests {
         )
     }
 
+    fn limits(declared: u64, ceiling: u64) -> BodyLimits {
+        BodyLimits {
+            declared,
+            ceiling,
+            idle: std::time::Duration::from_secs(30),
+        }
+    }
+
     fn files_in(dir: &Path) -> usize {
         std::fs::read_dir(dir).unwrap().count()
     }
@@ -225,8 +303,7 @@ mod tests {
         let (dir, blobs) = store();
         let ingested = ingest_upload(
             chunks(&[b"hello ", b"world"]),
-            11,
-            100,
+            limits(11, 100),
             blobs.clone(),
             no_hook,
         )
@@ -244,7 +321,7 @@ mod tests {
     #[tokio::test]
     async fn refuses_declared_length_over_ceiling_before_reading() {
         let (dir, blobs) = store();
-        let err = ingest_upload(chunks(&[b"x"]), 101, 100, blobs, no_hook)
+        let err = ingest_upload(chunks(&[b"x"]), limits(101, 100), blobs, no_hook)
             .await
             .unwrap_err();
         assert!(matches!(
@@ -260,7 +337,7 @@ mod tests {
     #[tokio::test]
     async fn body_longer_than_declared_is_rejected_and_nothing_kept() {
         let (dir, blobs) = store();
-        let err = ingest_upload(chunks(&[b"abc", b"def"]), 4, 100, blobs, no_hook)
+        let err = ingest_upload(chunks(&[b"abc", b"def"]), limits(4, 100), blobs, no_hook)
             .await
             .unwrap_err();
         assert!(matches!(
@@ -276,7 +353,7 @@ mod tests {
     #[tokio::test]
     async fn body_shorter_than_declared_is_rejected_and_nothing_kept() {
         let (dir, blobs) = store();
-        let err = ingest_upload(chunks(&[b"abc"]), 10, 100, blobs, no_hook)
+        let err = ingest_upload(chunks(&[b"abc"]), limits(10, 100), blobs, no_hook)
             .await
             .unwrap_err();
         assert!(matches!(
@@ -296,10 +373,55 @@ mod tests {
             Ok(Bytes::from_static(b"abc")),
             Err(std::io::Error::other("connection reset")),
         ]);
-        let err = ingest_upload(body, 10, 100, blobs, no_hook)
+        let err = ingest_upload(body, limits(10, 100), blobs, no_hook)
             .await
             .unwrap_err();
         assert!(matches!(err, IngestError::Body(ref m) if m.contains("connection reset")));
         nothing_kept(dir.path());
+    }
+
+    /// A client that sends part of its body and then nothing: the upload ends after the idle
+    /// limit, saying so, and keeps nothing. (The pause is a stream that never yields: the
+    /// fault of a stalled client, which a real socket could only show by waiting.)
+    #[tokio::test]
+    async fn a_body_that_stalls_ends_at_the_idle_limit_and_nothing_kept() {
+        let (dir, blobs) = store();
+        let body = futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from_static(b"abc"))])
+            .chain(futures::stream::pending());
+        let limits = BodyLimits {
+            idle: std::time::Duration::from_millis(200),
+            ..limits(10, 100)
+        };
+        let err = ingest_upload(body, limits, blobs, no_hook)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, IngestError::Idle { received: 3, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("STRATA_UPLOAD_IDLE_TIMEOUT_SECS"));
+        nothing_kept(dir.path());
+    }
+
+    #[tokio::test]
+    async fn a_digest_of_a_body_reads_it_under_the_same_limits_and_stores_nothing() {
+        let got = digest_body(chunks(&[b"hello ", b"world"]), limits(11, 100))
+            .await
+            .unwrap();
+        assert_eq!(
+            got.digest.hex(),
+            "b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9"
+        );
+        assert!(matches!(
+            digest_body(chunks(&[b"hello"]), limits(11, 100)).await,
+            Err(IngestError::LengthMismatch {
+                declared: 11,
+                received: 5
+            })
+        ));
+        assert!(matches!(
+            digest_body(chunks(&[b"x"]), limits(101, 100)).await,
+            Err(IngestError::TooLarge { .. })
+        ));
     }
 }

@@ -1,15 +1,17 @@
 //! The upload link and the upload completion: the two writes that span a build and the
 //! `files-{scope}:{hash}` stream of one archive name, each one compare-and-set over both.
 //!
-//! Rule: [`reserve_upload`] / [`complete_upload`] in `domain/build/upload.rs`; events:
-//! `UploadReserved`, `UploadCompleted` and `ContextBound` on the build, the generation's events
+//! Rule: [`reserve_upload`] / [`claim_upload`] / [`complete_upload`] in
+//! `domain/build/upload.rs`; events: `UploadReserved`, `UploadClaimed`, `UploadClaimReleased`,
+//! `UploadCompleted` and `ContextBound` on the build, the generation's events
 //! on the files stream (`domain/files.rs`); read model: none (the build stream is the
 //! authority; the link finds its build with [`crate::projections::builds::waiting_build`]).
 
 use super::Refusal;
 use crate::domain::build::upload::{
-    complete_upload as decide_completion, reserve_upload, CompleteUpload, Decision, LinkResponse,
-    ReserveUpload, UploadError,
+    claim_upload as decide_claim, complete_upload as decide_completion, release_claim,
+    reserve_upload, Claim, ClaimUpload, CompleteUpload, Decision, LinkResponse, ReserveUpload,
+    UploadError,
 };
 use std::sync::Arc;
 
@@ -85,6 +87,36 @@ async fn intact(blobs: &Arc<dyn BlobStore>, published: &PublishedGeneration) -> 
             false
         }
     }
+}
+
+/// Claims `command.intent` for an upload about to read its body (or says it completed, and
+/// with which bytes): another PUT to the same URL is refused until this one ends.
+pub async fn claim_upload(
+    store: &EventStore,
+    ctx: &CommandContext,
+    build: &BuildId,
+    command: &ClaimUpload,
+) -> Result<Claim, CommandError<UploadError>> {
+    decide_build_and_files(store, ctx, build, &command.hash, None, |build, _, _| {
+        decide_claim(build, command)
+    })
+    .await
+}
+
+/// Releases an upload's claim after it failed before completing, so the URL can be used again.
+pub async fn release_upload_claim(
+    store: &EventStore,
+    ctx: &CommandContext,
+    build: &BuildId,
+    hash: &FilesHash,
+    intent: crate::domain::ids::IntentId,
+    claim: uuid::Uuid,
+    reason: &str,
+) -> Result<(), CommandError<UploadError>> {
+    decide_build_and_files(store, ctx, build, hash, None, |build, _, _| {
+        Ok((release_claim(build, intent, claim, reason), ()))
+    })
+    .await
 }
 
 /// Completes an intent with the stored blob and binds its generation.

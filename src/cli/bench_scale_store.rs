@@ -95,6 +95,8 @@ async fn bench_scale(
         upload_secret: None,
         upload_max_bytes: 1 << 20,
         upload_url_ttl_secs: 3600,
+        upload_idle_timeout_secs: 30,
+        upload_max_concurrent: 64,
         build_waiting_timeout_secs: 24 * 3600,
         build_queue_timeout_secs: 24 * 3600,
         build_cpu_max: strata::domain::build_spec::Ceilings::DEFAULT.cpu_count,

@@ -90,6 +90,8 @@ async fn start_api(
         upload_secret: None,
         upload_max_bytes: size + (1 << 20),
         upload_url_ttl_secs: 900,
+        upload_idle_timeout_secs: 30,
+        upload_max_concurrent: 64,
         build_waiting_timeout_secs: 3600,
         build_queue_timeout_secs: 3600,
         build_cpu_max: strata::domain::build_spec::Ceilings::DEFAULT.cpu_count,

@@ -288,6 +288,10 @@ fn summary(event: &Event) -> String {
             blob_digest, size, ..
         } => format!("{size} bytes, {blob_digest}"),
         Event::IntentExpired { intent, .. } => format!("intent {intent:?} expired"),
+        Event::UploadClaimed { intent, .. } => format!("receiving the upload of intent {intent:?}"),
+        Event::UploadClaimReleased { intent, reason, .. } => {
+            format!("upload of intent {intent:?} ended without completing: {reason}")
+        }
         Event::BuildFrozen { spec, .. } => format!("{} steps frozen", spec.steps.len()),
         Event::AttemptAcquired { epoch, node, .. } => format!("epoch {epoch} on {node}"),
         Event::BaseImageResolved {

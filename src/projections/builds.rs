@@ -188,7 +188,9 @@ async fn apply_one(
         Event::ContextBound { .. }
         | Event::StepCompleted { .. }
         | Event::CacheConsulted { .. }
-        | Event::BaseImageResolved { .. } => {}
+        | Event::BaseImageResolved { .. }
+        | Event::UploadClaimed { .. }
+        | Event::UploadClaimReleased { .. } => {}
     }
     sqlx::query("UPDATE builds SET updated_at = $2, stream_version = $3 WHERE build_id = $1")
         .bind(build_id)

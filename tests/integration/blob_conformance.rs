@@ -304,8 +304,11 @@ async fn an_upload_streams_into_either_store_and_a_broken_one_leaves_nothing() {
         );
         let ingested = strata::api::upload_ingest::ingest_upload(
             body,
-            content.len() as u64,
-            u64::MAX,
+            strata::api::upload_ingest::BodyLimits {
+                declared: content.len() as u64,
+                ceiling: u64::MAX,
+                idle: std::time::Duration::from_secs(60),
+            },
             store.clone(),
             |_| async { Ok(()) },
         )
@@ -328,8 +331,11 @@ async fn an_upload_streams_into_either_store_and_a_broken_one_leaves_nothing() {
         let other = noise(3 * PART_SIZE, 6);
         let err = strata::api::upload_ingest::ingest_upload(
             broken,
-            other.len() as u64,
-            u64::MAX,
+            strata::api::upload_ingest::BodyLimits {
+                declared: other.len() as u64,
+                ceiling: u64::MAX,
+                idle: std::time::Duration::from_secs(60),
+            },
             store.clone(),
             |_| async { Ok(()) },
         )

@@ -914,3 +914,204 @@ async fn a_start_with_more_steps_than_the_limit_is_refused() {
         .await;
     assert_eq!(status, 202, "{reply}");
 }
+
+/// A PUT whose body the test feeds by hand: `declared` bytes announced, what is sent through
+/// the returned sender. Answers with (status, Retry-After, body).
+type BodySender = futures::channel::mpsc::UnboundedSender<Result<Vec<u8>, std::io::Error>>;
+
+fn put_by_hand(
+    url: &str,
+    declared: usize,
+) -> (
+    BodySender,
+    tokio::task::JoinHandle<(u16, Option<String>, Value)>,
+) {
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Vec<u8>, std::io::Error>>();
+    let request = reqwest::Client::new()
+        .put(url)
+        .header(reqwest::header::CONTENT_LENGTH, declared)
+        .body(reqwest::Body::wrap_stream(rx));
+    let answer = tokio::spawn(async move {
+        match request.send().await {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let retry = resp
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .map(|v| v.to_str().unwrap().to_owned());
+                let text = resp.text().await.unwrap_or_default();
+                (
+                    status,
+                    retry,
+                    serde_json::from_str(&text).unwrap_or(Value::String(text)),
+                )
+            }
+            // The server answered and closed before the body ended.
+            Err(e) => (0, None, Value::String(e.to_string())),
+        }
+    });
+    (tx, answer)
+}
+
+/// Waits (bounded) until `n` uploads have claimed their intents.
+async fn wait_for_claims(db: &common::TestDb, n: i64) {
+    let claimed = async {
+        loop {
+            let got: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM events WHERE type = 'UploadClaimed.v1'")
+                    .fetch_one(&db.pool)
+                    .await
+                    .unwrap();
+            if got >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), claimed)
+        .await
+        .expect("the upload claims its intent");
+}
+
+fn stored_blobs(data: &std::path::Path) -> usize {
+    std::fs::read_dir(data.join("blobs/sha256"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Issue: a signed URL could be replayed until it expired, each replay storing up to its
+/// ceiling before the final compare-and-set answered 409. Now a PUT to a URL whose upload
+/// completed is hashed and stored nowhere: the same bytes answer 200 (a replay), others 409,
+/// and the blob store holds only the first upload's bytes.
+#[tokio::test]
+async fn a_replayed_upload_url_stores_nothing() {
+    let (db, data, api) = setup(&[]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let (template, _) = c.register("replayed").await;
+    let (_, url) = c.link(&template, HASH_A).await;
+    let archive = tar_gz(&[("app/a.txt", b"hello")]);
+    assert_eq!(c.put(&url, archive.clone()).await.0, 200);
+    assert_eq!(stored_blobs(data.path()), 1);
+    for _ in 0..3 {
+        assert_eq!(c.put(&url, archive.clone()).await.0, 200, "a replay");
+        let (status, body) = c.put(&url, tar_gz(&[("app/a.txt", b"different")])).await;
+        assert_eq!(status, 409, "{body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("already completed"),
+            "{body}"
+        );
+    }
+    assert_eq!(stored_blobs(data.path()), 1, "replays stored nothing");
+    let tmp = || {
+        std::fs::read_dir(data.path().join("blobs/tmp"))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(tmp(), 0, "nothing staged either");
+    // With the stored bytes torn, a PUT may repair them, but other bytes are still refused
+    // and never published.
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&archive));
+    let blob = data.path().join("blobs/sha256").join(&digest);
+    std::fs::write(&blob, b"torn").unwrap();
+    let other = tar_gz(&[("app/a.txt", b"other bytes")]);
+    let (status, body) = c.put(&url, other.clone()).await;
+    assert_eq!(status, 409, "{body}");
+    let other_digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&other));
+    assert!(!data.path().join("blobs/sha256").join(other_digest).exists());
+    assert_eq!(tmp(), 0);
+}
+
+/// While one PUT is receiving a URL's body, another PUT to the same URL is refused at once
+/// (409, before a byte of it is read); the first then completes.
+#[tokio::test]
+async fn a_second_put_to_a_url_being_received_is_refused_at_once() {
+    let (db, data, api) = setup(&[]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let (template, _) = c.register("racing").await;
+    let (_, url) = c.link(&template, HASH_A).await;
+    let archive = tar_gz(&[("app/a.txt", b"hello")]);
+    let (tx, first) = put_by_hand(&url, archive.len());
+    tx.unbounded_send(Ok(archive[..10].to_vec())).unwrap();
+    wait_for_claims(&db, 1).await;
+    let (status, body) = c.put(&url, archive.clone()).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("is being received now"),
+        "{body}"
+    );
+    tx.unbounded_send(Ok(archive[10..].to_vec())).unwrap();
+    drop(tx);
+    let (status, _, body) = first.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(stored_blobs(data.path()), 1);
+}
+
+/// A client that stops sending is cut off after STRATA_UPLOAD_IDLE_TIMEOUT_SECS with a 408,
+/// its claim is released, and the same URL then takes the whole archive.
+#[tokio::test]
+async fn an_upload_that_stalls_is_cut_off_and_its_url_can_be_used_again() {
+    let (db, data, api) = setup(&["--upload-idle-timeout-secs", "1"]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let (template, _) = c.register("stalled").await;
+    let (_, url) = c.link(&template, HASH_A).await;
+    let archive = tar_gz(&[("app/a.txt", b"hello")]);
+    let (tx, stalled) = put_by_hand(&url, archive.len());
+    tx.unbounded_send(Ok(archive[..10].to_vec())).unwrap();
+    let (status, _, body) = tokio::time::timeout(Duration::from_secs(20), stalled)
+        .await
+        .expect("the stalled upload is answered")
+        .unwrap();
+    assert_eq!(status, 408, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("STRATA_UPLOAD_IDLE_TIMEOUT_SECS"),
+        "{body}"
+    );
+    assert_eq!(stored_blobs(data.path()), 0);
+    drop(tx);
+    let (status, body) = c.put(&url, archive).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Past STRATA_UPLOAD_MAX_CONCURRENT uploads at once, one more answers 503 with Retry-After
+/// before its body is read; once a slot frees, uploads go through again.
+#[tokio::test]
+async fn uploads_past_the_concurrent_limit_answer_503_with_retry_after() {
+    let (db, _data, api) = setup(&["--upload-max-concurrent", "1"]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let (template, _) = c.register("busy").await;
+    let (_, first_url) = c.link(&template, HASH_A).await;
+    let (_, second_url) = c.link(&template, HASH_B).await;
+    let archive = tar_gz(&[("app/a.txt", b"hello")]);
+    let (tx, first) = put_by_hand(&first_url, archive.len());
+    tx.unbounded_send(Ok(archive[..10].to_vec())).unwrap();
+    // The slot is taken before the claim: once the claim is stored, the slot is held.
+    wait_for_claims(&db, 1).await;
+    let (status, retry, body) = {
+        let (tx2, answer) = put_by_hand(&second_url, archive.len());
+        tx2.unbounded_send(Ok(archive.clone())).unwrap();
+        drop(tx2);
+        answer.await.unwrap()
+    };
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(retry.as_deref(), Some("5"));
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("STRATA_UPLOAD_MAX_CONCURRENT"),
+        "{body}"
+    );
+    tx.unbounded_send(Ok(archive[10..].to_vec())).unwrap();
+    drop(tx);
+    assert_eq!(first.await.unwrap().0, 200);
+    assert_eq!(c.put(&second_url, archive).await.0, 200);
+}

@@ -1,11 +1,15 @@
 //! `PUT /upload/{build}/{intent}/{hash}/{generation}?team=&max=&exp=&sig=`: receive one context
 //! archive. The URL is the only credential (the SDK sends no API key here).
 //!
-//! Order matters, and nothing is visible until the end: verify the signed URL; refuse a build
-//! that already froze; stream the body to a temporary object while hashing it, enforcing the
-//! exact `Content-Length` and the grant's ceiling; publish the bytes content-addressed
-//! (create-if-absent) once their digest is known; then one compare-and-set completes the intent and binds the generation
-//! (intent Pending ∧ build Waiting ∧ binding as the link saw it). Only then 200.
+//! Order matters, and nothing is visible until the end: verify the signed URL; take one of the
+//! process's upload slots (503 with `Retry-After` when all are busy); claim the intent before
+//! reading a byte (another PUT to the same URL is refused at once, a build that already froze
+//! too); stream the body to a temporary object while hashing it, enforcing the exact
+//! `Content-Length`, the grant's ceiling and the idle limit; publish the bytes
+//! content-addressed (create-if-absent) once their digest is known; then one compare-and-set
+//! completes the intent and binds the generation (intent Pending ∧ build Waiting ∧ binding as
+//! the link saw it). Only then 200. A PUT to a URL whose upload already completed is hashed and
+//! stored nowhere: the same bytes are a replay (200), others a conflict (409).
 
 use axum::body::Body;
 use axum::extract::State;
@@ -14,15 +18,13 @@ use axum::http::{header, StatusCode, Uri};
 use super::files_link::upload_error;
 use super::{api_metadata, command_error};
 use crate::api::error::ApiError;
-use crate::api::upload_ingest::{ingest_upload, IngestError};
+use crate::api::upload_ingest::{digest_body, ingest_upload, BodyLimits, IngestError};
 use crate::api::AppState;
 use crate::app::CommandContext;
-use crate::domain::build::upload::CompleteUpload;
-use crate::domain::build::Phase;
+use crate::domain::build::upload::{Claim, ClaimUpload, CompleteUpload, UploadError};
 use crate::domain::upload_url::{verify, UploadGrant, UrlError, METHOD_PUT};
-use crate::events::command::load;
-use crate::streams::{build_stream, Build};
 use tracing::Instrument;
+use uuid::Uuid;
 
 #[tracing::instrument(skip_all, fields(build = tracing::field::Empty, hash = tracing::field::Empty, size = tracing::field::Empty, digest = tracing::field::Empty))]
 pub async fn upload_context(
@@ -58,31 +60,167 @@ pub async fn upload_context(
     if declared > grant.max_size {
         return Err(too_large(declared, grant.max_size));
     }
-    refuse_if_frozen(&state, &grant).await?;
+    let _slot = state
+        .upload_slots
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "this server is receiving as many uploads as it takes at once \
+             (STRATA_UPLOAD_MAX_CONCURRENT); retry shortly",
+            )
+            .retry_after(UPLOAD_BUSY_RETRY_SECS)
+        })?;
+    let limits = BodyLimits {
+        declared,
+        ceiling: grant.max_size,
+        idle: state.protocol.upload_idle_timeout,
+    };
+    let claim = Uuid::new_v4();
+    match claim_intent(&state, &grant, claim).await? {
+        Claim::Completed { blob_digest } if stored_intact(&state, blob_digest).await => {
+            return replay(body, limits, &grant, blob_digest).await;
+        }
+        Claim::Completed { blob_digest } => {
+            return repair(&state, &grant, limits, body, blob_digest).await;
+        }
+        Claim::Receive => {}
+    }
 
     let started = std::time::Instant::now();
     let work = crate::trace::build_span(&state.events, grant.build, "build.upload").await;
-    let stored = store_upload(&state, &grant, declared, body, &span)
+    let stored = store_upload(&state, &grant, claim, limits, body, &span)
         .instrument(work)
         .await;
     crate::metrics::upload(stored.as_ref().ok().map(|_| declared), started.elapsed());
+    if let Err(err) = &stored {
+        release(&state, &grant, claim, &err.message).await;
+    }
     stored?;
     tracing::info!("upload completed and bound");
     Ok(StatusCode::OK)
+}
+
+/// Seconds a client is told to wait when every upload slot is busy.
+const UPLOAD_BUSY_RETRY_SECS: u32 = 5;
+
+/// Claims the URL's intent for this upload, before its body is read.
+async fn claim_intent(
+    state: &AppState,
+    grant: &UploadGrant,
+    claim: Uuid,
+) -> Result<Claim, ApiError> {
+    let command = ClaimUpload {
+        intent: grant.intent,
+        hash: grant.hash.clone(),
+        generation: grant.generation,
+        claim,
+        now: crate::streams::database_now(&state.pool).await?,
+    };
+    let ctx = CommandContext::new(api_metadata(state));
+    crate::app::upload::claim_upload(&state.events, &ctx, &grant.build, &command)
+        .await
+        .map_err(|e| command_error(e, upload_error))
+}
+
+/// A PUT to a URL whose upload completed: hashed, stored nowhere. The same bytes are a replay
+/// of the completed upload; any other bytes cannot replace them.
+async fn replay(
+    body: Body,
+    limits: BodyLimits,
+    grant: &UploadGrant,
+    completed: crate::domain::ids::Digest,
+) -> Result<StatusCode, ApiError> {
+    let got = digest_body(body.into_data_stream(), limits)
+        .await
+        .map_err(ingest_error)?;
+    if got.digest == completed {
+        tracing::info!(digest = %completed, "upload replayed; the completed upload stands and nothing was stored");
+        return Ok(StatusCode::OK);
+    }
+    Err(upload_error(UploadError::DigestConflict {
+        intent: grant.intent,
+        completed,
+        attempted: got.digest,
+    }))
+}
+
+/// Whether the blob store holds `digest` intact (read and checked; a store that cannot tell
+/// counts as not intact, which costs a repair upload, never a wrong answer).
+async fn stored_intact(state: &AppState, digest: crate::domain::ids::Digest) -> bool {
+    let blobs = state.blobs.clone();
+    matches!(
+        tokio::task::spawn_blocking(move || blobs.intact_size(&digest)).await,
+        Ok(Ok(Some(_)))
+    )
+}
+
+/// A PUT to a URL whose upload completed, when the stored bytes are torn or gone (a host crash
+/// under the blob store): the body is stored again, and published only if it is the completed
+/// upload's bytes, so the repair can never store anything else.
+async fn repair(
+    state: &AppState,
+    grant: &UploadGrant,
+    limits: BodyLimits,
+    body: Body,
+    completed: crate::domain::ids::Digest,
+) -> Result<StatusCode, ApiError> {
+    ingest_upload(
+        body.into_data_stream(),
+        limits,
+        state.blobs.clone(),
+        |digest| async move {
+            if digest != completed {
+                return Err(IngestError::Conflict(
+                    UploadError::DigestConflict {
+                        intent: grant.intent,
+                        completed,
+                        attempted: digest,
+                    }
+                    .to_string(),
+                ));
+            }
+            reference_content(state, grant, digest).await
+        },
+    )
+    .await
+    .map_err(ingest_error)?;
+    tracing::warn!(digest = %completed, "the completed upload's stored bytes were torn or missing; the replay stored them again");
+    Ok(StatusCode::OK)
+}
+
+/// Releases the claim of an upload that failed, so the URL can be used again. A release that
+/// cannot be written leaves the URL claimed: the client then asks for a new link.
+async fn release(state: &AppState, grant: &UploadGrant, claim: Uuid, reason: &str) {
+    let ctx = CommandContext::new(api_metadata(state));
+    if let Err(e) = crate::app::upload::release_upload_claim(
+        &state.events,
+        &ctx,
+        &grant.build,
+        &grant.hash,
+        grant.intent,
+        claim,
+        reason,
+    )
+    .await
+    {
+        tracing::warn!(error = %e, "releasing the claim of a failed upload failed; its URL stays claimed, and a new link is needed");
+    }
 }
 
 /// Stages, publishes and binds the body: the part of an upload whose size and time are measured.
 async fn store_upload(
     state: &AppState,
     grant: &UploadGrant,
-    declared: u64,
+    claim: Uuid,
+    limits: BodyLimits,
     body: Body,
     span: &tracing::Span,
 ) -> Result<(), ApiError> {
     let ingested = ingest_upload(
         body.into_data_stream(),
-        declared,
-        grant.max_size,
+        limits,
         state.blobs.clone(),
         |digest| reference_content(state, grant, digest),
     )
@@ -98,8 +236,9 @@ async fn store_upload(
         hash: grant.hash.clone(),
         generation: grant.generation,
         blob_digest: digest,
-        size: declared,
+        size: ingested.size,
         now: crate::streams::database_now(&state.pool).await?,
+        claim: Some(claim),
     };
     complete(state, &command).await
 }
@@ -137,26 +276,6 @@ async fn reference_content(
     )))
 }
 
-/// Cheap early refusal, before reading a body that could not be used. The compare-and-set at
-/// the end is what guarantees it.
-async fn refuse_if_frozen(state: &AppState, grant: &UploadGrant) -> Result<(), ApiError> {
-    let build = load::<Build>(&state.events, &build_stream(&grant.build))
-        .await
-        .map_err(|e| {
-            command_error(e, |e: crate::domain::build::Error| {
-                ApiError::internal("build", &e)
-            })
-        })?;
-    match &build.state.phase {
-        Phase::Waiting { .. } => Ok(()),
-        Phase::Unregistered => Err(ApiError::not_found(format!("build {} not found", grant.build))),
-        _ => Err(ApiError::conflict(format!(
-            "build {} has already started (or ended); uploads are accepted only before the build starts",
-            grant.build
-        ))),
-    }
-}
-
 async fn complete(state: &AppState, cmd: &CompleteUpload) -> Result<(), ApiError> {
     let ctx = CommandContext::new(api_metadata(state));
     crate::app::upload::complete_upload(&state.events, &ctx, cmd)
@@ -183,7 +302,9 @@ fn ingest_error(err: IngestError) -> ApiError {
         IngestError::LengthMismatch { .. } | IngestError::Body(_) => {
             ApiError::bad_request(err.to_string())
         }
+        IngestError::Idle { .. } => ApiError::new(StatusCode::REQUEST_TIMEOUT, err.to_string()),
         IngestError::Store { .. } => ApiError::internal("storing the upload", &err),
         IngestError::Refused(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
+        IngestError::Conflict(_) => ApiError::conflict(err.to_string()),
     }
 }

@@ -82,6 +82,9 @@ pub struct Intent {
     pub expected_binding: Option<Generation>,
     pub expires_at: DateTime<Utc>,
     pub state: IntentState,
+    /// The upload receiving this intent's body now, if one does: another PUT to the same URL
+    /// is refused before a byte of it is read (see [`upload::claim_upload`]).
+    pub receiving: Option<uuid::Uuid>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -319,6 +322,22 @@ pub enum Event {
         intent: IntentId,
         expired_at: DateTime<Utc>,
     },
+    /// An upload to the intent's URL began receiving its body, as `claim`: until it completes
+    /// or releases the claim, no other PUT to that URL is read.
+    #[serde(rename = "UploadClaimed.v1")]
+    UploadClaimed {
+        intent: IntentId,
+        claim: uuid::Uuid,
+        claimed_at: DateTime<Utc>,
+    },
+    /// The upload `claim` ended without completing (a broken body, a wrong size, a store
+    /// failure): the URL may be used again.
+    #[serde(rename = "UploadClaimReleased.v1")]
+    UploadClaimReleased {
+        intent: IntentId,
+        claim: uuid::Uuid,
+        reason: String,
+    },
     /// Build start: the request, its digest and the bindings every COPY will read. The spec is
     /// stored without registry credentials; `registry_credentials` says the base needs them, and
     /// the API keeps them outside the event store for the worker.
@@ -445,6 +464,7 @@ pub fn evolve(mut state: State, event: &Event) -> State {
                     expected_binding: *expected_binding,
                     expires_at: *expires_at,
                     state: IntentState::Pending,
+                    receiving: None,
                 },
             );
         }
@@ -460,6 +480,19 @@ pub fn evolve(mut state: State, event: &Event) -> State {
                 i.state = IntentState::Completed {
                     blob_digest: *blob_digest,
                 };
+                i.receiving = None;
+            }
+        }
+        Event::UploadClaimed { intent, claim, .. } => {
+            if let Some(i) = state.intents.get_mut(intent) {
+                i.receiving = Some(*claim);
+            }
+        }
+        Event::UploadClaimReleased { intent, claim, .. } => {
+            if let Some(i) = state.intents.get_mut(intent) {
+                if i.receiving == Some(*claim) {
+                    i.receiving = None;
+                }
             }
         }
         Event::IntentExpired { intent, .. } => {

@@ -8,7 +8,8 @@ use uuid::Uuid;
 
 use super::status::{reason_of, status_of, BuildStatus};
 use super::upload::{
-    complete_upload, reserve_upload, CompleteUpload, Decision, ReserveUpload, UploadError,
+    claim_upload, complete_upload, release_claim, reserve_upload, Claim, ClaimUpload,
+    CompleteUpload, Decision, ReserveUpload, UploadError,
 };
 use super::*;
 use crate::domain::build_spec::{Resources, TemplateBuildStartV2};
@@ -124,6 +125,7 @@ impl World {
                 blob_digest: Digest::of(bytes),
                 size: bytes.len() as u64,
                 now,
+                claim: None,
             },
         )?;
         self.apply(&h, &d);
@@ -308,6 +310,81 @@ fn upload_replays_are_idempotent_and_conflicts_are_named() {
 }
 
 #[test]
+fn an_upload_claims_its_intent_before_reading_and_a_second_put_is_refused_until_it_ends() {
+    let h = hash('c');
+    let mut w = World::registered();
+    let link = w.link(1, &h, t(1)).unwrap();
+    let (first, second) = (Uuid::from_u128(1), Uuid::from_u128(2));
+    let claim = |w: &World, claim: Uuid, now| {
+        claim_upload(
+            &w.build,
+            &ClaimUpload {
+                intent: intent(1),
+                hash: h.clone(),
+                generation: link.generation,
+                claim,
+                now,
+            },
+        )
+    };
+    let (d, got) = claim(&w, first, t(2)).unwrap();
+    assert_eq!(got, Claim::Receive);
+    assert!(matches!(d.build[..], [Event::UploadClaimed { claim, .. }] if claim == first));
+    w.apply(&h, &d);
+    // The same upload claiming again writes nothing; another is refused before reading.
+    assert_eq!(
+        claim(&w, first, t(2)).unwrap(),
+        (Decision::default(), Claim::Receive)
+    );
+    assert_eq!(
+        claim(&w, second, t(3)),
+        Err(UploadError::UploadInProgress { intent: intent(1) })
+    );
+    // Nor may another writer complete the intent while it is received.
+    let (hh, generation) = (h.clone(), link.generation);
+    let completion = |claim| CompleteUpload {
+        build: build_id(),
+        intent: intent(1),
+        hash: hh.clone(),
+        generation,
+        blob_digest: Digest::of(b"c"),
+        size: 1,
+        now: t(4),
+        claim,
+    };
+    let f = w.files[&h].clone();
+    assert_eq!(
+        complete_upload(&w.build, &f, &completion(None)),
+        Err(UploadError::UploadInProgress { intent: intent(1) })
+    );
+    // A failed upload releases its claim (only its own), and the URL may be used again.
+    assert_eq!(
+        release_claim(&w.build, intent(1), second, "x"),
+        Decision::default()
+    );
+    let released = release_claim(&w.build, intent(1), first, "the body broke off");
+    w.apply(&h, &released);
+    let (d, _) = claim(&w, second, t(5)).unwrap();
+    w.apply(&h, &d);
+    let d = complete_upload(&w.build, &f, &completion(Some(second))).unwrap();
+    w.apply(&h, &d);
+    // After completion a PUT is told which bytes completed it, and claims nothing.
+    let (d, got) = claim(&w, Uuid::from_u128(3), t(6)).unwrap();
+    assert_eq!(d, Decision::default());
+    assert_eq!(
+        got,
+        Claim::Completed {
+            blob_digest: Digest::of(b"c")
+        }
+    );
+    for e in released.build.iter() {
+        let v = serde_json::to_value(e).unwrap();
+        assert_eq!(v["type"], "UploadClaimReleased.v1");
+        assert_eq!(&serde_json::from_value::<Event>(v).unwrap(), e);
+    }
+}
+
+#[test]
 fn completion_checks_the_url_against_its_intent() {
     let h = hash('a');
     let mut w = World::registered();
@@ -321,6 +398,7 @@ fn completion_checks_the_url_against_its_intent() {
         blob_digest: Digest::of(b"x"),
         size: 1,
         now: t(2),
+        claim: None,
     };
     assert!(matches!(
         complete_upload(&w.build, &f, &cmd),

@@ -1,9 +1,17 @@
 //! The two transitions that span a build and the `files-{scope}:{hash}` stream of one archive name.
 //!
-//! Layout: [`ReserveUpload`] / [`reserve_upload`] (the link response), [`CompleteUpload`] /
+//! Layout: [`ReserveUpload`] / [`reserve_upload`] (the link response), [`ClaimUpload`] /
+//! [`claim_upload`] and [`release_claim`] (an upload receiving its body), [`CompleteUpload`] /
 //! [`complete_upload`] (the upload's 2xx), their shared [`UploadError`], and [`Decision`], the
 //! events per stream that the caller appends in one transaction, each stream at the version it
 //! read.
+//!
+//! Receiving (issue: a signed URL replayed until it expired stored up to its ceiling each
+//! time): before a byte of a body is read, the upload claims the intent. A PUT to a URL whose
+//! intent another upload is receiving is refused at once; one to a URL whose upload completed
+//! is told the digest it completed with, and the API hashes the body without storing it to
+//! answer the replay. A claim ends with the completion, or is released when the upload fails;
+//! if the API process dies mid-body, the URL stays claimed and the client asks for a new link.
 //!
 //! Link time (`GET /templates/{id}/files/{hash}`): every response reserves an intent with a fresh
 //! generation, also when present, because `forceUpload` PUTs to the URL of that same response.
@@ -53,6 +61,27 @@ pub struct LinkResponse {
     pub generation: Generation,
 }
 
+/// An upload to `intent`'s URL is about to read its body, as `claim`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimUpload {
+    pub intent: IntentId,
+    /// The filesHash and generation the signed URL names; both must be the intent's.
+    pub hash: FilesHash,
+    pub generation: Generation,
+    pub claim: uuid::Uuid,
+    pub now: DateTime<Utc>,
+}
+
+/// What a PUT to the URL may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Receive and store the body, then complete with this claim.
+    Receive,
+    /// The intent already completed with these bytes: only a body with this digest is a replay
+    /// (answered without storing anything); any other conflicts.
+    Completed { blob_digest: Digest },
+}
+
 /// The upload body of `intent` has been stored as an immutable blob with this digest and size.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompleteUpload {
@@ -64,6 +93,9 @@ pub struct CompleteUpload {
     pub blob_digest: Digest,
     pub size: u64,
     pub now: DateTime<Utc>,
+    /// The claim the upload received its body under ([`claim_upload`]); `None` for a writer
+    /// that never claims (accepted only while no other upload receives the intent).
+    pub claim: Option<uuid::Uuid>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -90,6 +122,8 @@ pub enum UploadError {
     },
     #[error("upload intent {intent} expired; request a new upload link")]
     IntentExpired { intent: IntentId },
+    #[error("another upload to this link (intent {intent}) is being received now; wait for it to finish, or request a new upload link")]
+    UploadInProgress { intent: IntentId },
     #[error("upload intent {intent} already completed with {completed}; a different body ({attempted}) cannot replace it")]
     DigestConflict {
         intent: IntentId,
@@ -189,33 +223,95 @@ pub fn reserve_upload(
     ))
 }
 
+/// Decides whether a PUT to `cmd.intent`'s URL may read its body: claims the intent when it
+/// is pending and nobody receives it.
+pub fn claim_upload(build: &State, cmd: &ClaimUpload) -> Result<(Decision, Claim), UploadError> {
+    let intent = matching_intent(build, cmd.intent, &cmd.hash, cmd.generation)?;
+    // A build that started takes no upload, not even a replay.
+    waiting(build, cmd.now)?;
+    match &intent.state {
+        IntentState::Completed { blob_digest } => {
+            return Ok((
+                Decision::default(),
+                Claim::Completed {
+                    blob_digest: *blob_digest,
+                },
+            ))
+        }
+        IntentState::Expired => return Err(UploadError::IntentExpired { intent: cmd.intent }),
+        IntentState::Pending => {}
+    }
+    match intent.receiving {
+        Some(claim) if claim == cmd.claim => Ok((Decision::default(), Claim::Receive)),
+        Some(_) => Err(UploadError::UploadInProgress { intent: cmd.intent }),
+        None => Ok((
+            Decision {
+                build: vec![Event::UploadClaimed {
+                    intent: cmd.intent,
+                    claim: cmd.claim,
+                    claimed_at: cmd.now,
+                }],
+                files: Vec::new(),
+            },
+            Claim::Receive,
+        )),
+    }
+}
+
+/// Releases `claim` on `intent` after an upload that did not complete; nothing to do when the
+/// claim is no longer held (completed, released, or the build moved on).
+pub fn release_claim(build: &State, intent: IntentId, claim: uuid::Uuid, reason: &str) -> Decision {
+    match build.intents.get(&intent) {
+        Some(i) if i.receiving == Some(claim) => Decision {
+            build: vec![Event::UploadClaimReleased {
+                intent,
+                claim,
+                reason: reason.to_owned(),
+            }],
+            files: Vec::new(),
+        },
+        _ => Decision::default(),
+    }
+}
+
+/// The intent a signed URL names, if it is this build's with the URL's hash and generation.
+fn matching_intent<'a>(
+    build: &'a State,
+    id: IntentId,
+    hash: &FilesHash,
+    generation: Generation,
+) -> Result<&'a super::Intent, UploadError> {
+    if build.registration.is_none() {
+        return Err(UploadError::NotRegistered);
+    }
+    let intent = build
+        .intents
+        .get(&id)
+        .ok_or(UploadError::UnknownIntent { intent: id })?;
+    if intent.hash != *hash {
+        return Err(UploadError::HashMismatch {
+            intent: id,
+            url: hash.clone(),
+            reserved: intent.hash.clone(),
+        });
+    }
+    if intent.generation != generation {
+        return Err(UploadError::GenerationMismatch {
+            intent: id,
+            url: generation,
+            reserved: intent.generation,
+        });
+    }
+    Ok(intent)
+}
+
 /// Decides an upload completion over the build and the files stream of the intent's hash.
 pub fn complete_upload(
     build: &State,
     files_state: &files::State,
     cmd: &CompleteUpload,
 ) -> Result<Decision, UploadError> {
-    if build.registration.is_none() {
-        return Err(UploadError::NotRegistered);
-    }
-    let intent = build
-        .intents
-        .get(&cmd.intent)
-        .ok_or(UploadError::UnknownIntent { intent: cmd.intent })?;
-    if intent.hash != cmd.hash {
-        return Err(UploadError::HashMismatch {
-            intent: cmd.intent,
-            url: cmd.hash.clone(),
-            reserved: intent.hash.clone(),
-        });
-    }
-    if intent.generation != cmd.generation {
-        return Err(UploadError::GenerationMismatch {
-            intent: cmd.intent,
-            url: cmd.generation,
-            reserved: intent.generation,
-        });
-    }
+    let intent = matching_intent(build, cmd.intent, &cmd.hash, cmd.generation)?;
     match &intent.state {
         IntentState::Completed { blob_digest } if *blob_digest != cmd.blob_digest => {
             return Err(UploadError::DigestConflict {
@@ -237,6 +333,9 @@ pub fn complete_upload(
         IntentState::Pending => {}
     }
     waiting(build, cmd.now)?;
+    if intent.receiving.is_some() && intent.receiving != cmd.claim {
+        return Err(UploadError::UploadInProgress { intent: cmd.intent });
+    }
 
     let current = build.bindings.get(&intent.hash).copied();
     let rebind = current.map(|b| b.generation) == intent.expected_binding;

@@ -127,6 +127,7 @@ impl Api {
             blob_digest: digest,
             size,
             now,
+            claim: None,
         }
     }
 
