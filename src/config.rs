@@ -449,9 +449,22 @@ pub struct RegistryArgs {
     )]
     pub insecure_registries: Vec<String>,
 
-    /// Largest image (compressed bytes of its layers) a pull accepts.
-    #[arg(long, env = "STRATA_PULL_MAX_BYTES")]
-    pub pull_max_bytes: Option<u64>,
+    /// Largest image a pull accepts, in compressed bytes of its layers (`10GiB`, `500MB`,
+    /// bytes), counted as they arrive (a layer that declares no size counts too); `none`: no
+    /// ceiling.
+    #[arg(long, env = "STRATA_PULL_MAX_BYTES", default_value = "10GiB", value_parser = parse_size_or_none, value_name = "SIZE|none")]
+    pub pull_max_bytes: SizeOrNone,
+}
+
+/// A size, or `none` for no bound (the default of a value built in code).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SizeOrNone(pub Option<u64>);
+
+fn parse_size_or_none(text: &str) -> Result<SizeOrNone, String> {
+    match text.trim() {
+        "none" => Ok(SizeOrNone(None)),
+        t => parse_bytes(t).map(|n| SizeOrNone(Some(n))),
+    }
 }
 
 fn parse_mirror(text: &str) -> Result<(String, String), String> {
@@ -473,7 +486,7 @@ impl RegistryArgs {
                 .map(|h| h.trim().to_owned())
                 .filter(|h| !h.is_empty())
                 .collect(),
-            max_bytes: self.pull_max_bytes,
+            max_bytes: self.pull_max_bytes.0,
         }
     }
 }

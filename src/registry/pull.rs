@@ -540,6 +540,19 @@ impl Puller {
                 Ok(bytes) => {
                     received += bytes.len() as u64;
                     tracker.bytes(bytes.len() as u64);
+                    // A descriptor without a size (or a lying one) is counted as it streams:
+                    // the image's ceiling holds for the bytes that arrive, not the ones declared.
+                    if let Some(limit) = inner.settings.max_bytes {
+                        let so_far = tracker.bytes_done.load(Ordering::Relaxed);
+                        if so_far > limit {
+                            failure = Some(PullError::TooLarge {
+                                image: image.clone(),
+                                size: so_far,
+                                limit,
+                            });
+                            break;
+                        }
+                    }
                     if desc.size > 0 && received > desc.size {
                         failure = Some(PullError::DigestMismatch {
                             image: image.clone(),

@@ -16,7 +16,8 @@
 //! * setuid, setgid and sticky bits: stripped from uploads (kept in layers, where `sudo` needs
 //!   them);
 //! * per-entry size, total size and entry count each have a ceiling; exceeding one rejects the
-//!   archive (this also bounds a decompression bomb);
+//!   archive (this also bounds a decompression bomb); a long name, long link or PAX header
+//!   over 1 MiB is refused before the parser reads it ([`super::tar_guard`]);
 //! * ownership: uploads are written as root (COPY sets the owner afterwards); layers keep the
 //!   numeric owners they store.
 
@@ -191,7 +192,9 @@ pub fn extract_tar(
         entry: dest.display().to_string(),
         source: e.into(),
     })?;
-    let mut archive = tar::Archive::new(reader);
+    // Extension entries (long names, PAX headers) are capped before the parser reads them
+    // whole into memory.
+    let mut archive = tar::Archive::new(super::tar_guard::TarGuard::new(reader));
     let mut stats = ExtractStats::default();
     // A layer's directories get their times once everything inside them is written (each
     // entry written later changes its directory's mtime): a layer tree then seals again to the
@@ -199,7 +202,13 @@ pub fn extract_tar(
     let mut directory_times: Vec<(Vec<OsString>, String, i64)> = Vec::new();
     let entries = archive.entries().map_err(ArchiveError::Corrupt)?;
     for entry in entries {
-        let mut entry = entry.map_err(ArchiveError::Corrupt)?;
+        let mut entry = entry.map_err(|e| match super::tar_guard::Refused::in_error(&e) {
+            Some(super::tar_guard::Refused::Sparse { entry }) => ArchiveError::UnsupportedType {
+                entry: entry.clone(),
+                kind: "sparse file".into(),
+            },
+            _ => ArchiveError::Corrupt(e),
+        })?;
         let header_type = entry.header().entry_type();
         if matches!(
             header_type,

@@ -3,7 +3,8 @@
 //! * [`backend`]: the `SandboxBackend` / `Sandbox` contract every backend implements.
 //! * [`namespace`]: the default backend (namespaces + overlayfs + cgroups), with its pid 1
 //!   and in-sandbox agent.
-//! * [`archive_policy`]: what an archive may contain; the one place that writes archives.
+//! * [`archive_policy`]: what an archive may contain; the one place that writes archives
+//!   (with [`tar_guard`], which caps extension entries before the tar parser reads them).
 //! * [`copy`], [`users`]: COPY semantics and user resolution, run inside sandboxes.
 //! * [`layer`] (with [`layer_staging`], [`layer_sync`], [`layer_budget`]), [`blob_store`]
 //!   (with [`blob_url`], [`object_blob_store`]), [`depth`], [`compact`]: layer tars,
@@ -28,6 +29,7 @@ pub(crate) mod layer_tee;
 pub mod local_s3;
 pub mod namespace;
 pub mod object_blob_store;
+pub mod tar_guard;
 pub mod users;
 
 pub use backend::{
