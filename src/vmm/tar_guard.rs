@@ -132,10 +132,9 @@ impl<R: Read> TarGuard<R> {
         if kind == tar::EntryType::XHeader && recognized && size > 0 {
             self.pax = Some((Vec::with_capacity(size as usize), size));
         }
-        self.skip = size
-            .checked_add(BLOCK as u64 - 1)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "tar entry size overflows"))?
-            & !(BLOCK as u64 - 1);
+        self.skip = size.checked_add(BLOCK as u64 - 1).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidData, "tar entry size overflows")
+        })? & !(BLOCK as u64 - 1);
         Ok(())
     }
 }
@@ -223,7 +222,8 @@ mod tests {
         bytes.extend_from_slice(&[b'a'; 512]);
         let err = through(&bytes, 4096).unwrap_err();
         assert!(
-            err.to_string().contains("GNU long name entry of 67108864 bytes"),
+            err.to_string()
+                .contains("GNU long name entry of 67108864 bytes"),
             "{err}"
         );
         let mut archive = tar::Archive::new(TarGuard::new(&bytes[..]));
@@ -246,7 +246,7 @@ mod tests {
         file.set_cksum();
         raw.extend_from_slice(file.as_bytes());
         raw.extend_from_slice(&[b'x'; 1024]); // 700 bytes of data, padded to two blocks
-        // Where the parser expects the next header: a long name over the cap.
+                                              // Where the parser expects the next header: a long name over the cap.
         let mut long = header(tar::EntryType::GNULongName, 2 << 20, "././@LongLink");
         long.set_cksum();
         raw.extend_from_slice(long.as_bytes());

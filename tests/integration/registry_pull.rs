@@ -783,3 +783,167 @@ async fn unlisted_loopback_registries_and_foreign_realms_are_refused_before_anyt
     assert_eq!(node.contents(), (0, 0, 0), "nothing stored");
     realm_task.abort();
 }
+
+/// A registry the test writes by hand on loopback: one image whose manifest, config and layer
+/// bytes are exactly what the test gives, so it can lie where a real registry never would (a
+/// layer descriptor without `size`, a layer tar with a hostile header).
+struct HandRegistry {
+    addr: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HandRegistry {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves `name:tag` with one layer (`layer`, gzip, of tar digest `diff_id`); with
+/// `declare_size` false the layer's descriptor carries no `size`.
+async fn hand_registry(layer: Vec<u8>, diff_id: String, declare_size: bool) -> HandRegistry {
+    use axum::response::IntoResponse;
+    let sha = |b: &[u8]| {
+        format!(
+            "sha256:{}",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b))
+        )
+    };
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": registry::node_arch(), "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+    }))
+    .unwrap();
+    let mut layer_desc = serde_json::json!({
+        "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+        "digest": sha(&layer),
+    });
+    if declare_size {
+        layer_desc["size"] = layer.len().into();
+    }
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": sha(&config), "size": config.len()},
+        "layers": [layer_desc],
+    }))
+    .unwrap();
+    let blobs: std::collections::HashMap<String, Vec<u8>> =
+        [(sha(&config), config), (sha(&layer), layer)]
+            .into_iter()
+            .collect();
+    let blobs = Arc::new(blobs);
+    let handler = move |uri: axum::http::Uri| {
+        let (blobs, manifest) = (blobs.clone(), manifest.clone());
+        async move {
+            let path = uri.path();
+            if path == "/v2/" {
+                return (axum::http::StatusCode::OK, "{}").into_response();
+            }
+            if path.contains("/manifests/") {
+                return (
+                    [("content-type", "application/vnd.oci.image.manifest.v1+json")],
+                    manifest,
+                )
+                    .into_response();
+            }
+            match path.rsplit('/').next().and_then(|d| blobs.get(d)) {
+                Some(bytes) => bytes.clone().into_response(),
+                None => axum::http::StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let app = axum::Router::new().fallback(handler);
+    let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    HandRegistry { addr, task }
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}
+
+/// Issue: a layer descriptor without `size` counted 0 against STRATA_PULL_MAX_BYTES. The bytes
+/// that arrive are counted now: over the ceiling the pull fails saying so, and nothing is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_layer_without_a_declared_size_is_counted_as_it_arrives() {
+    let mut tar = tar::Builder::new(Vec::new());
+    let noise: Vec<u8> = (0..400_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let mut h = tar::Header::new_gnu();
+    h.set_size(noise.len() as u64);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    tar.append_data(&mut h, "noise", &noise[..]).unwrap();
+    let tar = tar.into_inner().unwrap();
+    let diff_id = format!(
+        "sha256:{}",
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&tar))
+    );
+    let layer = gzip(&tar);
+    let size = layer.len() as u64;
+    let reg = hand_registry(layer, diff_id, false).await;
+    let node = Node::new();
+    let err = node
+        .puller(RegistrySettings {
+            max_bytes: Some(size / 2),
+            ..Default::default()
+        })
+        .pull(&reference(&reg.addr, "team/sizeless:1"), None, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PullError::TooLarge { .. }), "{err}");
+    assert!(err.to_string().contains("STRATA_PULL_MAX_BYTES"), "{err}");
+    assert_eq!(node.contents(), (0, 0, 0));
+    // Under a ceiling it fits, the same registry's image pulls.
+    let roomy = Node::new();
+    roomy
+        .puller(RegistrySettings {
+            max_bytes: Some(size * 2),
+            ..Default::default()
+        })
+        .pull(&reference(&reg.addr, "team/sizeless:1"), None, None)
+        .await
+        .unwrap();
+}
+
+/// Issue: a tar's GNU long-name header was read whole into memory before any size check. A
+/// layer whose first header announces a 64 MiB long name (and sends it: it compresses to
+/// almost nothing) fails the pull naming the header, and nothing is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_layer_with_a_huge_long_name_header_fails_the_pull_before_it_is_read() {
+    let announced = 64u64 << 20;
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::GNULongName);
+    h.set_path("././@LongLink").unwrap();
+    h.set_size(announced);
+    h.set_mode(0o644);
+    h.set_cksum();
+    let mut tar = h.as_bytes().to_vec();
+    tar.resize(512 + announced as usize, b'a');
+    tar.extend_from_slice(&[0u8; 1024]);
+    let diff_id = format!(
+        "sha256:{}",
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&tar))
+    );
+    let reg = hand_registry(gzip(&tar), diff_id, true).await;
+    let node = Node::new();
+    let err = node
+        .puller(RegistrySettings::default())
+        .pull(&reference(&reg.addr, "team/longname:1"), None, None)
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("GNU long name entry of 67108864 bytes"),
+        "{text}"
+    );
+    assert_eq!(node.contents(), (0, 0, 0));
+}
