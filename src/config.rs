@@ -39,6 +39,11 @@ pub struct StorageArgs {
     #[command(flatten)]
     pub team_limits: TeamLimitArgs,
 
+    /// A scrape of `/metrics` (the API's, and `--metrics-listen`'s) must present
+    /// `Authorization: Bearer <token>`; unset, `/metrics` is open to whoever reaches it.
+    #[arg(long, env = "STRATA_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
+
     /// Maximum connections in this process's Postgres pool.
     #[arg(long, env = "STRATA_DB_POOL_SIZE", default_value_t = 16)]
     pub db_pool_size: u32,

@@ -18,7 +18,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::AppState;
 use crate::events::{FeedPosition, ReadError, RecordedEvent, StreamId};
@@ -99,16 +98,7 @@ async fn require_admin_token(
     Ok(next.run(request).await)
 }
 
-/// Compares in time independent of where the tokens differ, and of their lengths (both are
-/// hashed to 32 bytes first).
-pub(crate) fn tokens_equal(presented: &str, expected: &str) -> bool {
-    let a = Sha256::digest(presented.as_bytes());
-    let b = Sha256::digest(expected.as_bytes());
-    a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
-}
+pub(crate) use crate::domain::token::tokens_equal;
 
 fn limit(requested: Option<u32>) -> u32 {
     requested.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT)

@@ -32,6 +32,7 @@ pub fn router(state: AppState) -> Router {
                 builds: Some(build_counts_reader(state.pool.clone())),
                 data_dir: Some(state.data_dir.clone()),
                 team_limits: Some(state.protocol.team_limits),
+                token: state.metrics_token.clone(),
             },
         ))
         .merge(e2b::routes())

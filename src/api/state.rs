@@ -66,6 +66,8 @@ pub struct AppState {
     pub data_dir: std::path::PathBuf,
     /// Uploads this process may receive at once (`STRATA_UPLOAD_MAX_CONCURRENT`).
     pub upload_slots: Arc<tokio::sync::Semaphore>,
+    /// What a `/metrics` scrape must present, if anything (`STRATA_METRICS_TOKEN`).
+    pub metrics_token: Option<Arc<str>>,
 }
 
 impl AppState {
@@ -106,6 +108,7 @@ impl AppState {
             upload_slots: Arc::new(tokio::sync::Semaphore::new(
                 serve.upload_max_concurrent.max(1),
             )),
+            metrics_token: None,
         })
     }
 
@@ -113,6 +116,12 @@ impl AppState {
     /// instead of the defaults.
     pub fn with_team_limits(mut self, limits: crate::domain::team_limits::TeamLimits) -> Self {
         Arc::make_mut(&mut self.protocol).team_limits = limits;
+        self
+    }
+
+    /// The same state with `/metrics` behind `token` (`STRATA_METRICS_TOKEN`).
+    pub fn with_metrics_token(mut self, token: Option<&str>) -> Self {
+        self.metrics_token = token.map(Arc::from);
         self
     }
 

@@ -35,7 +35,11 @@ pub async fn run(args: ReconcileArgs) -> anyhow::Result<()> {
     let env = environment(pool, args.node.node_id(), &args.storage, &args.gc)?;
     let shutdown = CancellationToken::new();
     if let Some(addr) = args.metrics_listen {
-        strata::metrics::server::serve(addr, Default::default(), shutdown.clone())
+        let sources = strata::metrics::scrape::ScrapeSources {
+            token: args.storage.metrics_token.as_deref().map(Into::into),
+            ..Default::default()
+        };
+        strata::metrics::server::serve(addr, sources, shutdown.clone())
             .await
             .with_context(|| format!("binding the metrics listener to {addr}"))?;
     }

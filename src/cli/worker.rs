@@ -26,6 +26,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             builds: None,
             data_dir: Some(args.storage.data_dir.clone()),
             team_limits: Some(settings.team_limits),
+            token: args.storage.metrics_token.as_deref().map(Into::into),
         };
         strata::metrics::server::serve(addr, sources, shutdown.clone())
             .await

@@ -53,4 +53,5 @@ pub mod start;
 pub mod team;
 pub mod team_limits;
 pub mod template;
+pub mod token;
 pub mod upload_url;

@@ -14,6 +14,7 @@
 pub mod scrape;
 pub mod server;
 pub mod storage;
+pub mod storage_cache;
 
 use std::sync::LazyLock;
 use std::time::Duration;

@@ -76,6 +76,8 @@ pub struct ScrapeSources {
     pub data_dir: Option<PathBuf>,
     /// The per-team limits this process holds teams to.
     pub team_limits: Option<crate::domain::team_limits::TeamLimits>,
+    /// A scrape must present `Authorization: Bearer <token>` (`STRATA_METRICS_TOKEN`).
+    pub token: Option<std::sync::Arc<str>>,
 }
 
 impl ScrapeSources {
@@ -89,11 +91,8 @@ impl ScrapeSources {
                 Err(e) => notes.push_str(&format!("# reading the builds read model failed: {e}\n")),
             }
         }
-        if let Some(dir) = self.data_dir.clone() {
-            let usage = tokio::task::spawn_blocking(move || super::storage::usage(&dir))
-                .await
-                .unwrap_or_default();
-            for u in usage {
+        if let Some(dir) = &self.data_dir {
+            for u in super::storage_cache::cached_usage(dir).await {
                 STORAGE.with_label_values(&[u.kind]).set(u.bytes as i64);
             }
         }

@@ -19,11 +19,30 @@ pub fn routes<S>(sources: ScrapeSources) -> Router<S> {
         .with_state(sources)
 }
 
-async fn get_metrics(State(sources): State<ScrapeSources>) -> impl IntoResponse {
+async fn get_metrics(
+    State(sources): State<ScrapeSources>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    if let Some(token) = &sources.token {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let ok = presented.is_some_and(|p| crate::domain::token::tokens_equal(p.trim(), token));
+        if !ok {
+            return (
+                axum::http::StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "/metrics needs `Authorization: Bearer <STRATA_METRICS_TOKEN>`\n",
+            )
+                .into_response();
+        }
+    }
     (
         [(header::CONTENT_TYPE, super::CONTENT_TYPE)],
         sources.render().await,
     )
+        .into_response()
 }
 
 /// Serves `/metrics` on `addr` until `shutdown`; returns the bound address (port 0 picks one).

@@ -106,7 +106,10 @@ async fn ecr_token(
         .await
         .map_err(|e| fail(format!("reaching {host}: {e}")))?;
     let status = response.status();
-    let bytes = response.bytes().await.unwrap_or_default();
+    // An authorization answer is a few KiB; anything longer is not one.
+    let bytes = super::session::read_limited(response, 1 << 20)
+        .await
+        .map_err(|e| fail(format!("reading ECR's answer: {e}")))?;
     if !status.is_success() {
         let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
         let message = v["message"]

@@ -254,7 +254,10 @@ impl Session {
 }
 
 /// The body, if it is at most `limit` bytes; a longer one is cut at `limit` and refused.
-async fn read_limited(response: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
+pub(crate) async fn read_limited(
+    response: reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     let mut body = response.bytes_stream();
     while let Some(chunk) = body.next().await {

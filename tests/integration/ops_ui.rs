@@ -398,7 +398,8 @@ async fn long_lists_are_paged_newest_first_by_an_older_link() {
 }
 
 /// The limits every team is held to, on `/ui/teams` and `/metrics`, with the team at one
-/// marked: an operator sees why a team's registrations answer 429.
+/// marked: an operator sees why a team's registrations answer 429. `/metrics` here sits
+/// behind STRATA_METRICS_TOKEN.
 #[tokio::test]
 async fn the_teams_page_and_metrics_show_the_limits_and_the_team_at_one() {
     let db = common::test_db().await;
@@ -414,6 +415,8 @@ async fn the_teams_page_and_metrics_show_the_limits_and_the_team_at_one() {
             "2",
             "--team-max-running-builds",
             "none",
+            "--metrics-token",
+            "scrape-token",
         ],
     )
     .await;
@@ -449,7 +452,26 @@ async fn the_teams_page_and_metrics_show_the_limits_and_the_team_at_one() {
         "{teams}"
     );
 
-    let metrics = common::http_build::scrape(&format!("{}/metrics", api.base)).await;
+    // With STRATA_METRICS_TOKEN set, a scrape without it (or with another) is refused.
+    let url = format!("{}/metrics", api.base);
+    for auth in [None, Some("Bearer wrong"), Some("scrape-token")] {
+        let mut req = http.get(&url);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 401, "{auth:?}");
+    }
+    let text = http
+        .get(&url)
+        .bearer_auth("scrape-token")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let metrics = common::http_build::parse_metrics(&text);
     assert_eq!(
         metrics["strata_team_limit{setting=\"STRATA_TEAM_MAX_QUEUED_BUILDS\"}"],
         2.0

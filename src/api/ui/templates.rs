@@ -110,12 +110,10 @@ pub async fn list_templates(
 }
 
 pub async fn show_storage(State(state): State<AppState>) -> Html<String> {
-    let dir = state.data_dir.clone();
-    let usage = tokio::task::spawn_blocking(move || crate::metrics::storage::usage(&dir))
-        .await
-        .unwrap_or_default();
+    let usage = crate::metrics::storage_cache::cached_usage(&state.data_dir).await;
     let mut body = String::from(
-        "<p>Bytes on this node's disk (the node serving this page). <code>strata storage</code> \
+        "<p>Bytes on this node's disk (the node serving this page), measured at most 30 s ago. \
+         <code>strata storage</code> \
          shows the blob store by garbage-collection tier.</p>\
          <table id=\"storage\"><tr><th>kind</th><th>path</th><th>files</th><th>bytes</th></tr>",
     );

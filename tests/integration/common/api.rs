@@ -13,6 +13,9 @@ struct Settings {
     serve: ServeArgs,
     #[command(flatten)]
     team_limits: TeamLimitArgs,
+    /// As `STRATA_METRICS_TOKEN` (a storage flag of the binary, not a serve one).
+    #[arg(long)]
+    metrics_token: Option<String>,
 }
 
 /// A running API and the state it serves with.
@@ -40,7 +43,8 @@ pub async fn serve(
     serve.public_url = Some(format!("http://{addr}"));
     let state = AppState::new(pool, &serve, "test-node".into(), data_dir)
         .expect("API state")
-        .with_team_limits(settings.team_limits.limits());
+        .with_team_limits(settings.team_limits.limits())
+        .with_metrics_token(settings.metrics_token.as_deref());
     let app = router(state.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     TestApi {
