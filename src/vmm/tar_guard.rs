@@ -192,8 +192,8 @@ mod tests {
         h.set_size(5);
         h.set_mode(0o644);
         b.append_data(&mut h, &long, &b"hello"[..]).unwrap();
-        let mut h = header(tar::EntryType::Regular, 3, "short");
-        b.append(&mut h, &b"abc"[..]).unwrap();
+        let h = header(tar::EntryType::Regular, 3, "short");
+        b.append(&h, &b"abc"[..]).unwrap();
         b.into_inner().unwrap()
     }
 
