@@ -149,9 +149,18 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     );
     assert!(feed.contains("<td>worker/"), "{feed}");
 
-    // A token in the address: redirected without it, with a session cookie that is not the token.
+    // A token in a page's address is refused: only the login request takes one.
     let resp = http
         .get(format!("{ui}/builds/{ok}?token={TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    assert!(resp.headers().get("set-cookie").is_none());
+    // The login link: redirected to the page asked for (never off /ui), with a session cookie
+    // that is a random signed id with an expiry, not the token.
+    let resp = http
+        .get(format!("{ui}/login?token={TOKEN}&next=/ui/builds/{ok}"))
         .send()
         .await
         .unwrap();
@@ -162,8 +171,11 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     );
     let cookie = resp.headers()["set-cookie"].to_str().unwrap().to_owned();
     assert!(
-        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
-        "{cookie}"
+        cookie.contains("HttpOnly")
+            && cookie.contains("SameSite=Strict")
+            && cookie.contains("Max-Age=43200")
+            && !cookie.contains("Secure"),
+        "plain HTTP here, so not Secure: {cookie}"
     );
     assert!(!cookie.contains(TOKEN), "{cookie}");
     let session = cookie.split(';').next().unwrap().to_owned();
@@ -174,7 +186,25 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
-    // The login form.
+    let resp = http
+        .get(format!(
+            "{ui}/login?token={TOKEN}&next=https://elsewhere.example/"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["location"], "/ui");
+    // A forged or altered session is no session.
+    let (value, _) = session.split_once('.').unwrap();
+    let forged = format!("{value}.00.00");
+    let resp = http
+        .get(format!("{ui}/builds/{ok}"))
+        .header("cookie", &forged)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    // The login form: a wrong token is refused; the right one opens a new session.
     let resp = http
         .post(format!("{ui}/login"))
         .form(&[("token", "nope")])
@@ -189,15 +219,21 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 303);
-    assert_eq!(
-        resp.headers()["set-cookie"]
-            .to_str()
-            .unwrap()
-            .split(';')
-            .next()
-            .unwrap(),
-        session
-    );
+    let second = resp.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_ne!(second, session, "every sign-in is a session of its own");
+    let resp = http
+        .get(format!("{ui}/templates"))
+        .header("cookie", &second)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
 
     // Filters.
     let errors = http
@@ -269,10 +305,14 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     assert!(storage.contains("<td>blobs</td>") && storage.contains("<td>layers</td>"));
 
     // A real browser: the list loads, the timeline shows every step.
-    let list = chromium(&format!("{ui}?token={TOKEN}"), "--dump-dom").await;
+    let list = chromium(&format!("{ui}/login?token={TOKEN}&next=/ui"), "--dump-dom").await;
     assert!(list.contains("<table id=\"builds\">"), "{list}");
     assert!(list.contains(&ok.to_string()) && list.contains(&failed.to_string()));
-    let dom = chromium(&format!("{ui}/builds/{ok}?token={TOKEN}"), "--dump-dom").await;
+    let dom = chromium(
+        &format!("{ui}/login?token={TOKEN}&next=/ui/builds/{ok}"),
+        "--dump-dom",
+    )
+    .await;
     assert!(dom.contains("<table id=\"steps\">"), "{dom}");
     assert_eq!(dom.matches("<tr class=\"step\">").count(), 3, "{dom}");
     assert!(dom.contains("ENV GREETING hello"));
@@ -283,7 +323,11 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     );
     assert!(dom.contains("checkpointed"));
     assert!(dom.contains("<table id=\"attempts\">"));
-    let failed_dom = chromium(&format!("{ui}/builds/{failed}?token={TOKEN}"), "--dump-dom").await;
+    let failed_dom = chromium(
+        &format!("{ui}/login?token={TOKEN}&next=/ui/builds/{failed}"),
+        "--dump-dom",
+    )
+    .await;
     assert!(failed_dom.contains("exit code <b>7</b>"), "{failed_dom}");
     assert!(failed_dom.contains("about to fail"));
     let unauthenticated = chromium(&ui, "--dump-dom").await;
@@ -293,7 +337,7 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     let shot = artifacts().join("build-timeline.png");
     let _ = std::fs::remove_file(&shot);
     chromium(
-        &format!("{ui}/builds/{ok}?token={TOKEN}"),
+        &format!("{ui}/login?token={TOKEN}&next=/ui/builds/{ok}"),
         &format!("--screenshot={}", shot.display()),
     )
     .await;

@@ -30,5 +30,5 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/ui/storage", get(templates::show_storage))
         .route("/ui/teams", get(teams::show_teams))
         .route_layer(middleware::from_fn_with_state(state, auth::require_admin));
-    pages.route("/ui/login", post(auth::login))
+    pages.route("/ui/login", post(auth::login).get(auth::login_link))
 }
