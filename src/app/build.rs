@@ -40,8 +40,26 @@ pub async fn start_build(
     now: DateTime<Utc>,
     queue_deadline: DateTime<Utc>,
 ) -> Result<AppendOutcome, Error<build::Error>> {
+    start_build_keyed(store, ctx, build, spec, None, now, queue_deadline).await
+}
+
+/// [`start_build`] with the request's registry credentials entering its digest as
+/// `credentials_fingerprint`, a keyed digest of them (what the API records), instead of their
+/// plain digest.
+pub async fn start_build_keyed(
+    store: &EventStore,
+    ctx: &CommandContext,
+    build: &BuildId,
+    spec: TemplateBuildStartV2,
+    credentials_fingerprint: Option<crate::domain::ids::Digest>,
+    now: DateTime<Utc>,
+    queue_deadline: DateTime<Utc>,
+) -> Result<AppendOutcome, Error<build::Error>> {
     let ctx = CommandContext {
-        command_id: start_command_id(build, &spec),
+        command_id: start_command_id(
+            build,
+            &spec.request_digest_with(credentials_fingerprint.as_ref()),
+        ),
         ..ctx.clone()
     };
     let (ctx, spec) = (&ctx, &spec);
@@ -91,6 +109,7 @@ pub async fn start_build(
             queue_deadline,
             attempt: None,
             present,
+            credentials_fingerprint,
         };
         let events = build::decide(&b.state, &command).map_err(CommandError::Rejected)?;
         if events.is_empty() {
@@ -121,12 +140,15 @@ fn copied_hashes(spec: &TemplateBuildStartV2) -> Vec<&FilesHash> {
 
 /// The id of the start of `build` with this request (its request digest): the same request
 /// to start the same build is the same command.
-pub fn start_command_id(build: &BuildId, spec: &TemplateBuildStartV2) -> uuid::Uuid {
+pub fn start_command_id(
+    build: &BuildId,
+    request_digest: &crate::domain::ids::Digest,
+) -> uuid::Uuid {
     use sha2::Digest as _;
     let mut hasher = sha2::Sha256::new();
     hasher.update(b"strata.start-build-command-id.v1\0");
     hasher.update(build.as_uuid().as_bytes());
-    hasher.update(spec.request_digest().hex().as_bytes());
+    hasher.update(request_digest.hex().as_bytes());
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&hasher.finalize()[..16]);
     uuid::Builder::from_custom_bytes(bytes).into_uuid()

@@ -863,6 +863,15 @@ impl TemplateBuildStartV2 {
     /// conflict. Canonical means: independent of JSON key order, whitespace and of keys we ignore;
     /// every field is length-delimited (see [`Encoder`]).
     pub fn request_digest(&self) -> Digest {
+        self.request_digest_with(None)
+    }
+
+    /// The request digest with the registry credentials entering as `credentials` (a keyed
+    /// digest the caller computed), else as the plain digest of their JSON form. The plain
+    /// form distinguishes requests without holding the secret in the clear, but anyone who
+    /// reads the event can test guesses against it offline; the keyed one needs the server
+    /// secret. Without credentials in the request, both are the same.
+    pub fn request_digest_with(&self, credentials: Option<&Digest>) -> Digest {
         let mut e = Encoder::new("strata.build-start-request.v1");
         match &self.base {
             BaseSource::Image {
@@ -870,11 +879,14 @@ impl TemplateBuildStartV2 {
                 registry,
             } => {
                 e.u8(1).str(reference);
-                // Credentials enter only as a digest of their JSON form: they distinguish
-                // requests without the digest input ever holding the secret in the clear.
-                e.opt(registry.as_ref(), |e, creds| {
-                    let json = serde_json::to_vec(creds).unwrap_or_default();
-                    e.digest_field(&Digest::of(&json));
+                e.opt(registry.as_ref(), |e, creds| match credentials {
+                    Some(keyed) => {
+                        e.digest_field(keyed);
+                    }
+                    None => {
+                        let json = serde_json::to_vec(creds).unwrap_or_default();
+                        e.digest_field(&Digest::of(&json));
+                    }
                 });
             }
             BaseSource::Template { reference } => {

@@ -31,6 +31,8 @@ pub enum SealError {
 #[derive(Clone)]
 pub struct CredentialSeal {
     cipher: ChaCha20Poly1305,
+    /// Keys [`Self::fingerprint`]: derived from the same secret for that purpose only.
+    fingerprint_key: [u8; 32],
 }
 
 impl std::fmt::Debug for CredentialSeal {
@@ -45,9 +47,22 @@ impl CredentialSeal {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes any key");
         mac.update(b"strata.registry-credentials.v1");
         let key = mac.finalize().into_bytes();
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes any key");
+        mac.update(b"strata.registry-credentials-fingerprint.v1");
         CredentialSeal {
             cipher: ChaCha20Poly1305::new(Key::from_slice(&key)),
+            fingerprint_key: mac.finalize().into_bytes().into(),
         }
+    }
+
+    /// A keyed digest of `credentials`: the same credentials give the same digest on every API
+    /// replica sharing the secret (a retried start is recognised), and without the secret it
+    /// says nothing about them, unlike a plain digest anyone could test guesses against.
+    pub fn fingerprint(&self, credentials: &RegistryCredentials) -> crate::domain::ids::Digest {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.fingerprint_key)
+            .expect("HMAC takes any key");
+        mac.update(&serde_json::to_vec(credentials).expect("credentials serialize"));
+        crate::domain::ids::Digest::from_bytes(mac.finalize().into_bytes().into())
     }
 
     pub fn seal(&self, build: &BuildId, credentials: &RegistryCredentials) -> Vec<u8> {
@@ -144,6 +159,25 @@ pub async fn load(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fingerprint_is_stable_for_one_secret_and_says_nothing_without_it() {
+        let creds = RegistryCredentials::Registry {
+            username: "u".into(),
+            password: "hunter2".into(),
+        };
+        let a = CredentialSeal::from_secret(b"0123456789abcdef0123456789abcdef");
+        let again = CredentialSeal::from_secret(b"0123456789abcdef0123456789abcdef");
+        let other = CredentialSeal::from_secret(b"another secret, another key 0123");
+        assert_eq!(a.fingerprint(&creds), again.fingerprint(&creds));
+        assert_ne!(a.fingerprint(&creds), other.fingerprint(&creds));
+        let plain = crate::domain::ids::Digest::of(&serde_json::to_vec(&creds).unwrap());
+        assert_ne!(
+            a.fingerprint(&creds),
+            plain,
+            "not the guessable plain digest"
+        );
+    }
 
     #[test]
     fn sealed_credentials_open_only_with_the_key_and_for_their_build() {

@@ -62,10 +62,25 @@ pub async fn start_build(
     let queue_deadline = now + state.protocol.queue_timeout;
     let span = crate::trace::build_span(&state.events, build_id, "build.start").await;
     let ctx = span.in_scope(|| CommandContext::new(api_metadata(&state)));
-    let started =
-        crate::app::build::start_build(&state.events, &ctx, &build_id, spec, now, queue_deadline)
-            .instrument(span)
-            .await;
+    // The credentials enter the recorded request digest only keyed with the server secret.
+    let fingerprint = match &spec.base {
+        BaseSource::Image {
+            registry: Some(credentials),
+            ..
+        } => Some(state.credential_seal.fingerprint(credentials)),
+        _ => None,
+    };
+    let started = crate::app::build::start_build_keyed(
+        &state.events,
+        &ctx,
+        &build_id,
+        spec,
+        fingerprint,
+        now,
+        queue_deadline,
+    )
+    .instrument(span)
+    .await;
     if let (Err(CommandError::Rejected(_)), Some(sealed)) = (&started, &sealed) {
         // This start stored them and the build refused it: they belong to no build. Any other
         // error leaves the outcome unknown (the freeze may have committed and only its reply

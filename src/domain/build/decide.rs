@@ -52,6 +52,11 @@ pub enum Command {
         /// other; the freeze binds such a hash to what is present, as E2B, which scopes files
         /// per template, would copy.
         present: BTreeMap<FilesHash, Binding>,
+        /// The request's registry credentials as a keyed digest (the API keys it with a key
+        /// derived from the server secret, as it seals them for the worker), so the
+        /// recorded request digest cannot be used to guess them offline. `None`: the plain
+        /// digest of earlier versions (callers without the secret, such as tests).
+        credentials_fingerprint: Option<Digest>,
     },
     /// A worker claims a queued build.
     AcquireAttempt {
@@ -240,9 +245,11 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             queue_deadline,
             attempt,
             present,
+            credentials_fingerprint,
         } => start(
             state,
             spec,
+            credentials_fingerprint.as_ref(),
             *now,
             *queue_deadline,
             attempt.as_ref(),
@@ -329,14 +336,20 @@ fn register(
 fn start(
     state: &State,
     spec: &TemplateBuildStartV2,
+    credentials_fingerprint: Option<&Digest>,
     now: DateTime<Utc>,
     queue_deadline: DateTime<Utc>,
     attempt: Option<&AttemptGrant>,
     present: &BTreeMap<FilesHash, Binding>,
 ) -> Result<Vec<Event>, Error> {
-    let request_digest = spec.request_digest();
+    let request_digest = spec.request_digest_with(credentials_fingerprint);
     if let Some(freeze) = &state.freeze {
-        return if freeze.request_digest == request_digest {
+        // A build frozen before credentials were keyed recorded the plain digest: the same
+        // request is still a replay of it.
+        let same = freeze.request_digest == request_digest
+            || (credentials_fingerprint.is_some()
+                && freeze.request_digest == spec.request_digest());
+        return if same {
             Ok(vec![])
         } else {
             Err(Error::StartConflict {

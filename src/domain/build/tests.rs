@@ -146,6 +146,7 @@ impl World {
                 lease_expires_at: now + Duration::seconds(30),
             }),
             present: Default::default(),
+            credentials_fingerprint: None,
         })
     }
 }
@@ -515,6 +516,43 @@ fn registry_credentials_count_in_the_digest_but_never_enter_events() {
     );
 }
 
+/// Issue: the recorded request digest held a plain hash of the registry credentials, which
+/// anyone reading events could test password guesses against. With a keyed fingerprint the
+/// digest is not the plain one, a retry with the same fingerprint is a replay, and a build
+/// frozen with the plain digest before (an upgrade) still recognises its retry.
+#[test]
+fn credentials_enter_the_recorded_digest_only_keyed() {
+    let body = json!({"fromImage": "registry.example.com/team/img:1",
+        "fromImageRegistry": {"type": "registry", "username": "u", "password": "hunter2"},
+        "force": false, "steps": [{"type": "RUN", "args": ["true"], "force": false}]});
+    let spec: TemplateBuildStartV2 = serde_json::from_value(body).unwrap();
+    let keyed = Digest::of(b"a keyed fingerprint");
+    let start = |w: &mut World, fp: Option<Digest>, at| {
+        w.run(Command::StartBuild {
+            spec: spec.clone(),
+            now: at,
+            queue_deadline: at + Duration::seconds(300),
+            attempt: None,
+            present: Default::default(),
+            credentials_fingerprint: fp,
+        })
+    };
+    let mut w = World::registered();
+    start(&mut w, Some(keyed), t(1)).unwrap();
+    let recorded = w.build.freeze.as_ref().unwrap().request_digest;
+    assert_ne!(recorded, spec.request_digest(), "not the plain digest");
+    assert_eq!(recorded, spec.request_digest_with(Some(&keyed)));
+    assert!(start(&mut w, Some(keyed), t(2)).unwrap().is_empty());
+    assert!(matches!(
+        start(&mut w, Some(Digest::of(b"other credentials")), t(3)),
+        Err(Error::StartConflict { .. })
+    ));
+    // Frozen with the plain digest (before keying): the keyed retry is still a replay.
+    let mut old = World::registered();
+    start(&mut old, None, t(1)).unwrap();
+    assert!(start(&mut old, Some(keyed), t(2)).unwrap().is_empty());
+}
+
 #[test]
 fn lease_expiry_fails_the_build_with_node_lost_and_fences_the_epoch() {
     let mut w = World::registered();
@@ -875,6 +913,7 @@ fn step(w: &mut World, now: &mut i64, op: &Op) -> (Option<Command>, bool) {
                     lease_expires_at: at + Duration::seconds(30),
                 }),
                 present: Default::default(),
+                credentials_fingerprint: None,
             }
         }
         Op::Acquire => Command::AcquireAttempt {
