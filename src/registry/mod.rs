@@ -16,6 +16,7 @@ pub mod error;
 pub mod layout;
 pub mod local;
 pub mod manifest;
+pub mod provenance;
 pub mod pull;
 pub mod reach;
 pub mod sealed;

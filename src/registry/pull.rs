@@ -97,6 +97,8 @@ struct Inner {
     blobs: Arc<dyn BlobStore>,
     layers: LayerCache,
     pulled_dir: PathBuf,
+    /// Which repositories served which layers and images ([`super::provenance`]).
+    provenance: super::provenance::Provenance,
     flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -153,6 +155,7 @@ impl Puller {
                 settings,
                 blobs,
                 layers,
+                provenance: super::provenance::Provenance::open(pulled_dir.join("provenance"))?,
                 pulled_dir,
                 flights: Mutex::new(HashMap::new()),
             }),
@@ -200,7 +203,17 @@ impl Puller {
             }
         }
         let pinned = reference.pinned(top_digest).familiar();
-        if let Some(found) = self.warm(&top_digest) {
+        // Stored layers and earlier results count only for the repository that served them:
+        // digests are not secrets (see `provenance`).
+        let source = format!("{}/{}", reference.registry(), reference.repository());
+        let source = source.as_str();
+        if let Some(found) = self
+            .inner
+            .provenance
+            .has(&top_digest, source)
+            .then(|| self.warm(&top_digest))
+            .flatten()
+        {
             return Ok((
                 PulledImage {
                     reference: pinned,
@@ -337,6 +350,7 @@ impl Puller {
                     let layer = self
                         .layer(
                             session,
+                            source,
                             &desc,
                             compression,
                             &digest,
@@ -388,6 +402,13 @@ impl Puller {
             image: image.clone(),
             source,
         })?;
+        inner
+            .provenance
+            .add(&top_digest, source)
+            .map_err(|source| PullError::Store {
+                image: image.clone(),
+                source,
+            })?;
         Ok((pulled, stats.snapshot()))
     }
 
@@ -473,6 +494,7 @@ impl Puller {
     async fn layer(
         &self,
         session: &Session,
+        source: &str,
         desc: &Descriptor,
         compression: Compression,
         digest: &Digest,
@@ -496,7 +518,8 @@ impl Puller {
         };
         let lock = self.flight(&diff.hex());
         let _guard = lock.lock().await;
-        if let Some(size) = inner.blobs.intact_size(diff).map_err(store_err)? {
+        let stored = inner.blobs.intact_size(diff).map_err(store_err)?;
+        if let Some(size) = stored.filter(|_| inner.provenance.has(diff, source)) {
             if !inner.layers.contains(diff) {
                 // Stored (built or imported here) but not extracted yet.
                 let (blobs, layers, d) = (inner.blobs.clone(), inner.layers.clone(), *diff);
@@ -521,11 +544,22 @@ impl Puller {
         stats.requests.fetch_add(1, Ordering::Relaxed);
         let response = session.get("blobs", &digest.to_string(), None).await?;
         let (tx, rx) = tokio::sync::mpsc::channel::<unpack::Chunk>(64);
+        // A layer stored here already, which this repository has not served before, must be
+        // served again: verified against both digests, stored nothing.
+        let proving = stored.is_some();
         let worker = {
             let (blobs, layers) = (inner.blobs.clone(), inner.layers.clone());
             let (digest, diff) = (*digest, *diff);
-            tokio::task::spawn_blocking(move || {
-                unpack::unpack(rx, compression, &digest, &diff, blobs.as_ref(), &layers)
+            tokio::task::spawn_blocking(move || match stored {
+                Some(size) => unpack::verify(rx, compression, &digest, &diff).and_then(|()| {
+                    if !layers.contains(&diff) {
+                        layers
+                            .ensure(blobs.as_ref(), &diff)
+                            .map_err(UnpackError::Store)?;
+                    }
+                    Ok(LayerRef { digest: diff, size })
+                }),
+                None => unpack::unpack(rx, compression, &digest, &diff, blobs.as_ref(), &layers),
             })
         };
         let mut body = response.bytes_stream();
@@ -609,6 +643,10 @@ impl Puller {
                 source,
             },
         })?;
+        inner.provenance.add(diff, source).map_err(store_err)?;
+        if proving {
+            tracing::info!(image = %image, layer = %diff, %source, "a stored layer was served again by a repository that had not served it before; reused after verifying it");
+        }
         tracker.layer_done(0);
         Ok(layer)
     }

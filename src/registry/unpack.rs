@@ -136,6 +136,64 @@ pub fn unpack(
     Ok(layer)
 }
 
+/// Reads a layer from `rx` and checks it against both its digests, storing nothing: how a
+/// repository proves it holds a layer this node already has from another one
+/// ([`super::provenance`]). Runs on a blocking thread.
+pub fn verify(
+    rx: Receiver<Chunk>,
+    compression: Compression,
+    compressed_digest: &Digest,
+    diff_id: &Digest,
+) -> Result<(), UnpackError> {
+    let io_err = |e: io::Error, what: &str| {
+        if is_abort(&e) {
+            UnpackError::Aborted
+        } else {
+            UnpackError::Store(read_error(e, what))
+        }
+    };
+    let mut wire = Hashing {
+        inner: ChannelReader {
+            rx,
+            current: Bytes::new(),
+        },
+        hasher: Sha256::new(),
+    };
+    let uncompressed = {
+        let decoded: Box<dyn Read + '_> = match compression {
+            Compression::None => Box::new(&mut wire),
+            Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(
+                BufReader::with_capacity(1 << 16, &mut wire),
+            )),
+            Compression::Zstd => Box::new(
+                zstd::stream::read::Decoder::new(&mut wire)
+                    .map_err(|e| io_err(e, "starting a zstd decoder"))?,
+            ),
+        };
+        let mut hashed = Hashing {
+            inner: decoded,
+            hasher: Sha256::new(),
+        };
+        let drained = io::copy(&mut hashed, &mut io::sink());
+        (drained, Digest::from_hasher(hashed.hasher))
+    };
+    io::copy(&mut wire, &mut io::sink()).map_err(|e| io_err(e, "reading a layer"))?;
+    let actual = Digest::from_hasher(wire.hasher);
+    if &actual != compressed_digest {
+        return Err(UnpackError::Compressed {
+            actual: actual.to_string(),
+        });
+    }
+    let (drained, decoded) = uncompressed;
+    drained.map_err(|e| io_err(e, "decompressing a layer"))?;
+    if &decoded != diff_id {
+        return Err(UnpackError::Uncompressed {
+            actual: decoded.to_string(),
+        });
+    }
+    Ok(())
+}
+
 fn unpack_into(
     rx: Receiver<Chunk>,
     compression: Compression,

@@ -784,11 +784,13 @@ async fn unlisted_loopback_registries_and_foreign_realms_are_refused_before_anyt
     realm_task.abort();
 }
 
-/// A registry the test writes by hand on loopback: one image whose manifest, config and layer
-/// bytes are exactly what the test gives, so it can lie where a real registry never would (a
-/// layer descriptor without `size`, a layer tar with a hostile header).
+/// A registry the test writes by hand on loopback: one manifest for every tag, and the blobs
+/// it is given, so it can lie where a real registry never would (a layer descriptor without
+/// `size`, a layer tar with a hostile header, a manifest naming blobs it does not have).
 struct HandRegistry {
     addr: String,
+    /// Blob requests it answered, found or not.
+    blob_requests: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -798,16 +800,16 @@ impl Drop for HandRegistry {
     }
 }
 
-/// Serves `name:tag` with one layer (`layer`, gzip, of tar digest `diff_id`); with
-/// `declare_size` false the layer's descriptor carries no `size`.
-async fn hand_registry(layer: Vec<u8>, diff_id: String, declare_size: bool) -> HandRegistry {
-    use axum::response::IntoResponse;
-    let sha = |b: &[u8]| {
-        format!(
-            "sha256:{}",
-            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b))
-        )
-    };
+fn sha256_of(b: &[u8]) -> String {
+    format!(
+        "sha256:{}",
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b))
+    )
+}
+
+/// A one-layer OCI manifest (gzip layer `layer_digest` of tar digest `diff_id`, with its
+/// `size` only when given) and its config, as (manifest, config) bytes.
+fn one_layer_image(layer_digest: &str, size: Option<u64>, diff_id: &str) -> (Vec<u8>, Vec<u8>) {
     let config = serde_json::to_vec(&serde_json::json!({
         "architecture": registry::node_arch(), "os": "linux",
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
@@ -815,26 +817,32 @@ async fn hand_registry(layer: Vec<u8>, diff_id: String, declare_size: bool) -> H
     .unwrap();
     let mut layer_desc = serde_json::json!({
         "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-        "digest": sha(&layer),
+        "digest": layer_digest,
     });
-    if declare_size {
-        layer_desc["size"] = layer.len().into();
+    if let Some(size) = size {
+        layer_desc["size"] = size.into();
     }
     let manifest = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": sha(&config), "size": config.len()},
+                   "digest": sha256_of(&config), "size": config.len()},
         "layers": [layer_desc],
     }))
     .unwrap();
+    (manifest, config)
+}
+
+/// Serves `manifest` for every tag and the `blobs` by their digests (404 for others).
+async fn hand_registry(manifest: Vec<u8>, blobs: Vec<Vec<u8>>) -> HandRegistry {
+    use axum::response::IntoResponse;
     let blobs: std::collections::HashMap<String, Vec<u8>> =
-        [(sha(&config), config), (sha(&layer), layer)]
-            .into_iter()
-            .collect();
+        blobs.into_iter().map(|b| (sha256_of(&b), b)).collect();
     let blobs = Arc::new(blobs);
+    let blob_requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = blob_requests.clone();
     let handler = move |uri: axum::http::Uri| {
-        let (blobs, manifest) = (blobs.clone(), manifest.clone());
+        let (blobs, manifest, counter) = (blobs.clone(), manifest.clone(), counter.clone());
         async move {
             let path = uri.path();
             if path == "/v2/" {
@@ -847,6 +855,7 @@ async fn hand_registry(layer: Vec<u8>, diff_id: String, declare_size: bool) -> H
                 )
                     .into_response();
             }
+            counter.fetch_add(1, Ordering::SeqCst);
             match path.rsplit('/').next().and_then(|d| blobs.get(d)) {
                 Some(bytes) => bytes.clone().into_response(),
                 None => axum::http::StatusCode::NOT_FOUND.into_response(),
@@ -857,7 +866,11 @@ async fn hand_registry(layer: Vec<u8>, diff_id: String, declare_size: bool) -> H
     let addr = listener.local_addr().unwrap().to_string();
     let app = axum::Router::new().fallback(handler);
     let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    HandRegistry { addr, task }
+    HandRegistry {
+        addr,
+        blob_requests,
+        task,
+    }
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -883,13 +896,10 @@ async fn a_layer_without_a_declared_size_is_counted_as_it_arrives() {
     h.set_mtime(0);
     tar.append_data(&mut h, "noise", &noise[..]).unwrap();
     let tar = tar.into_inner().unwrap();
-    let diff_id = format!(
-        "sha256:{}",
-        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&tar))
-    );
     let layer = gzip(&tar);
     let size = layer.len() as u64;
-    let reg = hand_registry(layer, diff_id, false).await;
+    let (manifest, config) = one_layer_image(&sha256_of(&layer), None, &sha256_of(&tar));
+    let reg = hand_registry(manifest, vec![config, layer]).await;
     let node = Node::new();
     let err = node
         .puller(RegistrySettings {
@@ -929,11 +939,13 @@ async fn a_layer_with_a_huge_long_name_header_fails_the_pull_before_it_is_read()
     let mut tar = h.as_bytes().to_vec();
     tar.resize(512 + announced as usize, b'a');
     tar.extend_from_slice(&[0u8; 1024]);
-    let diff_id = format!(
-        "sha256:{}",
-        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&tar))
+    let layer = gzip(&tar);
+    let (manifest, config) = one_layer_image(
+        &sha256_of(&layer),
+        Some(layer.len() as u64),
+        &sha256_of(&tar),
     );
-    let reg = hand_registry(gzip(&tar), diff_id, true).await;
+    let reg = hand_registry(manifest, vec![config, layer]).await;
     let node = Node::new();
     let err = node
         .puller(RegistrySettings::default())
@@ -946,4 +958,90 @@ async fn a_layer_with_a_huge_long_name_header_fails_the_pull_before_it_is_read()
         "{text}"
     );
     assert_eq!(node.contents(), (0, 0, 0));
+}
+
+/// Issue: the puller reused any stored layer a manifest named, and answered from an earlier
+/// pull of the same manifest digest, so a tenant who knew another tenant's private layer
+/// digests (SBOMs, CI logs) could serve a manifest naming them from a registry of their own
+/// and boot on bytes it never had. Now a stored layer or earlier result counts only for the
+/// repository that served it: the hand-written registry has to serve the bytes itself, does
+/// not have them, and the pull fails; with the bytes, they are verified and nothing is stored
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_layer_another_repository_served_is_reused_only_after_this_one_serves_it_too() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    let private = registry::push_three_layers(&reg, work.path(), "victim/private:1", "secret\n");
+    let node = Node::new();
+    let puller = node.puller(RegistrySettings::default());
+    let (pulled, _) = puller
+        .pull(&reference(&reg.addr, "victim/private:1"), None, None)
+        .await
+        .unwrap();
+    let held = node.contents();
+    let (victim_manifest, _) = registry::inspect_raw(&reg, "victim/private:1");
+    let first = &victim_manifest["layers"][0];
+    let (layer_digest, layer_size) = (
+        first["digest"].as_str().unwrap().to_owned(),
+        first["size"].as_u64().unwrap(),
+    );
+
+    // A manifest naming the victim's first layer, from a registry that does not have it.
+    let (manifest, config) = one_layer_image(&layer_digest, Some(layer_size), &private.diff_ids[0]);
+    let evil = hand_registry(manifest.clone(), vec![config.clone()]).await;
+    let err = puller
+        .pull(&reference(&evil.addr, "attacker/probe:1"), None, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PullError::NotFound { .. }), "{err}");
+    assert!(
+        evil.blob_requests.load(Ordering::SeqCst) >= 2,
+        "the layer was asked of the registry, not answered from the node"
+    );
+    assert_eq!(node.contents(), held, "nothing new stored, nothing lost");
+
+    // The victim's very manifest, served by that registry: no earlier result is reused either.
+    let raw = std::process::Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{}/victim/private:1", reg.addr))
+        .output()
+        .unwrap()
+        .stdout;
+    let (_, top) = registry::inspect_raw(&reg, "victim/private:1");
+    assert_eq!(top, pulled.digest.to_string());
+    let replayed = hand_registry(raw, vec![]).await;
+    let err = puller
+        .pull(&reference(&replayed.addr, "attacker/replay:1"), None, None)
+        .await
+        .unwrap_err();
+    assert!(!matches!(err, PullError::TooLarge { .. }), "{err}");
+
+    // The same repository again is a warm pull; a repository that does serve the bytes gets
+    // them verified and reused (one blob on disk).
+    let (again, stats) = puller
+        .pull(&reference(&reg.addr, "victim/private:1"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(again.digest, pulled.digest);
+    assert_eq!(stats.layers_downloaded, 0);
+    let layer_bytes = reqwest::get(format!(
+        "http://{}/v2/victim/private/blobs/{layer_digest}",
+        reg.addr
+    ))
+    .await
+    .unwrap()
+    .error_for_status()
+    .unwrap()
+    .bytes()
+    .await
+    .map(|b| b.to_vec())
+    .expect("the registry's own copy of the layer");
+    let holding = hand_registry(manifest, vec![config, layer_bytes]).await;
+    let (mirror, stats) = puller
+        .pull(&reference(&holding.addr, "other/holder:1"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(mirror.layers[0].digest.to_string(), private.diff_ids[0]);
+    assert_eq!(stats.layers_downloaded, 1, "served and verified once");
+    assert_eq!(node.contents(), held, "the layer is not stored twice");
 }
