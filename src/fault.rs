@@ -7,7 +7,8 @@
 //! lookup and nothing else. Never set it outside tests.
 //!
 //! Points: `worker:before-first-step`, `worker:mid-copy` (archive extracted, checkpoint not yet
-//! sealed), `worker:after-last-step`, `worker:after-publishing`,
+//! sealed), `worker:after-checkpoint-record` (a step's snapshot, progress and cache entry
+//! appended, nothing after), `worker:after-last-step`, `worker:after-publishing`,
 //! `promotion:after-layers-committed`, `promotion:before-visible`, `promotion:after-visible`.
 //!
 //! Stop points: a process that reaches the point named by `STRATA_FAULT_STOP_AT` stops itself

@@ -20,7 +20,7 @@ use crate::domain::build::{
 };
 use crate::domain::ids::{self, BuildId, Epoch, SnapshotId};
 use crate::domain::snapshot::{self, SnapshotRecord};
-use crate::events::command::{execute_writes, load, Loaded};
+use crate::events::command::{execute_writes_with, load, Loaded};
 use crate::events::{AppendOutcome, CommandError, EventStore};
 use crate::streams::{build_stream, database_now, snapshot_stream, Build, Snapshot};
 
@@ -147,6 +147,11 @@ pub async fn fail_build(
 /// try that committed (its reply lost) decides on the state that try made: the step and the
 /// record are already there and the layers were used moments ago (`object::USE_REFRESH`), so
 /// every write is a guard and nothing is appended twice.
+///
+/// With `entry`, the step's cache entry is published in the same append (issue: a crash
+/// between the record and a separate entry write left a committed checkpoint no later build
+/// could find). The entry never decides the record: if the cache refuses it (another build's
+/// entry won the key), the record is appended without it and the refusal is answered.
 #[allow(clippy::too_many_arguments)]
 pub async fn record_snapshot(
     store: &EventStore,
@@ -157,11 +162,12 @@ pub async fn record_snapshot(
     record: &SnapshotRecord,
     step: Option<u32>,
     restored: &[ids::Digest],
-) -> Result<AppendOutcome, Error<Refusal>> {
+    entry: Option<&super::cache::PublishEntry>,
+) -> Result<(AppendOutcome, Option<EntryVerdict>), Error<Refusal>> {
     let build_id = build;
     let (build_stream, snap_stream) = (build_stream(&build), snapshot_stream(&id));
     let (build_stream, snap_stream) = (&build_stream, &snap_stream);
-    execute_writes(store, MAX_ROUNDS, move || async move {
+    execute_writes_with(store, MAX_ROUNDS, move || async move {
         let now = database_now(store.pool()).await?;
         let build = load::<Build>(store, build_stream)
             .await
@@ -202,7 +208,27 @@ pub async fn record_snapshot(
         writes.extend(
             super::object::reference_writes(store, ctx, &record.layers, &by, now, restored).await?,
         );
-        Ok(writes)
+        let verdict = match entry {
+            None => None,
+            Some(publish) => match super::cache::entry_write(store, ctx, publish, now).await {
+                Ok(write) => {
+                    writes.push(write);
+                    Some(EntryVerdict::Published)
+                }
+                Err(CommandError::Rejected(refusal)) => Some(EntryVerdict::Refused(refusal)),
+                Err(other) => return Err(other),
+            },
+        };
+        Ok((writes, verdict))
     })
     .await
+}
+
+/// What became of a cache entry published with a snapshot record.
+#[derive(Debug)]
+pub enum EntryVerdict {
+    /// Appended with the record (or already there).
+    Published,
+    /// The cache refused it; the record was appended without it.
+    Refused(Refusal),
 }

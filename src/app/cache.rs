@@ -50,11 +50,8 @@ pub async fn publish_entry(
     ctx: &CommandContext,
     publish: &PublishEntry,
 ) -> Result<AppendOutcome, Error<Refusal>> {
-    let (bstream, stream) = (
-        build_stream(&publish.build),
-        cache_key_stream(&publish.scope, &publish.key),
-    );
-    let (bstream, stream) = (&bstream, &stream);
+    let bstream = build_stream(&publish.build);
+    let bstream = &bstream;
     execute_writes(store, MAX_ROUNDS, move || async move {
         let now = database_now(store.pool()).await?;
         let b = load::<Build>(store, bstream)
@@ -65,34 +62,48 @@ pub async fn publish_entry(
             Guard::Ready => build::check_ready(&b.state, publish.epoch),
         }
         .map_err(|e| CommandError::Rejected(e.into()))?;
-        let c = load::<CacheEntry>(store, stream)
-            .await
-            .map_err(CommandError::into_other)?;
-        let entry = publish.entry.clone();
-        let command = match c.state.live() {
-            // Already there (an earlier try whose reply was lost, or a repeat): nothing to
-            // append, and the writes below are two guards, which is still a valid append.
-            Some((existing, _)) if *existing == entry => None,
-            Some((_, generation)) if publish.forced || publish.repair == Some(generation) => {
-                Some(cache_entry::Command::Replace {
-                    entry,
-                    expected_generation: generation,
-                    now,
-                })
-            }
-            _ => Some(cache_entry::Command::Publish { entry, now }),
-        };
-        let events = match command {
-            Some(command) => cache_entry::decide(&c.state, &command)
-                .map_err(|e| CommandError::Rejected(e.into()))?,
-            None => Vec::new(),
-        };
         Ok(vec![
             StreamWrite::new(bstream.clone(), b.expected(), Vec::new()),
-            ctx.write(stream, c.expected(), &events)?,
+            entry_write(store, ctx, publish, now).await?,
         ])
     })
     .await
+}
+
+/// The write that creates `publish`'s entry under its key (or replaces the live one by
+/// compare-and-set when forced or repairing), read and decided now; only a guard when the key
+/// already holds this entry. The caller guards the build in the same append.
+pub(crate) async fn entry_write(
+    store: &EventStore,
+    ctx: &CommandContext,
+    publish: &PublishEntry,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<StreamWrite, CommandError<Refusal>> {
+    let stream = cache_key_stream(&publish.scope, &publish.key);
+    let c = load::<CacheEntry>(store, &stream)
+        .await
+        .map_err(CommandError::into_other)?;
+    let entry = publish.entry.clone();
+    let command = match c.state.live() {
+        // Already there (an earlier try whose reply was lost, or a repeat): nothing to
+        // append, and the write is a guard, which is still a valid append.
+        Some((existing, _)) if *existing == entry => None,
+        Some((_, generation)) if publish.forced || publish.repair == Some(generation) => {
+            Some(cache_entry::Command::Replace {
+                entry,
+                expected_generation: generation,
+                now,
+            })
+        }
+        _ => Some(cache_entry::Command::Publish { entry, now }),
+    };
+    let events = match command {
+        Some(command) => {
+            cache_entry::decide(&c.state, &command).map_err(|e| CommandError::Rejected(e.into()))?
+        }
+        None => Vec::new(),
+    };
+    Ok(ctx.write(&stream, c.expected(), &events)?)
 }
 
 /// Retires the entry under `key` if it is still at `generation`: its target's bytes are gone

@@ -381,43 +381,49 @@ impl Attempt {
         record: &SnapshotRecord,
         step: Option<u32>,
     ) -> Result<(), WorkerError> {
-        self.record_snapshot_restoring(id, record, step, &[]).await
+        self.record_snapshot_restoring(id, record, step, &[], None)
+            .await
+            .map(drop)
     }
 
-    /// [`Self::record_snapshot`] after storing `restored` layers again (a GC pass deleted them).
+    /// [`Self::record_snapshot`] after storing `restored` layers again (a GC pass deleted them),
+    /// with the step's cache `entry` in the same append when given.
     pub async fn record_snapshot_restoring(
         &self,
         id: SnapshotId,
         record: &SnapshotRecord,
         step: Option<u32>,
         restored: &[crate::domain::ids::Digest],
-    ) -> Result<(), WorkerError> {
+        entry: Option<&app::cache::PublishEntry>,
+    ) -> Result<Option<app::attempt::EntryVerdict>, WorkerError> {
         // Named by its step, like [`Self::record_outcome`]: a retry is a replay.
         let ctx = match step {
             Some(step) => self.step_context(step, &StepOutcome::Checkpointed { snapshot: id }),
             None => self.context(),
         };
-        self.retrying("recording a snapshot", || async {
-            app::attempt::record_snapshot(
-                &self.store,
-                &ctx,
-                self.build,
-                self.epoch,
-                id,
-                record,
-                step,
-                restored,
-            )
-            .await
-            .map(drop)
-            .map_err(|e| WorkerError::from_command(self.build, self.epoch, e))
-        })
-        .await?;
+        let verdict = self
+            .retrying("recording a snapshot", || async {
+                app::attempt::record_snapshot(
+                    &self.store,
+                    &ctx,
+                    self.build,
+                    self.epoch,
+                    id,
+                    record,
+                    step,
+                    restored,
+                    entry,
+                )
+                .await
+                .map(|(_, verdict)| verdict)
+                .map_err(|e| WorkerError::from_command(self.build, self.epoch, e))
+            })
+            .await?;
         if step.is_some() {
             // The step was recorded on the build in the same append.
             self.forget();
         }
-        Ok(())
+        Ok(verdict)
     }
 
     /// Ends the build in `error` with the reason the user sees.

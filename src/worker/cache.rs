@@ -24,7 +24,7 @@ use super::build_log::BuildLog;
 use super::job::BuildJob;
 use super::store_retry::retrying_when;
 use crate::app::cache::{publish_entry, Guard, PublishEntry};
-use crate::app::CommandError;
+use crate::app::{CommandError, Refusal};
 use crate::domain::build_spec::{fold_contexts, home_of, Step, StepContext, DEFAULT_USER};
 use crate::domain::cache_entry::{
     self, Entry, EntryKind, Invalid, ParentEdge, Target, Validity, CACHE_FORMAT_VERSION,
@@ -507,24 +507,25 @@ impl Writer {
         }
     }
 
-    /// After step `step`'s snapshot is recorded: publish its checkpoint entry.
-    pub async fn checkpoint(
-        &mut self,
+    /// The checkpoint entry of step `step` (snapshot `snapshot` in `context`), to publish in
+    /// the append that records the snapshot; `None` when the step has no key or this build
+    /// writes no more entries.
+    pub fn checkpoint_entry(
+        &self,
         attempt: &Attempt,
-        log: &BuildLog,
         step: usize,
         snapshot: SnapshotId,
         context: &StepContext,
-    ) {
-        let Some(key) = self
+    ) -> Option<PublishEntry> {
+        if self.stopped {
+            return None;
+        }
+        let key = self
             .plan
             .checkpoints
             .iter()
             .find(|(n, _)| *n == step)
-            .map(|(_, k)| *k)
-        else {
-            return;
-        };
+            .map(|(_, k)| *k)?;
         let entry = self.entry(
             Target::Checkpoint {
                 snapshot,
@@ -532,13 +533,35 @@ impl Writer {
             },
             attempt,
         );
-        let forced = self.plan.forced(step);
+        Some(self.publish(attempt, key, entry, self.plan.forced(step), Guard::Open))
+    }
+
+    /// After the snapshot was recorded with `publish` (its entry's verdict): the next entry is
+    /// built on this one when it stands under its key.
+    pub async fn checkpoint_recorded(
+        &mut self,
+        attempt: &Attempt,
+        log: &BuildLog,
+        step: usize,
+        publish: &PublishEntry,
+        verdict: Option<crate::app::attempt::EntryVerdict>,
+    ) {
+        use crate::app::attempt::EntryVerdict;
+        let outcome = match verdict {
+            Some(EntryVerdict::Published) => Ok(()),
+            Some(EntryVerdict::Refused(reason)) => Err(CommandError::Rejected(reason)),
+            None => return,
+        };
+        let Target::Checkpoint { snapshot, .. } = &publish.entry.target else {
+            return;
+        };
+        let snapshot = *snapshot;
         if let Some(generation) = self
-            .write(attempt, log, Some(step), key, entry, forced, Guard::Open)
+            .settle(attempt, log, Some(step), publish, outcome)
             .await
         {
             self.parent = ParentEdge::Checkpoint {
-                key,
+                key: publish.key,
                 snapshot,
                 pointer_generation: generation,
             };
@@ -583,19 +606,8 @@ impl Writer {
         if self.stopped {
             return None;
         }
-        let stream = cache_key_stream(&self.plan.scope, &key);
-        let repair = self.repair.get(&key).copied();
+        let publish = self.publish(attempt, key, entry, forced, guard);
         let ctx = attempt.context();
-        let publish = PublishEntry {
-            build: attempt.build,
-            epoch: attempt.epoch,
-            scope: self.plan.scope.clone(),
-            key,
-            entry: entry.clone(),
-            forced,
-            repair,
-            guard,
-        };
         let write_once = || publish_entry(&attempt.store, &ctx, &publish);
         let outcome = retrying_when(
             "writing a cache entry",
@@ -604,7 +616,44 @@ impl Writer {
             CommandError::is_unavailable,
             write_once,
         )
-        .await;
+        .await
+        .map(drop);
+        self.settle(attempt, log, step, &publish, outcome).await
+    }
+
+    fn publish(
+        &self,
+        attempt: &Attempt,
+        key: CacheKey,
+        entry: Entry,
+        forced: bool,
+        guard: Guard,
+    ) -> PublishEntry {
+        PublishEntry {
+            build: attempt.build,
+            epoch: attempt.epoch,
+            scope: self.plan.scope.clone(),
+            key,
+            entry,
+            forced,
+            repair: self.repair.get(&key).copied(),
+            guard,
+        }
+    }
+
+    /// What an entry's write came to: its generation when this build's entry is the one the
+    /// key points at; otherwise this build writes no more entries (a later one would have no
+    /// valid parent).
+    async fn settle(
+        &mut self,
+        attempt: &Attempt,
+        log: &BuildLog,
+        step: Option<usize>,
+        publish: &PublishEntry,
+        outcome: Result<(), CommandError<Refusal>>,
+    ) -> Option<u64> {
+        let stream = cache_key_stream(&self.plan.scope, &publish.key);
+        let entry = &publish.entry;
         let tag = step.map(|s| s.to_string());
         let what = match step {
             Some(n) => format!("step {n}"),

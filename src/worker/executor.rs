@@ -514,20 +514,8 @@ impl Executor<'_> {
                 self.attempt.record_step(number).await?;
             } else if step.is_mutating() {
                 budget -= 1;
-                let snapshot = self
-                    .checkpoint(number, job, base, run, Purpose::BuildCache)
+                self.checkpoint(number, job, base, run, Purpose::BuildCache)
                     .await?;
-                if let Some(writer) = run.cache.as_mut() {
-                    writer
-                        .checkpoint(
-                            self.attempt,
-                            &self.log,
-                            number as usize,
-                            snapshot,
-                            &run.context,
-                        )
-                        .await;
-                }
             } else {
                 self.attempt.record_step(number).await?;
             }
@@ -906,8 +894,9 @@ impl Executor<'_> {
         Ok(())
     }
 
-    /// Seals a mutating step and records it as a snapshot plus the step's progress, in one
-    /// append fenced by the epoch.
+    /// Seals a mutating step and records it as a snapshot plus the step's progress and its
+    /// cache entry, in one append fenced by the epoch: a checkpoint that committed is always
+    /// one a later build can find.
     async fn checkpoint(
         &self,
         number: u32,
@@ -928,9 +917,25 @@ impl Executor<'_> {
             epoch: self.attempt.epoch,
         };
         let id = SnapshotId::from_uuid(uuid::Uuid::now_v7());
+        let entry = run.cache.as_ref().and_then(|writer| {
+            writer.checkpoint_entry(self.attempt, number as usize, id, &run.context)
+        });
         crate::fault::stop_point("worker:before-checkpoint-record");
-        layer_hold::record_recreating(self.attempt, self.backend, id, &record, Some(number))
-            .await?;
+        let verdict = layer_hold::record_recreating(
+            self.attempt,
+            self.backend,
+            id,
+            &record,
+            Some(number),
+            entry.as_ref(),
+        )
+        .await?;
+        crate::fault::crash_point("worker:after-checkpoint-record");
+        if let (Some(writer), Some(entry)) = (run.cache.as_mut(), &entry) {
+            writer
+                .checkpoint_recorded(self.attempt, &self.log, number as usize, entry, verdict)
+                .await;
+        }
         Ok(id)
     }
 

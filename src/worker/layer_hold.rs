@@ -59,18 +59,20 @@ pub enum Held {
 
 /// Records a snapshot; a layer a GC pass is deleting or deleted meanwhile is waited for and
 /// stored again from this node's copy, and the record retried naming it restored (a writer
-/// never links to doomed or vanished bytes).
+/// never links to doomed or vanished bytes). `entry`, the step's cache entry, is published
+/// in the same append.
 pub async fn record_recreating(
     attempt: &Attempt,
     backend: &dyn SandboxBackend,
     id: crate::domain::ids::SnapshotId,
     record: &crate::domain::snapshot::SnapshotRecord,
     step: Option<u32>,
-) -> Result<(), WorkerError> {
+    entry: Option<&crate::app::cache::PublishEntry>,
+) -> Result<Option<crate::app::attempt::EntryVerdict>, WorkerError> {
     let mut restored = Vec::new();
     for _ in 0..3 {
         match attempt
-            .record_snapshot_restoring(id, record, step, &restored)
+            .record_snapshot_restoring(id, record, step, &restored, entry)
             .await
         {
             Err(WorkerError::ObjectDeleting { digest, error }) => {
@@ -90,7 +92,7 @@ pub async fn record_recreating(
         }
     }
     attempt
-        .record_snapshot_restoring(id, record, step, &restored)
+        .record_snapshot_restoring(id, record, step, &restored, entry)
         .await
 }
 

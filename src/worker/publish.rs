@@ -59,13 +59,21 @@ pub async fn publish(
     };
     let candidate = SnapshotId::from_uuid(uuid::Uuid::now_v7());
     let candidate_record = record(Purpose::Template, &output.layers);
-    super::layer_hold::record_recreating(attempt, backend, candidate, &candidate_record, None)
-        .await?;
+    super::layer_hold::record_recreating(
+        attempt,
+        backend,
+        candidate,
+        &candidate_record,
+        None,
+        None,
+    )
+    .await?;
     let build_base = match &output.build_base_layers {
         Some(layers) => {
             let id = SnapshotId::from_uuid(uuid::Uuid::now_v7());
             let base_record = record(Purpose::BuildCache, layers);
-            super::layer_hold::record_recreating(attempt, backend, id, &base_record, None).await?;
+            super::layer_hold::record_recreating(attempt, backend, id, &base_record, None, None)
+                .await?;
             Some(id)
         }
         None => None,

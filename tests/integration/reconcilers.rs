@@ -553,6 +553,67 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
     }
 }
 
+/// Issue: the checkpoint record and its cache entry were separate appends, so a node lost
+/// between them left a committed checkpoint no later build could find (RFC: "a retry build
+/// reuses all committed checkpoints"). A worker killed right after step 1's record: the build
+/// ends NodeLost, and a retry of the same recipe resumes from step 1 instead of running it
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_node_is_lost_a_retry_resumes_from_the_last_committed_step() {
+    let r = crash_scenario(Crash::At("worker:after-checkpoint-record")).await;
+    assert!(
+        matches!(&r.state.phase, Phase::Error { reason, .. } if reason.kind == FailureKind::NodeLost),
+        "{:?}",
+        r.state.phase
+    );
+    assert!(
+        matches!(
+            r.state.progress.get(&1),
+            Some(build::StepOutcome::Checkpointed { .. })
+        ),
+        "step 1 committed before the crash: {:?}",
+        r.state.progress
+    );
+    let store = strata::app::event_store(r.db.pool.clone());
+    let api = Api {
+        store: store.clone(),
+        team: r.state.registration.as_ref().unwrap().team.clone(),
+    };
+    let (_, retry) = api.register("crash").await;
+    api.start(
+        retry,
+        recipe(vec![
+            step("RUN", &["echo one > /tmp/one"]),
+            step("RUN", &["echo two > /tmp/two"]),
+        ]),
+    )
+    .await;
+    let _worker = start_worker(&r.db.url, "retry-node", None);
+    wait_terminal(&r.db.pool, retry, Duration::from_secs(90)).await;
+    let state = build_state(&store, retry).await;
+    assert!(
+        matches!(state.phase, Phase::Ready { .. }),
+        "{:?}",
+        state.phase
+    );
+    assert!(
+        matches!(
+            state.progress.get(&1),
+            Some(build::StepOutcome::Cached { .. })
+        ),
+        "the retry resumes from step 1's checkpoint: {:?}",
+        state.progress
+    );
+    assert!(
+        matches!(
+            state.progress.get(&2),
+            Some(build::StepOutcome::Checkpointed { .. })
+        ),
+        "{:?}",
+        state.progress
+    );
+}
+
 /// `strata history build ID` as an operator runs it.
 fn history(db_url: &str, build: BuildId) -> String {
     let out = Command::new(common::strata_bin())
