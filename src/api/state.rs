@@ -101,6 +101,7 @@ impl AppState {
                 ceilings: crate::domain::build_spec::Ceilings {
                     cpu_count: serve.build_cpu_max,
                     memory_mb: serve.build_memory_max_mb,
+                    disk_mb: crate::domain::build_spec::Ceilings::DEFAULT.disk_mb,
                 },
                 team_limits: crate::domain::team_limits::TeamLimits::DEFAULT,
             }),
@@ -116,6 +117,13 @@ impl AppState {
     /// instead of the defaults.
     pub fn with_team_limits(mut self, limits: crate::domain::team_limits::TeamLimits) -> Self {
         Arc::make_mut(&mut self.protocol).team_limits = limits;
+        self
+    }
+
+    /// The same state refusing a `minFreeDiskMb` above `disk_max` bytes
+    /// (`STRATA_BUILD_DISK_MAX`; `None`: unbounded).
+    pub fn with_disk_ceiling(mut self, disk_max: Option<u64>) -> Self {
+        Arc::make_mut(&mut self.protocol).ceilings.disk_mb = disk_max.map(|b| b >> 20);
         self
     }
 

@@ -74,6 +74,7 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
     .context("preparing the API")?
     .with_team_limits(args.storage.team_limits.limits())
     .with_metrics_token(args.storage.metrics_token.as_deref())
+    .with_disk_ceiling(args.storage.sandbox_disk.build_disk_max.0)
     .with_blobs(
         strata::vmm::open_blob_store(args.storage.blob_url.as_deref(), &args.storage.data_dir)
             .context("opening the blob store (STRATA_BLOB_URL)")?,

@@ -249,12 +249,16 @@ impl Resources {
 pub struct Ceilings {
     pub cpu_count: u32,
     pub memory_mb: u32,
+    /// What one build may write, in MiB (`STRATA_BUILD_DISK_MAX`): a `minFreeDiskMb` above it
+    /// could never be granted. `None`: unbounded.
+    pub disk_mb: Option<u64>,
 }
 
 impl Ceilings {
     pub const DEFAULT: Ceilings = Ceilings {
         cpu_count: 8,
         memory_mb: 8192,
+        disk_mb: Some(20 << 10),
     };
 
     /// Refuses what `resources` asks (or gets by default) beyond the ceilings.
@@ -276,6 +280,16 @@ impl Ceilings {
                 ceiling: self.memory_mb.into(),
                 setting: "STRATA_BUILD_MEMORY_MAX",
             });
+        }
+        if let (Some(max), Some(asked)) = (self.disk_mb, resources.min_free_disk_mb) {
+            if u64::from(asked) > max {
+                return Err(SpecError::OverCeiling {
+                    field: "minFreeDiskMb",
+                    value: asked.into(),
+                    ceiling: max,
+                    setting: "STRATA_BUILD_DISK_MAX",
+                });
+            }
         }
         Ok(())
     }
@@ -1140,6 +1154,7 @@ mod tests {
         let ceilings = Ceilings {
             cpu_count: 4,
             memory_mb: 2048,
+            disk_mb: Some(1024),
         };
         let asks = |cpu, mem| Resources {
             cpu_count: cpu,
@@ -1172,8 +1187,25 @@ mod tests {
         let tiny = Ceilings {
             cpu_count: 1,
             memory_mb: 512,
+            disk_mb: None,
         };
         assert!(tiny.check(&asks(None, None)).is_err());
+        // minFreeDiskMb is held to the disk one build may write.
+        let disk = |mb| Resources {
+            min_free_disk_mb: Some(mb),
+            ..asks(None, None)
+        };
+        assert_eq!(ceilings.check(&disk(1024)), Ok(()));
+        let err = ceilings.check(&disk(1025)).unwrap_err().to_string();
+        assert!(
+            err.contains("minFreeDiskMb 1025") && err.contains("STRATA_BUILD_DISK_MAX"),
+            "{err}"
+        );
+        let unbounded = Ceilings {
+            disk_mb: None,
+            ..ceilings
+        };
+        assert_eq!(unbounded.check(&disk(1 << 30)), Ok(()));
     }
 
     fn start(body: Value) -> Result<TemplateBuildStartV2, String> {

@@ -735,7 +735,15 @@ async fn two_concurrent_builds_of_one_template_both_start_with_the_uploaded_cont
 /// registers nothing.
 #[tokio::test]
 async fn resources_over_the_ceilings_are_refused_at_registration() {
-    let (db, _data, api) = setup(&["--build-cpu-max", "4", "--build-memory-max-mb", "2048"]).await;
+    let (db, _data, api) = setup(&[
+        "--build-cpu-max",
+        "4",
+        "--build-memory-max-mb",
+        "2048",
+        "--build-disk-max",
+        "1GiB",
+    ])
+    .await;
     let c = client(&api, key_for(&db, "acme").await);
     for (body, field, ceiling) in [
         (
@@ -747,6 +755,11 @@ async fn resources_over_the_ceilings_are_refused_at_registration() {
             json!({"name": "big", "memoryMB": 1 << 20}),
             "memoryMB 1048576",
             "at most 2048 (STRATA_BUILD_MEMORY_MAX)",
+        ),
+        (
+            json!({"name": "big", "minFreeDiskMb": 2048}),
+            "minFreeDiskMb 2048",
+            "at most 1024 (STRATA_BUILD_DISK_MAX)",
         ),
     ] {
         let (status, reply) = c

@@ -16,6 +16,8 @@ struct Settings {
     /// As `STRATA_METRICS_TOKEN` (a storage flag of the binary, not a serve one).
     #[arg(long)]
     metrics_token: Option<String>,
+    #[command(flatten)]
+    disk: strata::config::SandboxDiskArgs,
 }
 
 /// A running API and the state it serves with.
@@ -44,7 +46,8 @@ pub async fn serve(
     let state = AppState::new(pool, &serve, "test-node".into(), data_dir)
         .expect("API state")
         .with_team_limits(settings.team_limits.limits())
-        .with_metrics_token(settings.metrics_token.as_deref());
+        .with_metrics_token(settings.metrics_token.as_deref())
+        .with_disk_ceiling(settings.disk.build_disk_max.0);
     let app = router(state.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     TestApi {
