@@ -67,6 +67,10 @@ pub enum VmmError {
     #[error("sandbox command could not start: {0}")]
     Exec(String),
 
+    /// The command could not start for a reason the caller may word itself.
+    #[error("sandbox command could not start: {0}")]
+    CommandStart(super::start_failure::StartFailure),
+
     #[error("COPY failed: {0}")]
     Copy(String),
 

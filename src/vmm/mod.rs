@@ -5,7 +5,8 @@
 //!   and in-sandbox agent.
 //! * [`archive_policy`]: what an archive may contain; the one place that writes archives
 //!   (with [`tar_guard`], which caps extension entries before the tar parser reads them).
-//! * [`copy`], [`users`]: COPY semantics and user resolution, run inside sandboxes.
+//! * [`copy`], [`users`]: COPY semantics and user resolution, run inside sandboxes;
+//!   [`start_failure`]: why a command could not start, as the agent reports it.
 //! * [`layer`] (with [`layer_staging`], [`layer_sync`], [`layer_budget`]), [`blob_store`]
 //!   (with [`blob_url`], [`object_blob_store`]), [`depth`], [`compact`]: layer tars,
 //!   content-addressed storage, the overlay depth budget and compaction.
@@ -29,6 +30,7 @@ pub(crate) mod layer_tee;
 pub mod local_s3;
 pub mod namespace;
 pub mod object_blob_store;
+pub mod start_failure;
 pub mod tar_guard;
 pub mod users;
 

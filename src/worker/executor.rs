@@ -39,6 +39,7 @@ use crate::domain::ids::{self, SnapshotId};
 use crate::domain::snapshot::{Purpose, SnapshotRecord};
 use crate::domain::start::{self, StartCommands};
 use crate::vmm::image::ImageCatalog;
+use crate::vmm::start_failure::StartFailure;
 use crate::vmm::{
     BlobStore, BootSpec, CommandLine, CopyRequest, ExecOutcome, ExecRequest, Limits, OutputLine,
     OutputStream, Sandbox, SandboxBackend, VmmError,
@@ -694,6 +695,9 @@ impl Executor<'_> {
                             ),
                         ))
                     }
+                    Err(VmmError::CommandStart(failure)) => {
+                        return Err(fail(at, start_failure_reason(command, &failure)));
+                    }
                     other => {
                         let mut reason = format!("RUN failed {}", describe(other, last_err));
                         if let Some(note) = run.sandbox.disk_note() {
@@ -1022,6 +1026,25 @@ fn vmm_context(ctx: &StepContext) -> crate::vmm::ExecDefaults {
         user: ctx.user.clone(),
         workdir: Some(ctx.workdir.clone()),
     }
+}
+
+/// A RUN whose command could not start, worded as E2B's builder reports it (the envd error
+/// behind `failed to run command …`), which code written against E2B matches on; strata's own
+/// detail follows in parentheses.
+fn start_failure_reason(command: &str, failure: &StartFailure) -> String {
+    let envd = match failure {
+        StartFailure::User { user, .. } => format!("unauthenticated: invalid username: '{user}'"),
+        StartFailure::Workdir {
+            dir, missing: true, ..
+        } => format!("invalid_argument: cwd '{dir}' does not exist"),
+        StartFailure::Workdir { dir, detail, .. } => {
+            format!("invalid_argument: error starting process '{command}': chdir {dir}: {detail}")
+        }
+        StartFailure::Program { detail, .. } => {
+            format!("invalid_argument: error starting process '{command}': {detail}")
+        }
+    };
+    format!("failed to run command '{command}': command failed: {envd} ({failure})")
 }
 
 /// "with exit code 2: <last stderr line>", "(killed by signal 9)", ...

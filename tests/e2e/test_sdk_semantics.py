@@ -9,6 +9,8 @@ import re
 import time
 import uuid
 
+import pytest
+
 from e2b import Template, wait_for_file
 
 from test_sdk_build import exec_in
@@ -170,3 +172,28 @@ def test_a_started_build_is_building_right_away(strata, team):
         time.sleep(0.3)
         status = Template.get_build_status(info, **opts)
     assert status.status.value == "ready", status
+
+
+def test_a_run_that_cannot_start_fails_in_e2bs_words(strata, team):
+    """A RUN whose user or working directory cannot be used fails as E2B's builder words it
+    (envd's error behind `failed to run command ...`), which code written against E2B matches
+    on; strata's own detail follows in parentheses."""
+    _, opts = team
+    cases = [
+        (
+            Template().from_image("busybox").run_cmd("whoami", user="ghost"),
+            "failed to run command 'whoami': command failed: unauthenticated: invalid username: 'ghost'",
+            "is not in the sandbox's /etc/passwd",
+        ),
+        (
+            Template().from_image("busybox").set_user("root").set_workdir("/srv/gone").run_cmd("rmdir /srv/gone").run_cmd("true"),
+            "failed to run command 'true': command failed: invalid_argument: cwd '/srv/gone' does not exist",
+            "working directory /srv/gone",
+        ),
+    ]
+    for i, (tpl, e2b_words, detail) in enumerate(cases):
+        with pytest.raises(Exception) as err:
+            Template.build(tpl, f"cannot-start-{i}", **opts)
+        message = str(err.value)
+        assert e2b_words in message, message
+        assert detail in message, message

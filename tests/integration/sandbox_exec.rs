@@ -6,6 +6,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::sandbox::*;
+use strata::vmm::start_failure::StartFailure;
 use strata::vmm::{CommandLine, ExecOutcome, ExecRequest, OutputStream, VmmError};
 
 #[tokio::test]
@@ -108,7 +109,11 @@ async fn commands_run_as_the_requested_user_with_env_and_cwd() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, VmmError::Exec(ref m) if m.contains("/etc/passwd")),
+        matches!(
+            err,
+            VmmError::CommandStart(StartFailure::User { ref user, ref detail })
+                if user == "nobody-here" && detail.contains("/etc/passwd")
+        ),
         "{err}"
     );
     let err = sb
@@ -118,7 +123,14 @@ async fn commands_run_as_the_requested_user_with_env_and_cwd() {
         )
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("/no/such/dir"), "{err}");
+    assert!(
+        matches!(
+            err,
+            VmmError::CommandStart(StartFailure::Workdir { ref dir, missing: true, .. })
+                if dir == "/no/such/dir"
+        ),
+        "{err}"
+    );
 
     // Isolation: own pid namespace and hostname, no host paths, no mounting, no device nodes.
     let ps = sh(

@@ -135,6 +135,51 @@ async fn a_recipe_of_every_step_type_builds_and_boots_with_its_files_and_context
     fx.stop().await;
 }
 
+/// Issue: a RUN whose user or working directory could not be used failed in strata's own
+/// words, where code written against E2B matches on envd's. Each now reads as E2B's builder
+/// reports it, with strata's detail after it in parentheses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_that_cannot_start_fails_in_e2bs_words_with_strata_detail_after() {
+    let mut fx = Fixture::new(settings()).await;
+    let cases = [
+        (
+            "unknown-user",
+            json!([step("RUN", &["whoami", "ghost"])]),
+            1,
+            "failed to run command 'whoami': command failed: unauthenticated: invalid username: \
+             'ghost' (user \"ghost\" is not in the sandbox's /etc/passwd)",
+        ),
+        (
+            "missing-workdir",
+            json!([
+                step("USER", &["root"]),
+                step("WORKDIR", &["/srv/gone"]),
+                step("RUN", &["rmdir /srv/gone"]),
+                step("RUN", &["true"]),
+            ]),
+            4,
+            "failed to run command 'true': command failed: invalid_argument: cwd '/srv/gone' \
+             does not exist (working directory /srv/gone: No such file or directory (os error 2))",
+        ),
+    ];
+    for (name, steps, at, expected) in cases {
+        let (_, build) = fx.api.register(name).await;
+        fx.api
+            .start(
+                build,
+                json!({"fromImage": "busybox", "force": false, "steps": steps}),
+            )
+            .await;
+        let state = fx.wait_terminal(build).await;
+        let Phase::Error { reason, .. } = &state.phase else {
+            panic!("{name}: expected error, got {:?}", state.phase)
+        };
+        assert_eq!(reason.step, Some(FailedStep::Step(at)), "{name}");
+        assert_eq!(reason.message, expected, "{name}");
+    }
+    fx.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failing_run_ends_the_build_in_error_at_its_step_with_the_exit_code() {
     let mut fx = Fixture::new(settings()).await;

@@ -13,6 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 
 use crate::vmm::copy::{self, CopySpec};
+use crate::vmm::start_failure::StartFailure;
 use crate::vmm::users::{self, UserDb};
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -111,7 +112,14 @@ fn work(request: AgentRequest) -> Result<(), String> {
             // SAFETY: a new session makes the command and its children one process group.
             unsafe { libc::setsid() };
             let db = UserDb::load(Path::new("/"));
-            let who = db.resolve(if user.is_empty() { "root" } else { &user })?;
+            let name = if user.is_empty() { "root" } else { &user };
+            let who = db.resolve(name).map_err(|detail| {
+                StartFailure::User {
+                    user: name.to_owned(),
+                    detail,
+                }
+                .encode()
+            })?;
             let cwd = cwd.unwrap_or_else(|| who.home.clone());
             let mut vars: Vec<(String, String)> = vec![
                 ("PATH".into(), DEFAULT_PATH.into()),
@@ -140,7 +148,12 @@ fn work(request: AgentRequest) -> Result<(), String> {
                 }
             }
             if let Err(e) = std::env::set_current_dir(&cwd) {
-                return Err(format!("working directory {cwd}: {e}"));
+                return Err(StartFailure::Workdir {
+                    missing: e.kind() == std::io::ErrorKind::NotFound,
+                    dir: cwd,
+                    detail: e.to_string(),
+                }
+                .encode());
             }
             let (program, args) = argv.split_first().ok_or("empty command")?;
             let err = std::process::Command::new(program)
@@ -148,7 +161,11 @@ fn work(request: AgentRequest) -> Result<(), String> {
                 .env_clear()
                 .envs(vars)
                 .exec();
-            Err(format!("cannot run {program}: {err}"))
+            Err(StartFailure::Program {
+                program: program.clone(),
+                detail: err.to_string(),
+            }
+            .encode())
         }
         AgentRequest::Copy(spec) => copy::run_copy(Path::new("/"), std::io::stdin().lock(), &spec),
         AgentRequest::EnsureUser { name, sudo } => users::ensure_user(Path::new("/"), &name, sudo),

@@ -903,7 +903,12 @@ impl Sandbox for NamespaceSandbox {
         match status {
             AgentStatus::Exit(c) => Ok(ExecOutcome::Exited(c)),
             AgentStatus::Signal(s) => Ok(ExecOutcome::Signaled(s)),
-            AgentStatus::Error(m) => Err(VmmError::Exec(m)),
+            AgentStatus::Error(m) => {
+                Err(match crate::vmm::start_failure::StartFailure::decode(&m) {
+                    Some(failure) => VmmError::CommandStart(failure),
+                    None => VmmError::Exec(m),
+                })
+            }
             // The agent itself was killed: by the OOM killer or the pids limit, most likely.
             AgentStatus::Lost => Ok(ExecOutcome::Signaled(libc::SIGKILL)),
         }
