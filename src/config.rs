@@ -492,6 +492,8 @@ impl RegistryArgs {
                 .filter(|h| !h.is_empty())
                 .collect(),
             max_bytes: self.pull_max_bytes.0,
+            // The build node sets it from STRATA_BUILD_DISK_MAX (`cli/worker.rs`).
+            max_layer_bytes: None,
         }
     }
 }

@@ -30,6 +30,8 @@ pub enum PullError {
         size: u64,
         limit: u64,
     },
+    #[error("image {image} has a layer that expands to more than {limit} bytes, more than one build may write (STRATA_BUILD_DISK_MAX); nothing was kept")]
+    LayerTooLarge { image: String, limit: u64 },
     #[error("image {image}: {detail}")]
     Unsupported { image: String, detail: String },
     #[error("image {image}: {detail}")]

@@ -27,6 +27,7 @@ use super::settings::RegistrySettings;
 use super::unpack::{self, UnpackError};
 use crate::domain::ids::Digest;
 use crate::domain::image_ref::ImageRef;
+use crate::vmm::archive_policy::ArchiveError;
 use crate::vmm::image::ImageConfig;
 use crate::vmm::layer::LayerCache;
 use crate::vmm::{BlobStore, LayerRef, VmmError};
@@ -547,6 +548,7 @@ impl Puller {
         // A layer stored here already, which this repository has not served before, must be
         // served again: verified against both digests, stored nothing.
         let proving = stored.is_some();
+        let max_layer = inner.settings.max_layer_bytes;
         let worker = {
             let (blobs, layers) = (inner.blobs.clone(), inner.layers.clone());
             let (digest, diff) = (*digest, *diff);
@@ -559,7 +561,15 @@ impl Puller {
                     }
                     Ok(LayerRef { digest: diff, size })
                 }),
-                None => unpack::unpack(rx, compression, &digest, &diff, blobs.as_ref(), &layers),
+                None => unpack::unpack(
+                    rx,
+                    compression,
+                    &digest,
+                    &diff,
+                    blobs.as_ref(),
+                    &layers,
+                    max_layer,
+                ),
             })
         };
         let mut body = response.bytes_stream();
@@ -637,6 +647,12 @@ impl Puller {
             UnpackError::Aborted => PullError::Transport {
                 image: image.clone(),
                 detail: format!("downloading layer {digest} stopped early"),
+            },
+            UnpackError::Store(VmmError::Archive(ArchiveError::TotalTooLarge {
+                limit, ..
+            })) if max_layer.is_some_and(|m| limit == m) => PullError::LayerTooLarge {
+                image: image.clone(),
+                limit,
             },
             UnpackError::Store(source) => PullError::Store {
                 image: image.clone(),

@@ -188,6 +188,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             max_bytes: None,
+            max_layer_bytes: None,
         };
         Reach::new(&settings)
     }

@@ -9,7 +9,8 @@
 //!   reached over plain HTTP, and may be at loopback or private addresses ([`super::reach`]).
 //!   Nothing is listed by default, loopback included: a build must not make the node fetch from
 //!   its own services.
-//! * `STRATA_PULL_MAX_BYTES`: a ceiling on the compressed bytes of one image.
+//! * `STRATA_PULL_MAX_BYTES`: a ceiling on the compressed bytes of one image, counted as they
+//!   arrive; a build node also holds each layer's expansion to `STRATA_BUILD_DISK_MAX`.
 
 use std::collections::BTreeMap;
 
@@ -19,6 +20,10 @@ pub struct RegistrySettings {
     pub mirrors: BTreeMap<String, String>,
     pub insecure: Vec<String>,
     pub max_bytes: Option<u64>,
+    /// Most bytes one layer may expand to (its tar): a build node sets what one build may
+    /// write (`STRATA_BUILD_DISK_MAX`), so a small compressed layer cannot fill the node's disk.
+    /// `None`: the archive policy's own ceiling.
+    pub max_layer_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

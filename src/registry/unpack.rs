@@ -111,6 +111,7 @@ fn archive_is_abort(e: &archive_policy::ArchiveError) -> bool {
 }
 
 /// Unpacks one layer from `rx`; runs on a blocking thread.
+/// `max_expanded`: most bytes the layer's tar may hold (its entries' total).
 pub fn unpack(
     rx: Receiver<Chunk>,
     compression: Compression,
@@ -118,6 +119,7 @@ pub fn unpack(
     diff_id: &Digest,
     blobs: &dyn BlobStore,
     layers: &LayerCache,
+    max_expanded: Option<u64>,
 ) -> Result<LayerRef, UnpackError> {
     let staging = layers.staging(diff_id).map_err(UnpackError::Store)?;
     // On error the staging directory is dropped, which removes it.
@@ -129,6 +131,7 @@ pub fn unpack(
         blobs,
         staging.path(),
         layers.ids(),
+        max_expanded,
     )?;
     layers
         .publish_staged(staging, diff_id)
@@ -202,6 +205,7 @@ fn unpack_into(
     blobs: &dyn BlobStore,
     staging: &std::path::Path,
     ids: crate::vmm::id_range::IdRange,
+    max_expanded: Option<u64>,
 ) -> Result<LayerRef, UnpackError> {
     let io_err = |e: io::Error, what: &str| {
         if is_abort(&e) {
@@ -233,8 +237,11 @@ fn unpack_into(
             inner: decoded,
             copy: &mut writer,
         };
-        let extracted =
-            archive_policy::extract_tar(&mut tee, staging, &ArchivePolicy::layer_for(ids));
+        let mut policy = ArchivePolicy::layer_for(ids);
+        if let Some(max) = max_expanded {
+            policy.max_total_bytes = policy.max_total_bytes.min(max);
+        }
+        let extracted = archive_policy::extract_tar(&mut tee, staging, &policy);
         // The tar's end-of-archive padding and anything after it belong to the diff id too.
         let drained = io::copy(&mut tee, &mut io::sink());
         match (extracted, drained) {

@@ -1045,3 +1045,52 @@ async fn a_layer_another_repository_served_is_reused_only_after_this_one_serves_
     assert_eq!(stats.layers_downloaded, 1, "served and verified once");
     assert_eq!(node.contents(), held, "the layer is not stored twice");
 }
+
+/// A layer that expands to more than one build may write (STRATA_BUILD_DISK_MAX, which a build
+/// node sets as the layer ceiling) fails the pull saying so, and nothing is kept: a gzip layer of
+/// a few KiB cannot fill the node's disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_layer_that_expands_past_what_a_build_may_write_fails_the_pull() {
+    let mut tar = tar::Builder::new(Vec::new());
+    let zeros = vec![0u8; 4 << 20];
+    let mut h = tar::Header::new_gnu();
+    h.set_size(zeros.len() as u64);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    tar.append_data(&mut h, "zeros", &zeros[..]).unwrap();
+    let tar = tar.into_inner().unwrap();
+    let layer = gzip(&tar);
+    assert!(layer.len() < 64 << 10, "it compresses to almost nothing");
+    let (manifest, config) = one_layer_image(
+        &sha256_of(&layer),
+        Some(layer.len() as u64),
+        &sha256_of(&tar),
+    );
+    let reg = hand_registry(manifest, vec![config, layer]).await;
+    let node = Node::new();
+    let err = node
+        .puller(RegistrySettings {
+            max_layer_bytes: Some(1 << 20),
+            ..Default::default()
+        })
+        .pull(&reference(&reg.addr, "team/bomb:1"), None, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, PullError::LayerTooLarge { limit: 1048576, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("STRATA_BUILD_DISK_MAX"), "{err}");
+    assert_eq!(node.contents(), (0, 0, 0));
+    // Within the ceiling it pulls.
+    Node::new()
+        .puller(RegistrySettings {
+            max_layer_bytes: Some(8 << 20),
+            ..Default::default()
+        })
+        .pull(&reference(&reg.addr, "team/bomb:1"), None, None)
+        .await
+        .unwrap();
+}
