@@ -111,6 +111,15 @@ fn archive_is_abort(e: &archive_policy::ArchiveError) -> bool {
 }
 
 /// Unpacks one layer from `rx`; runs on a blocking thread.
+/// The policy of a pulled layer: a layer's, its entries' total held to `max_expanded`.
+fn layer_policy(ids: crate::vmm::id_range::IdRange, max_expanded: Option<u64>) -> ArchivePolicy {
+    let mut policy = ArchivePolicy::layer_for(ids);
+    if let Some(max) = max_expanded {
+        policy.max_total_bytes = policy.max_total_bytes.min(max);
+    }
+    policy
+}
+
 /// `max_expanded`: most bytes the layer's tar may hold (its entries' total).
 pub fn unpack(
     rx: Receiver<Chunk>,
@@ -130,8 +139,7 @@ pub fn unpack(
         diff_id,
         blobs,
         staging.path(),
-        layers.ids(),
-        max_expanded,
+        &layer_policy(layers.ids(), max_expanded),
     )?;
     layers
         .publish_staged(staging, diff_id)
@@ -204,8 +212,7 @@ fn unpack_into(
     diff_id: &Digest,
     blobs: &dyn BlobStore,
     staging: &std::path::Path,
-    ids: crate::vmm::id_range::IdRange,
-    max_expanded: Option<u64>,
+    policy: &ArchivePolicy,
 ) -> Result<LayerRef, UnpackError> {
     let io_err = |e: io::Error, what: &str| {
         if is_abort(&e) {
@@ -237,11 +244,7 @@ fn unpack_into(
             inner: decoded,
             copy: &mut writer,
         };
-        let mut policy = ArchivePolicy::layer_for(ids);
-        if let Some(max) = max_expanded {
-            policy.max_total_bytes = policy.max_total_bytes.min(max);
-        }
-        let extracted = archive_policy::extract_tar(&mut tee, staging, &policy);
+        let extracted = archive_policy::extract_tar(&mut tee, staging, policy);
         // The tar's end-of-archive padding and anything after it belong to the diff id too.
         let drained = io::copy(&mut tee, &mut io::sink());
         match (extracted, drained) {
