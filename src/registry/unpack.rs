@@ -147,6 +147,44 @@ pub fn unpack(
     Ok(layer)
 }
 
+/// What a layer read fails with: the pull stopping it, or the read itself.
+fn io_err(e: io::Error, what: &str) -> UnpackError {
+    if is_abort(&e) {
+        UnpackError::Aborted
+    } else {
+        UnpackError::Store(read_error(e, what))
+    }
+}
+
+/// The layer's compressed bytes from `rx`, hashed as they are read.
+fn wire(rx: Receiver<Chunk>) -> Hashing<ChannelReader> {
+    Hashing {
+        inner: ChannelReader {
+            rx,
+            current: Bytes::new(),
+        },
+        hasher: Sha256::new(),
+    }
+}
+
+/// The layer's tar, decompressed from `wire`.
+fn decoder<'a, R: Read + 'a>(
+    compression: Compression,
+    wire: &'a mut R,
+) -> Result<Box<dyn Read + 'a>, UnpackError> {
+    Ok(match compression {
+        Compression::None => Box::new(wire),
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(BufReader::with_capacity(
+            1 << 16,
+            wire,
+        ))),
+        Compression::Zstd => Box::new(
+            zstd::stream::read::Decoder::new(wire)
+                .map_err(|e| io_err(e, "starting a zstd decoder"))?,
+        ),
+    })
+}
+
 /// Reads a layer from `rx` and checks it against both its digests, storing nothing: how a
 /// repository proves it holds a layer this node already has from another one
 /// ([`super::provenance`]). Runs on a blocking thread.
@@ -156,31 +194,9 @@ pub fn verify(
     compressed_digest: &Digest,
     diff_id: &Digest,
 ) -> Result<(), UnpackError> {
-    let io_err = |e: io::Error, what: &str| {
-        if is_abort(&e) {
-            UnpackError::Aborted
-        } else {
-            UnpackError::Store(read_error(e, what))
-        }
-    };
-    let mut wire = Hashing {
-        inner: ChannelReader {
-            rx,
-            current: Bytes::new(),
-        },
-        hasher: Sha256::new(),
-    };
+    let mut wire = wire(rx);
     let uncompressed = {
-        let decoded: Box<dyn Read + '_> = match compression {
-            Compression::None => Box::new(&mut wire),
-            Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(
-                BufReader::with_capacity(1 << 16, &mut wire),
-            )),
-            Compression::Zstd => Box::new(
-                zstd::stream::read::Decoder::new(&mut wire)
-                    .map_err(|e| io_err(e, "starting a zstd decoder"))?,
-            ),
-        };
+        let decoded = decoder(compression, &mut wire)?;
         let mut hashed = Hashing {
             inner: decoded,
             hasher: Sha256::new(),
@@ -214,32 +230,10 @@ fn unpack_into(
     staging: &std::path::Path,
     policy: &ArchivePolicy,
 ) -> Result<LayerRef, UnpackError> {
-    let io_err = |e: io::Error, what: &str| {
-        if is_abort(&e) {
-            UnpackError::Aborted
-        } else {
-            UnpackError::Store(read_error(e, what))
-        }
-    };
-    let mut wire = Hashing {
-        inner: ChannelReader {
-            rx,
-            current: Bytes::new(),
-        },
-        hasher: Sha256::new(),
-    };
+    let mut wire = wire(rx);
     let mut writer = blobs.writer().map_err(UnpackError::Store)?;
     let extracted = {
-        let decoded: Box<dyn Read + '_> = match compression {
-            Compression::None => Box::new(&mut wire),
-            Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(
-                BufReader::with_capacity(1 << 16, &mut wire),
-            )),
-            Compression::Zstd => Box::new(
-                zstd::stream::read::Decoder::new(&mut wire)
-                    .map_err(|e| io_err(e, "starting a zstd decoder"))?,
-            ),
-        };
+        let decoded = decoder(compression, &mut wire)?;
         let mut tee = Tee {
             inner: decoded,
             copy: &mut writer,
