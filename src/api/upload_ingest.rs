@@ -108,14 +108,14 @@ where
     let read = read_body(body, limits, &[to_hasher, to_writer]).await;
     let digest = hasher.await.map_err(|e| store_error(joined(e)))?;
     let written = writer.await.map_err(|e| store_error(joined(e)))?;
-    let received = read?;
+    let read = read?;
     let sink = written.map_err(|e| store_error(VmmError::io("writing the upload")(e)))?;
-    if received != limits.declared {
-        return Err(IngestError::LengthMismatch {
-            declared: limits.declared,
-            received,
-        });
-    }
+    let Some(received) = read else {
+        // A writer that stops early returns its error, reported above; this is a defect.
+        return Err(store_error(VmmError::io("writing the upload")(
+            std::io::Error::other("the writer stopped before the body ended"),
+        )));
+    };
     before_publish(digest).await?;
     tokio::task::spawn_blocking(move || sink.publish(&digest))
         .await
@@ -139,13 +139,11 @@ where
     let hasher = tokio::task::spawn_blocking(move || hash(hasher_rx));
     let read = read_body(body, limits, &[to_hasher]).await;
     let digest = hasher.await.map_err(|e| IngestError::Body(e.to_string()))?;
-    let received = read?;
-    if received != limits.declared {
-        return Err(IngestError::LengthMismatch {
-            declared: limits.declared,
-            received,
-        });
-    }
+    let Some(received) = read? else {
+        return Err(IngestError::Body(
+            "the hashing thread stopped before the body ended".into(),
+        ));
+    };
     Ok(IngestedUpload {
         digest,
         size: received,
@@ -169,17 +167,21 @@ fn joined(e: tokio::task::JoinError) -> VmmError {
 }
 
 /// Reads the body in batches to every one of `to` (closed when it returns), enforcing the
-/// length and the idle limit; returns the bytes received. A receiver that went away (the
-/// writer stopped on an error) ends the read; its error is reported by its thread.
+/// exact length and the idle limit; answers the bytes received, or `None` when a receiver went
+/// away first (the writer stopped on an error, which its thread reports).
 async fn read_body<S, E>(
     body: S,
     limits: BodyLimits,
     to: &[tokio::sync::mpsc::Sender<Vec<Bytes>>],
-) -> Result<u64, IngestError>
+) -> Result<Option<u64>, IngestError>
 where
     S: Stream<Item = Result<Bytes, E>>,
     E: std::fmt::Display,
 {
+    let mismatch = |received| IngestError::LengthMismatch {
+        declared: limits.declared,
+        received,
+    };
     let mut received: u64 = 0;
     let mut batch = Vec::new();
     let mut batched = 0;
@@ -191,38 +193,34 @@ where
                 idle_secs: limits.idle.as_secs(),
                 received,
             })?;
-        let chunk = match next {
-            Some(Ok(chunk)) => Some(chunk),
+        let last = match next {
             Some(Err(e)) => return Err(IngestError::Body(e.to_string())),
-            None => None,
+            Some(Ok(chunk)) => {
+                received += chunk.len() as u64;
+                if received > limits.declared {
+                    return Err(mismatch(received));
+                }
+                batched += chunk.len();
+                batch.push(chunk);
+                if batched < BATCH_BYTES {
+                    continue;
+                }
+                false
+            }
+            None if received != limits.declared => return Err(mismatch(received)),
+            None => true,
         };
-        let last = chunk.is_none();
-        if let Some(chunk) = chunk {
-            received += chunk.len() as u64;
-            if received > limits.declared {
-                return Err(IngestError::LengthMismatch {
-                    declared: limits.declared,
-                    received,
-                });
-            }
-            batched += chunk.len();
-            batch.push(chunk);
-        }
-        if batch.is_empty() || (batched < BATCH_BYTES && !last) {
-            if last {
-                return Ok(received);
-            }
-            continue;
-        }
-        let full = std::mem::take(&mut batch);
-        batched = 0;
-        for tx in to {
-            if tx.send(full.clone()).await.is_err() {
-                return Ok(received);
+        if !batch.is_empty() {
+            let full = std::mem::take(&mut batch);
+            batched = 0;
+            for tx in to {
+                if tx.send(full.clone()).await.is_err() {
+                    return Ok(None);
+                }
             }
         }
         if last {
-            return Ok(received);
+            return Ok(Some(received));
         }
     }
 }
