@@ -553,14 +553,16 @@ impl Puller {
             let (blobs, layers) = (inner.blobs.clone(), inner.layers.clone());
             let (digest, diff) = (*digest, *diff);
             tokio::task::spawn_blocking(move || match stored {
-                Some(size) => unpack::verify(rx, compression, &digest, &diff).and_then(|()| {
-                    if !layers.contains(&diff) {
-                        layers
-                            .ensure(blobs.as_ref(), &diff)
-                            .map_err(UnpackError::Store)?;
-                    }
-                    Ok(LayerRef { digest: diff, size })
-                }),
+                Some(size) => {
+                    unpack::verify(rx, compression, &digest, &diff, size).and_then(|()| {
+                        if !layers.contains(&diff) {
+                            layers
+                                .ensure(blobs.as_ref(), &diff)
+                                .map_err(UnpackError::Store)?;
+                        }
+                        Ok(LayerRef { digest: diff, size })
+                    })
+                }
                 None => unpack::unpack(
                     rx,
                     compression,

@@ -187,18 +187,20 @@ fn decoder<'a, R: Read + 'a>(
 
 /// Reads a layer from `rx` and checks it against both its digests, storing nothing: how a
 /// repository proves it holds a layer this node already has from another one
-/// ([`super::provenance`]). Runs on a blocking thread.
+/// ([`super::provenance`]). The stored layer is `size` bytes, so decompression stops one byte
+/// past that: a bomb costs no more than the real layer would. Runs on a blocking thread.
 pub fn verify(
     rx: Receiver<Chunk>,
     compression: Compression,
     compressed_digest: &Digest,
     diff_id: &Digest,
+    size: u64,
 ) -> Result<(), UnpackError> {
     let mut wire = wire(rx);
     let uncompressed = {
         let decoded = decoder(compression, &mut wire)?;
         let mut hashed = Hashing {
-            inner: decoded,
+            inner: decoded.take(size.saturating_add(1)),
             hasher: Sha256::new(),
         };
         let drained = io::copy(&mut hashed, &mut io::sink());
@@ -212,7 +214,12 @@ pub fn verify(
         });
     }
     let (drained, decoded) = uncompressed;
-    drained.map_err(|e| io_err(e, "decompressing a layer"))?;
+    let read = drained.map_err(|e| io_err(e, "decompressing a layer"))?;
+    if read > size {
+        return Err(UnpackError::Uncompressed {
+            actual: format!("more than the stored layer's {size} bytes"),
+        });
+    }
     if &decoded != diff_id {
         return Err(UnpackError::Uncompressed {
             actual: decoded.to_string(),
@@ -267,4 +274,77 @@ fn unpack_into(
         other => UnpackError::Store(other),
     })?;
     Ok(LayerRef { digest, size })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn sha(b: &[u8]) -> Digest {
+        Digest::of(b)
+    }
+
+    /// `bytes` through the channel the download fills, as one chunk.
+    fn channel(bytes: Vec<u8>) -> Receiver<Chunk> {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.try_send(Ok(Bytes::from(bytes))).unwrap();
+        rx
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(bytes).unwrap();
+        enc.finish().unwrap()
+    }
+
+    #[test]
+    fn verifying_checks_both_digests_and_stops_past_the_stored_size() {
+        let tar = vec![7u8; 4096];
+        let gz = gzip(&tar);
+        verify(
+            channel(gz.clone()),
+            Compression::Gzip,
+            &sha(&gz),
+            &sha(&tar),
+            4096,
+        )
+        .unwrap();
+        // Wrong wire bytes, wrong tar: each digest is named.
+        assert!(matches!(
+            verify(
+                channel(gz.clone()),
+                Compression::Gzip,
+                &sha(b"x"),
+                &sha(&tar),
+                4096
+            ),
+            Err(UnpackError::Compressed { .. })
+        ));
+        assert!(matches!(
+            verify(
+                channel(gz.clone()),
+                Compression::Gzip,
+                &sha(&gz),
+                &sha(b"x"),
+                4096
+            ),
+            Err(UnpackError::Uncompressed { .. })
+        ));
+        // A stream that expands past the stored layer (16 MiB of zeros against 4 KiB) is cut
+        // there, not decompressed to its end.
+        let bomb = gzip(&vec![0u8; 16 << 20]);
+        let err = verify(
+            channel(bomb.clone()),
+            Compression::Gzip,
+            &sha(&bomb),
+            &sha(&tar),
+            4096,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, UnpackError::Uncompressed { actual } if actual.contains("4096 bytes")),
+            "{err:?}"
+        );
+    }
 }
