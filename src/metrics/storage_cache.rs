@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,16 +20,22 @@ pub const MAX_AGE: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 struct Entry {
-    measured: Option<(Instant, Vec<StorageUsage>)>,
-    refreshing: bool,
+    /// The last measurement; held across the first one, so requests meanwhile wait for it.
+    measured: tokio::sync::Mutex<Option<(Instant, Vec<StorageUsage>)>>,
+    refreshing: AtomicBool,
 }
 
-static CACHE: LazyLock<Mutex<HashMap<PathBuf, Arc<Mutex<Entry>>>>> =
-    LazyLock::new(Default::default);
+static CACHE: LazyLock<Mutex<HashMap<PathBuf, Arc<Entry>>>> = LazyLock::new(Default::default);
 
-fn entry(dir: &Path) -> Arc<Mutex<Entry>> {
+fn entry(dir: &Path) -> Arc<Entry> {
     let mut all = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     all.entry(dir.to_path_buf()).or_default().clone()
+}
+
+async fn measure(dir: PathBuf) -> Vec<StorageUsage> {
+    tokio::task::spawn_blocking(move || usage(&dir))
+        .await
+        .unwrap_or_default()
 }
 
 /// The usage under `data_dir`, at most [`MAX_AGE`] old but for a refresh in flight.
@@ -38,43 +45,21 @@ pub async fn cached_usage(data_dir: &Path) -> Vec<StorageUsage> {
 
 async fn cached_usage_within(data_dir: &Path, max_age: Duration) -> Vec<StorageUsage> {
     let slot = entry(data_dir);
-    let (last, start) = {
-        let mut e = slot.lock().unwrap_or_else(|e| e.into_inner());
-        let stale = e
-            .measured
-            .as_ref()
-            .is_none_or(|(at, _)| at.elapsed() >= max_age);
-        let start = stale && !e.refreshing;
-        if start {
-            e.refreshing = true;
-        }
-        (e.measured.as_ref().map(|(_, u)| u.clone()), start)
+    let mut measured = slot.measured.lock().await;
+    let Some((at, last)) = &*measured else {
+        let first = measure(data_dir.to_path_buf()).await;
+        *measured = Some((Instant::now(), first.clone()));
+        return first;
     };
-    let refresh = start.then(|| {
+    if at.elapsed() >= max_age && !slot.refreshing.swap(true, Ordering::SeqCst) {
         let (slot, dir) = (slot.clone(), data_dir.to_path_buf());
-        tokio::task::spawn_blocking(move || {
-            let measured = usage(&dir);
-            let mut e = slot.lock().unwrap_or_else(|e| e.into_inner());
-            e.measured = Some((Instant::now(), measured.clone()));
-            e.refreshing = false;
-            measured
-        })
-    });
-    match (last, refresh) {
-        (Some(last), _) => last,
-        (None, Some(first)) => first.await.unwrap_or_default(),
-        // Another request is taking the first measurement: wait for it briefly.
-        (None, None) => {
-            for _ in 0..100 {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let e = slot.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some((_, u)) = &e.measured {
-                    return u.clone();
-                }
-            }
-            Vec::new()
-        }
+        tokio::spawn(async move {
+            let fresh = measure(dir).await;
+            *slot.measured.lock().await = Some((Instant::now(), fresh));
+            slot.refreshing.store(false, Ordering::SeqCst);
+        });
     }
+    last.clone()
 }
 
 #[cfg(test)]
