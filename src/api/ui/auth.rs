@@ -16,7 +16,7 @@
 //!
 //! The token is never logged: request spans record the path only, never the query.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::extract::{Form, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
@@ -35,10 +35,13 @@ const COOKIE: &str = "strata_ui";
 /// How long a session lasts after sign-in.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+/// Seconds since the epoch by the database's clock: a session's expiry is judged by the clock
+/// every API replica shares, like every other expiry (`crate::clock`).
+async fn now_secs(state: &AppState) -> Result<u64, Response> {
+    crate::streams::database_now(&state.pool)
+        .await
+        .map(|t| t.timestamp().max(0) as u64)
+        .map_err(|e| crate::api::error::ApiError::from(e).into_response())
 }
 
 fn mac(token: &str, expires: u64, nonce: &str) -> String {
@@ -72,7 +75,7 @@ fn valid_session(value: &str, token: &str, now: u64) -> bool {
         && tokens_equal(presented, &mac(token, expires, nonce))
 }
 
-fn cookie_header(state: &AppState, token: &str) -> HeaderValue {
+fn cookie_header(state: &AppState, token: &str, now: u64) -> HeaderValue {
     let secure = if state.public_url.starts_with("https://") {
         "; Secure"
     } else {
@@ -80,7 +83,7 @@ fn cookie_header(state: &AppState, token: &str) -> HeaderValue {
     };
     HeaderValue::from_str(&format!(
         "{COOKIE}={}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
-        new_session(token, unix_now()),
+        new_session(token, now),
         SESSION_TTL.as_secs()
     ))
     .expect("digits, hex and dots are a valid header value")
@@ -154,10 +157,17 @@ pub async fn require_admin(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(|t| tokens_equal(t.trim(), expected));
-    let session =
-        presented_session(request.headers()).map(|s| valid_session(&s, expected, unix_now()));
-    if bearer == Some(true) || session == Some(true) {
+    if bearer == Some(true) {
         return next.run(request).await;
+    }
+    if let Some(session) = presented_session(request.headers()) {
+        let now = match now_secs(&state).await {
+            Ok(now) => now,
+            Err(unavailable) => return unavailable,
+        };
+        if valid_session(&session, expected, now) {
+            return next.run(request).await;
+        }
     }
     login_page(
         StatusCode::UNAUTHORIZED,
@@ -214,11 +224,15 @@ pub struct LoginLink {
 }
 
 /// A valid token: a fresh session cookie and the page asked for.
-fn signed_in(state: &AppState, token: &str, next: Option<&str>) -> Response {
+async fn signed_in(state: &AppState, token: &str, next: Option<&str>) -> Response {
+    let now = match now_secs(state).await {
+        Ok(now) => now,
+        Err(unavailable) => return unavailable,
+    };
     let mut response = Redirect::to(&safe_next(next)).into_response();
     response
         .headers_mut()
-        .insert(header::SET_COOKIE, cookie_header(state, token));
+        .insert(header::SET_COOKIE, cookie_header(state, token, now));
     response
 }
 
@@ -234,7 +248,7 @@ pub async fn login(State(state): State<AppState>, Form(form): Form<Login>) -> Re
             form.next.as_deref().unwrap_or("/ui"),
         );
     }
-    signed_in(&state, expected, form.next.as_deref())
+    signed_in(&state, expected, form.next.as_deref()).await
 }
 
 /// `GET /ui/login[?token=…&next=…]`: the sign-in form, or, with a valid token, the session
@@ -245,7 +259,9 @@ pub async fn login_link(State(state): State<AppState>, Query(link): Query<LoginL
     };
     let next = link.next.as_deref().unwrap_or("/ui");
     match link.token {
-        Some(t) if tokens_equal(t.trim(), expected) => signed_in(&state, expected, Some(next)),
+        Some(t) if tokens_equal(t.trim(), expected) => {
+            signed_in(&state, expected, Some(next)).await
+        }
         Some(_) => login_page(StatusCode::UNAUTHORIZED, "That token is not valid.", next),
         None => login_page(
             StatusCode::OK,
