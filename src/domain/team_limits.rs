@@ -33,7 +33,7 @@ impl TeamLimits {
         steps_per_build: Some(500),
     };
 
-    /// No limit at all (benchmarks that register thousands of builds in one team).
+    /// No limit at all: what every setting at `none` gives.
     pub const NONE: TeamLimits = TeamLimits {
         running_builds: None,
         queued_builds: None,

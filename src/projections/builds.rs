@@ -322,9 +322,9 @@ pub struct QueuedBuild {
 /// oldest queued build is its round 0 when none of its builds runs); within a round, the team
 /// whose last build started longest ago (or never) first, then the longest registered. A team
 /// with `max_running` builds running has its builds left out: they wait for one of its own to
-/// end (and an acquire counts again in its own transaction, so racing nodes cannot pass it). This is the queue as placement reads it (ADR 0020,
-/// ADR 0024): one team's burst delays another team's build by at most one slot, whatever the
-/// order they registered in.
+/// end (and an acquire counts again in its own transaction, so racing nodes cannot pass it).
+/// This is the queue as placement reads it (ADR 0020, ADR 0024): one team's burst delays
+/// another team's build by at most one slot, whatever the order they registered in.
 pub async fn queue(
     pool: &sqlx::PgPool,
     limit: i64,

@@ -873,6 +873,19 @@ async fn hand_registry(manifest: Vec<u8>, blobs: Vec<Vec<u8>>) -> HandRegistry {
     }
 }
 
+/// A layer tar of one file, owned by root.
+fn one_file_tar(name: &str, contents: &[u8]) -> Vec<u8> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(contents.len() as u64);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    tar.append_data(&mut h, name, contents).unwrap();
+    tar.into_inner().unwrap()
+}
+
 fn gzip(bytes: &[u8]) -> Vec<u8> {
     use std::io::Write;
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -884,18 +897,10 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 /// that arrive are counted now: over the ceiling the pull fails saying so, and nothing is kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_layer_without_a_declared_size_is_counted_as_it_arrives() {
-    let mut tar = tar::Builder::new(Vec::new());
     let noise: Vec<u8> = (0..400_000u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
         .collect();
-    let mut h = tar::Header::new_gnu();
-    h.set_size(noise.len() as u64);
-    h.set_mode(0o644);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(0);
-    tar.append_data(&mut h, "noise", &noise[..]).unwrap();
-    let tar = tar.into_inner().unwrap();
+    let tar = one_file_tar("noise", &noise);
     let layer = gzip(&tar);
     let size = layer.len() as u64;
     let (manifest, config) = one_layer_image(&sha256_of(&layer), None, &sha256_of(&tar));
@@ -1051,16 +1056,8 @@ async fn a_layer_another_repository_served_is_reused_only_after_this_one_serves_
 /// a few KiB cannot fill the node's disk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_layer_that_expands_past_what_a_build_may_write_fails_the_pull() {
-    let mut tar = tar::Builder::new(Vec::new());
     let zeros = vec![0u8; 4 << 20];
-    let mut h = tar::Header::new_gnu();
-    h.set_size(zeros.len() as u64);
-    h.set_mode(0o644);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(0);
-    tar.append_data(&mut h, "zeros", &zeros[..]).unwrap();
-    let tar = tar.into_inner().unwrap();
+    let tar = one_file_tar("zeros", &zeros);
     let layer = gzip(&tar);
     assert!(layer.len() < 64 << 10, "it compresses to almost nothing");
     let (manifest, config) = one_layer_image(
