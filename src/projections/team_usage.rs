@@ -34,7 +34,12 @@ impl InlineProjection for TeamCap {
 
 /// The check that holds `team` to its limit on `held`, if it has one.
 pub fn admission(limits: &TeamLimits, team: &TeamId, held: Held) -> Option<AdmissionCheck> {
-    limits.max(held).map(|max| {
+    cap(team, held, limits.max(held))
+}
+
+/// The check that holds `team` to at most `max` of `held` (none without a `max`).
+pub fn cap(team: &TeamId, held: Held, max: Option<u32>) -> Option<AdmissionCheck> {
+    max.map(|max| {
         AdmissionCheck::new(TeamCap {
             team: team.clone(),
             held,

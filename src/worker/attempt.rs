@@ -62,14 +62,14 @@ pub async fn acquire(
         command_id(build, &["acquire", node, &epoch.to_string()]),
         worker_metadata(node, build),
     );
-    if let (Some(max), Some(registration)) = (max_running, &observed.state.registration) {
-        ctx = ctx.with_admission(crate::events::AdmissionCheck::new(
-            crate::projections::team_usage::TeamCap {
-                team: registration.team.clone(),
-                held: crate::domain::team_limits::Held::RunningBuilds,
-                max,
-            },
-        ));
+    if let Some(check) = observed.state.registration.as_ref().and_then(|r| {
+        crate::projections::team_usage::cap(
+            &r.team,
+            crate::domain::team_limits::Held::RunningBuilds,
+            max_running,
+        )
+    }) {
+        ctx = ctx.with_admission(check);
     }
     let executed = retry_store_errors(build, "acquiring", || async {
         let now = db_now(store.pool()).await?;
