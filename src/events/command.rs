@@ -63,10 +63,10 @@ impl CommandContext {
         }
     }
 
-    /// This command's appends also run `check` in their transaction, and fail with
-    /// [`AppendError::Refused`] (storing nothing) when it refuses.
-    pub fn with_admission(mut self, check: AdmissionCheck) -> Self {
-        self.admission = Some(check);
+    /// This command's appends also run `check` (when there is one) in their transaction, and
+    /// fail with [`AppendError::Refused`] (storing nothing) when it refuses.
+    pub fn with_admission(mut self, check: Option<AdmissionCheck>) -> Self {
+        self.admission = check;
         self
     }
 

@@ -58,19 +58,17 @@ pub async fn acquire(
         .await
         .map_err(WorkerError::store)?;
     let epoch = observed.state.last_epoch.map_or(Epoch::FIRST, Epoch::next);
-    let mut ctx = CommandContext::with_id(
+    let ctx = CommandContext::with_id(
         command_id(build, &["acquire", node, &epoch.to_string()]),
         worker_metadata(node, build),
-    );
-    if let Some(check) = observed.state.registration.as_ref().and_then(|r| {
+    )
+    .with_admission(observed.state.registration.as_ref().and_then(|r| {
         crate::projections::team_usage::cap(
             &r.team,
             crate::domain::team_limits::Held::RunningBuilds,
             max_running,
         )
-    }) {
-        ctx = ctx.with_admission(check);
-    }
+    }));
     let executed = retry_store_errors(build, "acquiring", || async {
         let now = db_now(store.pool()).await?;
         let grant = AttemptGrant {

@@ -88,14 +88,13 @@ async fn reserve(
     team: &Team,
     command: &ReserveUpload,
 ) -> Result<LinkResponse, ApiError> {
-    let mut ctx = CommandContext::new(api_metadata(state));
-    if let Some(check) = crate::projections::team_usage::admission(
-        &state.protocol.team_limits,
-        &team.0,
-        crate::domain::team_limits::Held::PendingUploads,
-    ) {
-        ctx = ctx.with_admission(check);
-    }
+    let ctx = CommandContext::new(api_metadata(state)).with_admission(
+        crate::projections::team_usage::admission(
+            &state.protocol.team_limits,
+            &team.0,
+            crate::domain::team_limits::Held::PendingUploads,
+        ),
+    );
     crate::app::upload::link_upload(&state.events, &ctx, &state.blobs, command)
         .await
         .map_err(|e| command_error(e, upload_error))

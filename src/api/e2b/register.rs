@@ -63,14 +63,13 @@ pub async fn register_build(
         now,
         waiting_deadline: now + state.protocol.waiting_timeout,
     };
-    let mut ctx = CommandContext::new(api_metadata(&state));
-    if let Some(check) = crate::projections::team_usage::admission(
-        &state.protocol.team_limits,
-        &team.0,
-        crate::domain::team_limits::Held::QueuedBuilds,
-    ) {
-        ctx = ctx.with_admission(check);
-    }
+    let ctx = CommandContext::new(api_metadata(&state)).with_admission(
+        crate::projections::team_usage::admission(
+            &state.protocol.team_limits,
+            &team.0,
+            crate::domain::team_limits::Held::QueuedBuilds,
+        ),
+    );
     let (template_id, build_id) = register_build_events(&state.events, &ctx, &command)
         .await
         .map_err(|e| {
