@@ -1128,3 +1128,63 @@ async fn uploads_past_the_concurrent_limit_answer_503_with_retry_after() {
     assert_eq!(first.await.unwrap().0, 200);
     assert_eq!(c.put(&second_url, archive).await.0, 200);
 }
+
+/// Sends a PUT to `url` that announces `declared` bytes, sends `body` (shorter), and closes
+/// its side of the connection: a client that goes away mid-body.
+async fn put_and_vanish(url: &str, declared: usize, body: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut tcp = tokio::net::TcpStream::connect(host).await.unwrap();
+    let head = format!("PUT {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {declared}\r\n\r\n");
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(body).await.unwrap();
+    tcp.shutdown().await.unwrap();
+    // Read whatever answer comes, until the server closes.
+    let mut sink = Vec::new();
+    let _ = tokio::io::AsyncReadExt::read_to_end(&mut tcp, &mut sink).await;
+}
+
+async fn claim_releases(db: &common::TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM events WHERE type = 'UploadClaimReleased.v1'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// A client that goes away mid-body leaves no claim behind (the URL takes the next PUT), and
+/// since each failed upload appends a claim and its release to the build's stream, a URL takes
+/// three failed uploads: the fourth PUT is refused (409, its body unread) until the client asks
+/// for a new link, so a client failing on purpose cannot grow the stream without end.
+#[tokio::test]
+async fn a_url_whose_uploads_keep_failing_is_refused_after_three() {
+    let (db, _data, api) = setup(&[]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let (template, _) = c.register("failing-uploads").await;
+    let (_, url) = c.link(&template, HASH_A).await;
+    let archive = tar_gz(&[("app/a.txt", b"hello")]);
+    for n in 1..=3 {
+        put_and_vanish(&url, archive.len(), &archive[..archive.len() / 2]).await;
+        let released = async {
+            while claim_releases(&db).await < n {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), released)
+            .await
+            .expect("the vanished upload's claim is released");
+    }
+    let (status, body) = c.put(&url, archive.clone()).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("3 uploads to this link"),
+        "{body}"
+    );
+    assert_eq!(claim_releases(&db).await, 3);
+    // A new link takes the upload.
+    let (_, fresh) = c.link(&template, HASH_A).await;
+    assert_eq!(c.put(&fresh, archive).await.0, 200);
+}

@@ -87,6 +87,14 @@ pub async fn upload_context(
         }
         Claim::Receive => {}
     }
+    // A request dropped mid-body (the client went away, the server is shutting down) never
+    // reaches the release below: the guard's drop releases the claim then.
+    let mut held = HeldClaim {
+        state: state.clone(),
+        grant: grant.clone(),
+        claim,
+        reason: Some("the client went away before the upload ended".into()),
+    };
 
     let started = std::time::Instant::now();
     let work = crate::trace::build_span(&state.events, grant.build, "build.upload").await;
@@ -94,12 +102,33 @@ pub async fn upload_context(
         .instrument(work)
         .await;
     crate::metrics::upload(stored.as_ref().ok().map(|_| declared), started.elapsed());
+    // Ended here: released before answering, so the client's retry finds the URL free.
+    held.reason = None;
     if let Err(err) = &stored {
         release(&state, &grant, claim, &err.message).await;
     }
     stored?;
     tracing::info!("upload completed and bound");
     Ok(StatusCode::OK)
+}
+
+/// A claim this request holds: released when it is dropped still holding a `reason`, in a task
+/// of its own, which is how a request cancelled mid-body releases it.
+struct HeldClaim {
+    state: AppState,
+    grant: UploadGrant,
+    claim: Uuid,
+    reason: Option<String>,
+}
+
+impl Drop for HeldClaim {
+    fn drop(&mut self) {
+        let Some(reason) = self.reason.take() else {
+            return;
+        };
+        let (state, grant, claim) = (self.state.clone(), self.grant.clone(), self.claim);
+        tokio::spawn(async move { release(&state, &grant, claim, &reason).await });
+    }
 }
 
 /// Seconds a client is told to wait when every upload slot is busy.

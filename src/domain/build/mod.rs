@@ -85,6 +85,9 @@ pub struct Intent {
     /// The upload receiving this intent's body now, if one does: another PUT to the same URL
     /// is refused before a byte of it is read (see [`upload::claim_upload`]).
     pub receiving: Option<uuid::Uuid>,
+    /// Uploads to this URL that ended without completing: each cost two events, so only
+    /// [`upload::MAX_FAILED_UPLOADS`] are taken before the URL is refused.
+    pub failed_uploads: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -465,6 +468,7 @@ pub fn evolve(mut state: State, event: &Event) -> State {
                     expires_at: *expires_at,
                     state: IntentState::Pending,
                     receiving: None,
+                    failed_uploads: 0,
                 },
             );
         }
@@ -492,6 +496,7 @@ pub fn evolve(mut state: State, event: &Event) -> State {
             if let Some(i) = state.intents.get_mut(intent) {
                 if i.receiving == Some(*claim) {
                     i.receiving = None;
+                    i.failed_uploads += 1;
                 }
             }
         }

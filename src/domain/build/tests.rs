@@ -386,6 +386,38 @@ fn an_upload_claims_its_intent_before_reading_and_a_second_put_is_refused_until_
 }
 
 #[test]
+fn a_url_whose_uploads_keep_failing_is_refused_after_a_few() {
+    let h = hash('f');
+    let mut w = World::registered();
+    let link = w.link(1, &h, t(1)).unwrap();
+    let claim = |w: &World, n: u128| {
+        claim_upload(
+            &w.build,
+            &ClaimUpload {
+                intent: intent(1),
+                hash: h.clone(),
+                generation: link.generation,
+                claim: Uuid::from_u128(n),
+                now: t(2),
+            },
+        )
+    };
+    for n in 0..upload::MAX_FAILED_UPLOADS as u128 {
+        let (d, _) = claim(&w, n).unwrap();
+        w.apply(&h, &d);
+        let released = release_claim(&w.build, intent(1), Uuid::from_u128(n), "short body");
+        w.apply(&h, &released);
+    }
+    assert_eq!(
+        claim(&w, 99),
+        Err(UploadError::TooManyFailedUploads {
+            intent: intent(1),
+            failed: upload::MAX_FAILED_UPLOADS
+        })
+    );
+}
+
+#[test]
 fn completion_checks_the_url_against_its_intent() {
     let h = hash('a');
     let mut w = World::registered();

@@ -61,6 +61,11 @@ pub struct LinkResponse {
     pub generation: Generation,
 }
 
+/// Failed uploads one URL takes before it is refused: a client retrying a broken upload gets a
+/// few tries, and a client that fails on purpose cannot grow the build's stream without bound
+/// (each failure appends a claim and its release).
+pub const MAX_FAILED_UPLOADS: u32 = 3;
+
 /// An upload to `intent`'s URL is about to read its body, as `claim`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClaimUpload {
@@ -124,6 +129,8 @@ pub enum UploadError {
     IntentExpired { intent: IntentId },
     #[error("another upload to this link (intent {intent}) is being received now; wait for it to finish, or request a new upload link")]
     UploadInProgress { intent: IntentId },
+    #[error("{failed} uploads to this link (intent {intent}) ended without completing; request a new upload link")]
+    TooManyFailedUploads { intent: IntentId, failed: u32 },
     #[error("upload intent {intent} already completed with {completed}; a different body ({attempted}) cannot replace it")]
     DigestConflict {
         intent: IntentId,
@@ -244,6 +251,12 @@ pub fn claim_upload(build: &State, cmd: &ClaimUpload) -> Result<(Decision, Claim
     match intent.receiving {
         Some(claim) if claim == cmd.claim => Ok((Decision::default(), Claim::Receive)),
         Some(_) => Err(UploadError::UploadInProgress { intent: cmd.intent }),
+        None if intent.failed_uploads >= MAX_FAILED_UPLOADS => {
+            Err(UploadError::TooManyFailedUploads {
+                intent: cmd.intent,
+                failed: intent.failed_uploads,
+            })
+        }
         None => Ok((
             Decision {
                 build: vec![Event::UploadClaimed {
