@@ -6,6 +6,7 @@
 use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,6 @@ use chrono::{DateTime, Utc};
 use common::build_api::{stream, Api};
 use common::process::Proc;
 use common::publishing::enter_publishing;
-use common::sandbox::node_dir;
 use serde_json::json;
 use strata::domain::build::{self, AttemptGrant, FailureKind, Phase};
 use strata::domain::build_spec::Tag;
@@ -364,11 +364,25 @@ struct CrashResult {
     build: BuildId,
     /// The scenario's database, kept until the result is checked (`strata history` reads it).
     db: common::TestDb,
+    /// The scenario's node directory, its own so that no other test's worker sweeps (or holds
+    /// the lock of) its dead worker's sandboxes, and a retry finds the checkpoints it wrote.
+    node: tempfile::TempDir,
     /// Seconds from the lease's expiry to the terminal event, by the database clock.
     lag_secs: f64,
 }
 
+/// A worker on a node directory of the test's own: no other test's worker sweeps (or holds
+/// the owner lock of) its sandboxes there.
+fn worker_in(db_url: &str, node: &str, crash_at: Option<&str>, data_dir: &Path) -> Proc {
+    let data_dir = data_dir.to_str().unwrap();
+    let mut env = vec![("STRATA_DATA_DIR", data_dir)];
+    env.extend(crash_at.map(|point| (strata::fault::CRASH_AT_ENV, point)));
+    Proc::worker(db_url, node, LEASE_SECS, &env)
+}
+
 async fn crash_scenario(crash: Crash) -> CrashResult {
+    let node = common::sandbox::private_node(&["busybox"]);
+    let data_dir = node.path().to_path_buf();
     let db = common::test_db().await;
     let store = strata::app::event_store(db.pool.clone());
     let api = new_api(&store);
@@ -388,7 +402,9 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
             h.set_mode(0o644);
             tar.append_data(&mut h, "hello.txt", &b"hello"[..]).unwrap();
             let bytes = tar.into_inner().unwrap();
-            let blobs = common::sandbox::backend().blobs();
+            let blobs: std::sync::Arc<dyn strata::vmm::BlobStore> = std::sync::Arc::new(
+                strata::vmm::LocalBlobStore::open(data_dir.join("blobs")).unwrap(),
+            );
             api.upload(&blobs, build, &hash, &bytes).await;
             json!({"type": "COPY", "args": ["hello.txt", "/tmp/", "", ""], "filesHash": hash.as_str(), "force": false})
         }
@@ -403,7 +419,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
         Crash::At(point) => Some(point),
         Crash::MidRun => None,
     };
-    let mut worker = start_worker(&db.url, "crash-node", crash_at);
+    let mut worker = worker_in(&db.url, "crash-node", crash_at, &data_dir);
     // The dead worker's sandboxes, by observation (while it runs) and by its owner id.
     let mut seen = BTreeSet::new();
     let mut links = BTreeSet::new();
@@ -415,7 +431,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
                 Duration::from_secs(90),
                 || {
                     seen.extend(worker.running_sandboxes());
-                    owner = owner.take().or_else(|| worker.sandbox_owner(&node_dir()));
+                    owner = owner.take().or_else(|| worker.sandbox_owner(&data_dir));
                     let exited = worker.exited();
                     let (pool, store) = (db.pool.clone(), store.clone());
                     async move {
@@ -443,7 +459,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
             .await;
             tokio::time::sleep(Duration::from_millis(1500)).await;
             seen.extend(worker.running_sandboxes());
-            owner = worker.sandbox_owner(&node_dir());
+            owner = worker.sandbox_owner(&data_dir);
             assert!(!seen.is_empty(), "the worker runs `sleep` in a sandbox");
             links = worker.sandbox_links();
             assert!(!links.is_empty(), "the worker's sandbox has a network link");
@@ -453,7 +469,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
     }
     // The worker logs its owner id when it starts, before it claims anything.
     let owner = owner
-        .or_else(|| worker.sandbox_owner(&node_dir()))
+        .or_else(|| worker.sandbox_owner(&data_dir))
         .expect("the crashed worker's sandbox owner lock was seen");
     let mut prefixes: Vec<String> = seen.into_iter().collect();
     prefixes.push(format!("sbx-{owner}-"));
@@ -464,7 +480,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
         || {
             let alive: Vec<String> = prefixes
                 .iter()
-                .flat_map(|p| leftovers_of(&node_dir(), p))
+                .flat_map(|p| leftovers_of(&data_dir, p))
                 .filter(|l| l.starts_with("process "))
                 .collect();
             async move { alive.is_empty() }
@@ -486,18 +502,18 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
     )
     .await;
     // The next worker's start removes the rest: directories, cgroups, mounts.
-    let mut next = start_worker(&db.url, "crash-node", None);
+    let mut next = worker_in(&db.url, "crash-node", None, &data_dir);
     next.wait_started().await;
     let left: Vec<String> = prefixes
         .iter()
-        .flat_map(|p| leftovers_of(&node_dir(), p))
+        .flat_map(|p| leftovers_of(&data_dir, p))
         .collect();
     assert!(
         left.is_empty(),
         "{crash:?}: the dead worker's sandboxes survived the next worker's start: {left:#?}"
     );
     assert!(
-        !node_dir()
+        !data_dir
             .join(format!("sandboxes/.owner-{owner}.lock"))
             .exists(),
         "the dead owner's lock is removed"
@@ -509,7 +525,12 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
         "{crash:?}: the build must still be open when the node dies: {:?}",
         before_reconciler.phase
     );
-    let _reconciler = start_reconciler(&db.url, "reconciler-a", &[]);
+    let _reconciler = Proc::reconciler(
+        &db.url,
+        "reconciler-a",
+        &[],
+        &[("STRATA_DATA_DIR", data_dir.to_str().unwrap())],
+    );
     wait_terminal(&db.pool, build, Duration::from_secs(60)).await;
     let events = build_events(&store, build).await;
     let promotion = store
@@ -550,6 +571,7 @@ async fn crash_scenario(crash: Crash) -> CrashResult {
         tag_holder,
         build,
         db,
+        node,
     }
 }
 
@@ -588,7 +610,7 @@ async fn after_a_node_is_lost_a_retry_resumes_from_the_last_committed_step() {
         ]),
     )
     .await;
-    let _worker = start_worker(&r.db.url, "retry-node", None);
+    let _worker = worker_in(&r.db.url, "retry-node", None, r.node.path());
     wait_terminal(&r.db.pool, retry, Duration::from_secs(90)).await;
     let state = build_state(&store, retry).await;
     assert!(
@@ -753,13 +775,14 @@ async fn a_worker_killed_at_any_point_leaves_no_build_unfinished() {
 /// it, and the next start on its data directory removes what is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
+    let node = common::sandbox::private_node(&["busybox"]);
     let db = common::test_db().await;
     let store = strata::app::event_store(db.pool.clone());
     let api = new_api(&store);
     let (_, build) = api.register("sweep").await;
     api.start(build, recipe(vec![step("RUN", &["sleep 60"])]))
         .await;
-    let mut first = start_worker(&db.url, "sweep-a", None);
+    let mut first = worker_in(&db.url, "sweep-a", None, node.path());
     wait_for("the build to run", Duration::from_secs(60), || {
         let running = !first.running_sandboxes().is_empty();
         async move { running }
@@ -770,7 +793,7 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
     assert_eq!(running.len(), 1, "{running:?}");
     let id = running.into_iter().next().unwrap();
     let alive = |what: &str| {
-        let left = leftovers_of(&node_dir(), &id);
+        let left = leftovers_of(&node.path(), &id);
         assert!(
             left.iter().any(|l| l.starts_with("directory "))
                 && left.iter().any(|l| l.contains("sleep 60")),
@@ -786,7 +809,7 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
     ];
     let mut other_dir = Proc::spawn(&["worker"], &db.url, "sweep-b", &worker_env);
     other_dir.wait_started().await;
-    let mut same_dir = start_worker(&db.url, "sweep-c", None);
+    let mut same_dir = worker_in(&db.url, "sweep-c", None, node.path());
     same_dir.wait_started().await;
     alive("after two more workers started");
 
@@ -796,16 +819,16 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
         "the killed worker's sandbox processes to exit",
         Duration::from_secs(10),
         || {
-            let procs = leftovers_of(&node_dir(), &id)
+            let procs = leftovers_of(&node.path(), &id)
                 .iter()
                 .any(|l| l.starts_with("process "));
             async move { !procs }
         },
     )
     .await;
-    let mut next = start_worker(&db.url, "sweep-a", None);
+    let mut next = worker_in(&db.url, "sweep-a", None, node.path());
     next.wait_started().await;
-    let left = leftovers_of(&node_dir(), &id);
+    let left = leftovers_of(&node.path(), &id);
     assert!(left.is_empty(), "{left:#?}");
     drop((other_dir, same_dir, next));
 }
