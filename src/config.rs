@@ -249,6 +249,16 @@ pub struct ServeArgs {
     #[arg(long, env = "STRATA_UPLOAD_MAX_CONCURRENT", default_value_t = 64)]
     pub upload_max_concurrent: usize,
 
+    /// Longest a build status request waits for news (a log line, another status) before it
+    /// answers "nothing new", in milliseconds; 0 answers at once. Well under the SDKs' request
+    /// timeout.
+    #[arg(long, env = "STRATA_STATUS_HOLD_MS", default_value_t = 1500)]
+    pub status_hold_ms: u64,
+
+    /// Status requests this API process holds at once; one more answers at once.
+    #[arg(long, env = "STRATA_STATUS_MAX_HELD", default_value_t = 1024)]
+    pub status_max_held: usize,
+
     /// How long a registered build waits for its uploads and start before it expires, in seconds.
     #[arg(long, env = "STRATA_BUILD_WAITING_TIMEOUT", default_value_t = 3600)]
     pub build_waiting_timeout_secs: u64,

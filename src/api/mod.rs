@@ -1,6 +1,7 @@
 //! HTTP surface: the E2B-compatible API and the operator API.
 
 pub mod admin;
+pub mod build_news;
 pub mod e2b;
 pub mod error;
 pub mod state;

@@ -41,6 +41,8 @@ pub struct ProtocolSettings {
     pub ceilings: crate::domain::build_spec::Ceilings,
     /// What one team may hold at once (ADR 0024).
     pub team_limits: crate::domain::team_limits::TeamLimits,
+    /// Longest a status request waits for news (ADR 0027); zero answers at once.
+    pub status_hold: std::time::Duration,
 }
 
 /// Shared by every handler; cheap to clone.
@@ -68,6 +70,8 @@ pub struct AppState {
     pub upload_slots: Arc<tokio::sync::Semaphore>,
     /// What a `/metrics` scrape must present, if anything (`STRATA_METRICS_TOKEN`).
     pub metrics_token: Option<Arc<str>>,
+    /// Wakes held status requests (`STRATA_STATUS_MAX_HELD` of them at most).
+    pub build_news: crate::api::build_news::BuildNews,
 }
 
 impl AppState {
@@ -83,7 +87,7 @@ impl AppState {
         let secs = |s: u64| Duration::seconds(s as i64);
         Ok(Self {
             events: crate::app::event_store(pool.clone()),
-            pool,
+            pool: pool.clone(),
             admin_token: serve.admin_token.clone(),
             public_url: serve.public_url(),
             node_id,
@@ -104,12 +108,14 @@ impl AppState {
                     disk_mb: crate::domain::build_spec::Ceilings::DEFAULT.disk_mb,
                 },
                 team_limits: crate::domain::team_limits::TeamLimits::DEFAULT,
+                status_hold: std::time::Duration::from_millis(serve.status_hold_ms),
             }),
             data_dir: data_dir.to_path_buf(),
             upload_slots: Arc::new(tokio::sync::Semaphore::new(
                 serve.upload_max_concurrent.max(1),
             )),
             metrics_token: None,
+            build_news: crate::api::build_news::BuildNews::new(pool.clone(), serve.status_max_held),
         })
     }
 

@@ -92,6 +92,8 @@ async fn start_api(
         upload_url_ttl_secs: 900,
         upload_idle_timeout_secs: 30,
         upload_max_concurrent: 64,
+        status_hold_ms: 1500,
+        status_max_held: 1024,
         build_waiting_timeout_secs: 3600,
         build_queue_timeout_secs: 3600,
         build_cpu_max: strata::domain::build_spec::Ceilings::DEFAULT.cpu_count,

@@ -180,7 +180,8 @@ impl EventStore {
                 Ok(mut outcome) => {
                     outcome.attempts = attempt;
                     if !outcome.events.is_empty() {
-                        self.notifier.appended(&self.pool);
+                        self.notifier
+                            .appended(&self.pool, writes.iter().map(|w| w.stream.as_str()));
                     }
                     if let Some(lost) = self.faults.lost_reply(writes) {
                         return Err(lost);

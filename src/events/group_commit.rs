@@ -344,7 +344,9 @@ impl super::EventStore {
                         "group committed"
                     );
                     if outcomes.iter().any(Option::is_some) {
-                        self.notifier.appended(&self.pool);
+                        let committed = writes.iter().zip(&outcomes).filter(|(_, o)| o.is_some());
+                        self.notifier
+                            .appended(&self.pool, committed.map(|(w, _)| w.stream.as_str()));
                     }
                     return outcomes;
                 }

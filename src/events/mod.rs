@@ -25,6 +25,7 @@ mod inline;
 mod metadata;
 mod new_event;
 mod notifier;
+pub use notifier::{streams_of, ANY_STREAM};
 mod recorded_event;
 mod retry;
 mod store;

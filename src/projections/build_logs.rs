@@ -9,6 +9,24 @@ use serde::Serialize;
 use crate::domain::build::status::{LogEntry, LogLevel};
 use crate::domain::ids::BuildId;
 
+/// The LISTEN/NOTIFY channel the log writer notifies after a batch commits; the payload is the
+/// build's id. Held status requests wake on it (`crate::api::build_news`).
+pub const LOGS_CHANNEL: &str = "strata_build_logs";
+
+/// Tells listeners that `build` has new lines. Sent after the batch committed, in a statement
+/// of its own (a notifying transaction would serialize its commit with every other notifier's);
+/// a lost notification costs a held request its wait, never a line.
+pub async fn notify_written(pool: &sqlx::PgPool, build: BuildId) {
+    if let Err(err) = sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(LOGS_CHANNEL)
+        .bind(build.to_string())
+        .execute(pool)
+        .await
+    {
+        tracing::debug!(%build, error = %err, "sending the log wake-up failed; held status requests answer at their deadline");
+    }
+}
+
 /// One stored log line with its place in the build's list and the attempt that wrote it.
 #[derive(Clone, Debug, Serialize, sqlx::FromRow)]
 pub struct LogRow {

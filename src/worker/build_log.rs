@@ -145,7 +145,10 @@ pub async fn write_logs(pool: PgPool, build: BuildId, epoch: Epoch, mut rx: LogR
         }
         if !fenced && !lines.is_empty() {
             match insert(&pool, build, epoch, &lines).await {
-                Ok(true) => stored += lines.len() as u64,
+                Ok(true) => {
+                    stored += lines.len() as u64;
+                    crate::projections::build_logs::notify_written(&pool, build).await;
+                }
                 Ok(false) => {
                     tracing::info!(%build, %epoch, "build logs refused: the attempt is closed");
                     fenced = true;

@@ -40,6 +40,7 @@ mod sandbox_hostile;
 mod sandbox_images;
 mod sandbox_limits;
 mod sandbox_network;
+mod status_hold;
 mod store_outage;
 mod stream_name_migration;
 mod up;

@@ -1,6 +1,13 @@
 //! `GET /templates/{templateID}/builds/{buildID}/status?logsOffset=&limit=&level=`: the build's
 //! status and one page of its logs. `logsOffset` indexes an append-only list, so the SDK's
 //! drain loop ends; past the end the page is empty.
+//!
+//! While the build is in flight and nothing exists past `logsOffset`, the request is held until
+//! there is news (a log line, another status) or `STRATA_STATUS_HOLD_MS` passes, then answers
+//! exactly what it would answer at that moment (ADR 0027). The SDKs poll in a loop with a sleep
+//! between calls, so an answer that waits for the news instead of returning "nothing yet" takes
+//! the poll timer out of every build's round trip. A held request holds no database connection:
+//! it waits on [`BuildNews`](crate::api::build_news), woken by NOTIFY.
 
 use axum::extract::{Path, Query, State};
 use axum::Json;
@@ -12,6 +19,7 @@ use super::start::{check_build_of, parse_build_id};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use crate::domain::build::status::{LogLevel, StatusResponse};
+use crate::domain::ids::{BuildId, TeamId, TemplateId};
 use crate::projections::build_logs;
 
 #[derive(Debug, Deserialize)]
@@ -32,14 +40,64 @@ pub async fn build_status(
     let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?;
     let template_id = parse_template_id(&template_id)?;
     let build_id = parse_build_id(&build_id)?;
-    // The build's own registration names its team and template: one stream read per poll.
-    // State first, logs second: a terminal state read here has all its logs written already.
-    let build = check_build_of(&state, &team.0, &template_id, &build_id).await?;
-    let offset = query.logs_offset.unwrap_or(0).max(0);
-    let limit = query.limit.unwrap_or(100).clamp(0, 100);
-    let min_level = query.level.unwrap_or(LogLevel::Debug);
-    let page = build_logs::page_of(&state.pool, build_id, min_level, offset, limit).await?;
-    StatusResponse::of(&build, &build_id, page)
-        .map(Json)
-        .ok_or_else(|| ApiError::not_found(format!("build {build_id} not found")))
+    let page = Page {
+        team: &team.0,
+        template_id: &template_id,
+        build_id: &build_id,
+        offset: query.logs_offset.unwrap_or(0).max(0),
+        limit: query.limit.unwrap_or(100).clamp(0, 100),
+        min_level: query.level.unwrap_or(LogLevel::Debug),
+    };
+    let hold = state.protocol.status_hold;
+    // The watch comes before the read: news written after the read wakes it.
+    let mut watch = (!hold.is_zero())
+        .then(|| state.build_news.watch(build_id))
+        .flatten();
+    let first = page.answer(&state).await?;
+    let Some(watch) = watch.as_mut().filter(|_| first.nothing_new()) else {
+        return Ok(Json(first));
+    };
+    let Some(_held) = watch.hold() else {
+        return Ok(Json(first));
+    };
+    let deadline = tokio::time::Instant::now() + hold;
+    while tokio::time::timeout_at(deadline, watch.news())
+        .await
+        .is_ok()
+    {
+        let now = page.answer(&state).await?;
+        if now.is_news_after(&first) {
+            return Ok(Json(now));
+        }
+    }
+    page.answer(&state).await.map(Json)
+}
+
+/// One status request's page of one build.
+struct Page<'a> {
+    team: &'a TeamId,
+    template_id: &'a TemplateId,
+    build_id: &'a BuildId,
+    offset: i64,
+    limit: i64,
+    min_level: LogLevel,
+}
+
+impl Page<'_> {
+    /// The answer now: the build's own registration names its team and template (one stream
+    /// read), then its logs. State first, logs second: a terminal state read here has all its
+    /// logs written already.
+    async fn answer(&self, state: &AppState) -> Result<StatusResponse, ApiError> {
+        let build = check_build_of(state, self.team, self.template_id, self.build_id).await?;
+        let page = build_logs::page_of(
+            &state.pool,
+            *self.build_id,
+            self.min_level,
+            self.offset,
+            self.limit,
+        )
+        .await?;
+        StatusResponse::of(&build, self.build_id, page)
+            .ok_or_else(|| ApiError::not_found(format!("build {} not found", self.build_id)))
+    }
 }

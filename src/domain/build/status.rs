@@ -133,6 +133,21 @@ impl StatusResponse {
             reason: reason_of(state),
         })
     }
+
+    /// Whether a status request that would answer this may wait for news instead: the build is
+    /// in flight (started, not ended: a waiting build has no news coming until its client acts)
+    /// and the page past the client's offset is empty.
+    pub fn nothing_new(&self) -> bool {
+        self.status == BuildStatus::Building && self.log_entries.is_empty()
+    }
+
+    /// Whether this answer tells a client that held `earlier` something: a log line past its
+    /// offset, or another status or reason.
+    pub fn is_news_after(&self, earlier: &StatusResponse) -> bool {
+        !self.log_entries.is_empty()
+            || self.status != earlier.status
+            || self.reason != earlier.reason
+    }
 }
 
 #[cfg(test)]
@@ -158,6 +173,40 @@ mod tests {
             serde_json::to_value(BuildStatus::Building).unwrap(),
             "building"
         );
+    }
+
+    #[test]
+    fn only_an_in_flight_build_with_nothing_past_the_offset_may_wait_and_news_is_what_differs() {
+        let at = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let answer = |status, lines: usize, reason: Option<&str>| StatusResponse {
+            template_id: "t".into(),
+            build_id: "b".into(),
+            status,
+            log_entries: (0..lines)
+                .map(|i| LogEntry {
+                    timestamp: at,
+                    level: LogLevel::Info,
+                    message: format!("line {i}"),
+                    step: None,
+                })
+                .collect(),
+            logs: vec![],
+            reason: reason.map(|m| ErrorReason {
+                message: m.into(),
+                step: None,
+            }),
+        };
+        let quiet = answer(BuildStatus::Building, 0, None);
+        assert!(quiet.nothing_new());
+        assert!(!answer(BuildStatus::Waiting, 0, None).nothing_new());
+        assert!(!answer(BuildStatus::Building, 1, None).nothing_new());
+        assert!(!answer(BuildStatus::Ready, 0, None).nothing_new());
+        assert!(!answer(BuildStatus::Error, 0, Some("boom")).nothing_new());
+
+        assert!(!quiet.clone().is_news_after(&quiet));
+        assert!(answer(BuildStatus::Building, 1, None).is_news_after(&quiet));
+        assert!(answer(BuildStatus::Ready, 0, None).is_news_after(&quiet));
+        assert!(answer(BuildStatus::Building, 0, Some("x")).is_news_after(&quiet));
     }
 
     #[test]
