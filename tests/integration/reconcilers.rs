@@ -793,7 +793,7 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
     assert_eq!(running.len(), 1, "{running:?}");
     let id = running.into_iter().next().unwrap();
     let alive = |what: &str| {
-        let left = leftovers_of(&node.path(), &id);
+        let left = leftovers_of(node.path(), &id);
         assert!(
             left.iter().any(|l| l.starts_with("directory "))
                 && left.iter().any(|l| l.contains("sleep 60")),
@@ -819,7 +819,7 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
         "the killed worker's sandbox processes to exit",
         Duration::from_secs(10),
         || {
-            let procs = leftovers_of(&node.path(), &id)
+            let procs = leftovers_of(node.path(), &id)
                 .iter()
                 .any(|l| l.starts_with("process "));
             async move { !procs }
@@ -828,7 +828,7 @@ async fn a_starting_worker_sweeps_only_the_sandboxes_of_dead_workers() {
     .await;
     let mut next = worker_in(&db.url, "sweep-a", None, node.path());
     next.wait_started().await;
-    let left = leftovers_of(&node.path(), &id);
+    let left = leftovers_of(node.path(), &id);
     assert!(left.is_empty(), "{left:#?}");
     drop((other_dir, same_dir, next));
 }

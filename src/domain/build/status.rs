@@ -141,12 +141,11 @@ impl StatusResponse {
         self.status == BuildStatus::Building && self.log_entries.is_empty()
     }
 
-    /// Whether this answer tells a client that held `earlier` something: a log line past its
-    /// offset, or another status or reason.
-    pub fn is_news_after(&self, earlier: &StatusResponse) -> bool {
-        !self.log_entries.is_empty()
-            || self.status != earlier.status
-            || self.reason != earlier.reason
+    /// Whether nothing more can be added to this answer by waiting: the build has ended, or
+    /// the page holds `limit` lines already.
+    pub fn is_complete(&self, limit: i64) -> bool {
+        matches!(self.status, BuildStatus::Ready | BuildStatus::Error)
+            || self.log_entries.len() as i64 >= limit
     }
 }
 
@@ -176,7 +175,8 @@ mod tests {
     }
 
     #[test]
-    fn only_an_in_flight_build_with_nothing_past_the_offset_may_wait_and_news_is_what_differs() {
+    fn only_an_in_flight_build_with_nothing_past_the_offset_waits_and_only_an_end_or_a_full_page_completes(
+    ) {
         let at = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
         let answer = |status, lines: usize, reason: Option<&str>| StatusResponse {
             template_id: "t".into(),
@@ -203,10 +203,10 @@ mod tests {
         assert!(!answer(BuildStatus::Ready, 0, None).nothing_new());
         assert!(!answer(BuildStatus::Error, 0, Some("boom")).nothing_new());
 
-        assert!(!quiet.clone().is_news_after(&quiet));
-        assert!(answer(BuildStatus::Building, 1, None).is_news_after(&quiet));
-        assert!(answer(BuildStatus::Ready, 0, None).is_news_after(&quiet));
-        assert!(answer(BuildStatus::Building, 0, Some("x")).is_news_after(&quiet));
+        assert!(!answer(BuildStatus::Building, 3, None).is_complete(100));
+        assert!(answer(BuildStatus::Building, 3, None).is_complete(3));
+        assert!(answer(BuildStatus::Ready, 0, None).is_complete(100));
+        assert!(answer(BuildStatus::Error, 1, Some("boom")).is_complete(100));
     }
 
     #[test]
