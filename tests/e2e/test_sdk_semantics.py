@@ -162,8 +162,10 @@ def test_envs_are_build_time_only(strata, team):
 
 
 def test_a_started_build_is_building_right_away(strata, team):
+    """Never `waiting` once started. The step outlasts a held status request (ADR 0027: a quiet
+    build's status waits for news, and a short build's first answer may be its end)."""
     _, opts = team
-    tpl = Template().from_image("busybox").run_cmd(f"echo {uuid.uuid4().hex} > /home/user/n")
+    tpl = Template().from_image("busybox").run_cmd(f"sleep 3; echo {uuid.uuid4().hex} > /home/user/n")
     info = Template.build_in_background(tpl, "status-now", **opts)
     status = Template.get_build_status(info, **opts)
     assert status.status.value == "building", status

@@ -126,9 +126,11 @@ try {
   out.toDockerfile = Template.toDockerfile(round)
   await build(Template().fromDockerfile(out.toDockerfile), 'js-roundtrip')
 
-  // buildInBackground and getBuildStatus: building from the start, then ready.
+  // buildInBackground and getBuildStatus: building from the start, then ready. The step
+  // outlasts a held status request (ADR 0027: it may answer at the build's end), so the first
+  // answer is the build in flight.
   const bg = await Template.buildInBackground(
-    Template().fromImage('busybox').runCmd(`echo ${Date.now()} > /home/user/bg`),
+    Template().fromImage('busybox').runCmd(`sleep 3; echo ${Date.now()} > /home/user/bg`),
     'js-background',
     opts,
   )
