@@ -347,6 +347,25 @@ pub struct BuildNodeArgs {
     #[arg(long, env = "STRATA_PLACEMENT_WAIT_MS", default_value_t = 5000)]
     pub placement_wait_ms: u64,
 
+    /// Launched sandboxes this node runs at once (the SDK's `Sandbox.create`).
+    #[arg(long, env = "STRATA_MAX_SANDBOXES", default_value_t = 32)]
+    pub max_sandboxes: usize,
+
+    /// The most one launched sandbox may write (its share of the node's disk, under
+    /// STRATA_BUILD_DISK_MAX): `2GiB`, `500MB`, bytes.
+    #[arg(long, env = "STRATA_SANDBOX_DISK_MAX", default_value = "2GiB", value_parser = parse_bytes)]
+    pub sandbox_disk_max: u64,
+
+    /// Where this node's sandbox agent listens: the API forwards the SDK's envd traffic
+    /// (commands, files) here. Port 0 picks a free one.
+    #[arg(long, env = "STRATA_AGENT_LISTEN", default_value = "127.0.0.1:0")]
+    pub agent_listen: std::net::SocketAddr,
+
+    /// The URL the API reaches this node's agent at, when it is not the listen address (a
+    /// node on another host: `http://10.0.0.7:49983`).
+    #[arg(long, env = "STRATA_AGENT_URL")]
+    pub agent_url: Option<String>,
+
     #[command(flatten)]
     pub registry: RegistryArgs,
 }

@@ -22,6 +22,7 @@ pub mod config;
 pub mod db;
 pub mod domain;
 pub mod embedded_postgres;
+pub mod envd;
 pub mod events;
 pub mod fault;
 pub mod host_interfaces;

@@ -12,7 +12,8 @@ use crate::domain::ids::{
     self, BuildId, Digest, Epoch, FilesHash, Scope, SnapshotId, TeamId, TemplateId,
 };
 use crate::domain::{
-    build, cache_entry, files, gc_pass, node_catalog, object, promotion, snapshot, team, template,
+    build, cache_entry, files, gc_pass, node_catalog, object, promotion, sandbox, snapshot, team,
+    template,
 };
 use crate::events::{Aggregate, StreamId};
 
@@ -53,6 +54,10 @@ pub fn node_catalog_stream(node: &str) -> StreamId {
     id(ids::stream::node_catalog(node))
 }
 
+pub fn sandbox_stream(sandbox: &sandbox::SandboxId) -> StreamId {
+    id(ids::stream::sandbox(sandbox))
+}
+
 pub fn gc_pass_stream(pass: &str) -> StreamId {
     id(ids::stream::gc_pass(pass))
 }
@@ -91,6 +96,10 @@ aggregate!(CacheEntry => cache_entry);
 aggregate!(Object => object);
 aggregate!(GcPass => gc_pass);
 aggregate!(NodeCatalog => node_catalog);
+aggregate!(
+    /// `sandbox-{id}`: a launched template.
+    SandboxStream => sandbox
+);
 
 /// The name claim: its command is the candidate template id for an unclaimed name.
 pub struct TemplateName;

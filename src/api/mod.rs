@@ -4,6 +4,7 @@ pub mod admin;
 pub mod build_news;
 pub mod e2b;
 pub mod error;
+pub mod sandbox_proxy;
 pub mod state;
 mod ui;
 pub mod upload_ingest;
@@ -37,6 +38,10 @@ pub fn router(state: AppState) -> Router {
             },
         ))
         .merge(e2b::routes())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            sandbox_proxy::forward_to_sandbox,
+        ))
         // Spans name the path only: upload URLs carry their signature in the query.
         .layer(
             tower_http::trace::TraceLayer::new_for_http().make_span_with(

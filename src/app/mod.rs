@@ -20,6 +20,7 @@
 //! * [`attempt`]: acquire an attempt, record its progress, record a snapshot.
 //! * [`publish`]: enter Publishing, promote (commit layers, make visible, finish, abandon).
 //! * [`cache`]: publish a cache entry guarded by the build.
+//! * [`sandbox`]: request, place, run, time out and end a launched sandbox.
 //! * [`object`]: reference, lease and release stored objects; mark, confirm or abort a deletion.
 //!
 //! # Error policy
@@ -48,6 +49,7 @@ pub mod object;
 pub mod publish;
 mod refusal;
 pub mod registration;
+pub mod sandbox;
 pub mod team;
 pub mod template;
 pub mod upload;

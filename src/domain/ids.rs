@@ -456,6 +456,11 @@ pub mod stream {
         encode("catalog", &[node])
     }
 
+    /// A launched sandbox (`domain/sandbox.rs`).
+    pub fn sandbox(id: &crate::domain::sandbox::SandboxId) -> String {
+        encode("sandbox", &[id.as_str()])
+    }
+
     /// A garbage-collection pass's lease (`domain/gc_pass.rs`).
     pub fn gc_pass(pass: &str) -> String {
         encode("gcpass", &[pass])

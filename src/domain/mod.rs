@@ -23,6 +23,8 @@
 //! * [`object`]: the `object-{digest}` lifecycle (reader leases, the Deleting barrier).
 //! * [`reachability`]: roots and tiers of stored objects, from the folded streams.
 //! * [`retention`]: which unreferenced objects a GC pass deletes, in which order, and why.
+//! * [`sandbox`]: a launched template, from the create call to its end (placement, fencing,
+//!   deadline).
 //! * [`placement`]: which queued builds a free node claims first, given which nodes hold
 //!   their layers (cache-aware placement, with a bounded wait), fair across teams.
 //!
@@ -48,6 +50,7 @@ pub mod placement;
 pub mod promotion;
 pub mod reachability;
 pub mod retention;
+pub mod sandbox;
 pub mod snapshot;
 pub mod start;
 pub mod team;

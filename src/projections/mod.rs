@@ -8,7 +8,8 @@
 //! * [`stream_catalog`]: the operators' catalog of streams.
 //! * [`builds`], [`templates`], [`api_keys`]: the inline read models, each with its typed reads;
 //!   [`build_logs`]: the reads of the worker's log lines; [`team_usage`]: what a team holds,
-//!   and the admission check that holds it to its limits.
+//!   and the admission check that holds it to its limits; [`sandboxes`]: launched sandboxes
+//!   (inline).
 //! * [`registry`] / [`run_all`]: the projections this version ships, and running them.
 
 pub mod api_keys;
@@ -16,6 +17,7 @@ pub mod build_logs;
 pub mod builds;
 mod projection;
 mod runner;
+pub mod sandboxes;
 pub mod stream_catalog;
 pub mod team_usage;
 pub mod templates;
@@ -57,6 +59,7 @@ pub fn standing_inline() -> Vec<Arc<dyn crate::events::InlineProjection>> {
         Arc::new(builds::BuildsProjection),
         Arc::new(api_keys::ApiKeysProjection),
         Arc::new(templates::TemplatesProjection),
+        Arc::new(sandboxes::SandboxesProjection),
     ]
 }
 

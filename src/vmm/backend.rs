@@ -12,6 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::archive_policy::ArchivePolicy;
 use super::error::Result;
 use super::layer::LayerRef;
+use super::process::{AgentIo, FsRequest, SpawnRequest};
 use crate::domain::ids::Digest;
 
 /// Defaults every command inherits unless it overrides them.
@@ -45,6 +46,9 @@ pub struct Limits {
     /// Free disk the sandbox must have when it boots (a build's `minFreeDiskMb`); the node's
     /// `STRATA_BUILD_DISK_MAX` bounds what it may write.
     pub disk_min_free: Option<u64>,
+    /// The most this sandbox may write, under the node's `STRATA_BUILD_DISK_MAX` (a launched
+    /// sandbox's smaller share, so one node runs many); `None`: the node's limit.
+    pub disk_max: Option<u64>,
     /// Default per-command timeout.
     pub timeout: Duration,
     pub network: Network,
@@ -57,6 +61,7 @@ impl Default for Limits {
             memory_bytes: None,
             pids: Some(4096),
             disk_min_free: None,
+            disk_max: None,
             timeout: Duration::from_secs(3600),
             network: Network::Egress,
         }
@@ -228,6 +233,30 @@ pub trait Sandbox: Send {
     /// Seals the writable layer into an immutable layer and continues on a fresh one. `None`
     /// when the writable layer holds no change: no layer is added and the stack stays as it was.
     async fn checkpoint(&mut self) -> Result<Option<LayerRef>>;
+    /// Starts a process that outlives this call and everything after it but the sandbox's end
+    /// (a launched sandbox's commands, [`process`](super::process)). Its status pipe says
+    /// `pid N` (inside the sandbox) once it runs, then how it ended.
+    fn spawn(&self, request: SpawnRequest) -> Result<AgentIo> {
+        let _ = request;
+        Err(super::VmmError::Exec(format!(
+            "the {} backend cannot start lasting processes",
+            "sandbox"
+        )))
+    }
+    /// Runs one file operation inside the sandbox as `user` (`None`: the default user).
+    fn file_op(&self, request: FsRequest, user: Option<String>) -> Result<AgentIo> {
+        let _ = (request, user);
+        Err(super::VmmError::Exec(
+            "this sandbox backend serves no file operations".into(),
+        ))
+    }
+    /// Sends `signal` to the process group of `pid` (a pid [`spawn`](Self::spawn) reported).
+    fn signal(&self, pid: u32, signal: i32) -> Result<AgentIo> {
+        let _ = (pid, signal);
+        Err(super::VmmError::Exec(
+            "this sandbox backend cannot signal processes".into(),
+        ))
+    }
     /// Kills everything and removes every trace on the host.
     async fn destroy(self: Box<Self>) -> Result<()>;
 }

@@ -10,6 +10,7 @@
 //! * [`layer`] (with [`layer_staging`], [`layer_sync`], [`layer_budget`]), [`blob_store`]
 //!   (with [`blob_url`], [`object_blob_store`]), [`depth`], [`compact`]: layer tars,
 //!   content-addressed storage, the overlay depth budget and compaction.
+//! * [`process`]: lasting processes, file operations and signals of a launched sandbox.
 //! * [`image`]: the local image catalog, built-in base images and imports.
 
 pub mod archive_policy;
@@ -30,6 +31,7 @@ pub(crate) mod layer_tee;
 pub mod local_s3;
 pub mod namespace;
 pub mod object_blob_store;
+pub mod process;
 pub mod start_failure;
 pub mod tar_guard;
 pub mod users;

@@ -13,6 +13,8 @@
 //! * [`export`]: a template's result as an OCI image layout.
 //! * [`residency`], [`placement`]: which layers this node's cache holds, reported for all
 //!   nodes to see, and the order in which this node tries the queue because of it (ADR 0020).
+//! * [`sandbox_host`]: launched sandboxes (the SDK's `Sandbox.create`): place, boot, answer
+//!   through the agent, end.
 //! * [`settings`], [`error`].
 //!
 //! Design: docs/adr/0005-build-executor.md.
@@ -32,6 +34,7 @@ pub mod node;
 pub mod placement;
 pub mod publish;
 pub mod residency;
+pub mod sandbox_host;
 pub mod settings;
 pub mod shell;
 pub mod store_retry;

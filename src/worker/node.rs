@@ -151,6 +151,35 @@ impl Worker {
             )
             .in_current_span(),
         );
+        let sandboxes = if self.settings.max_sandboxes > 0 {
+            let (listener, url) = super::sandbox_host::bind_agent(
+                self.settings.agent_listen,
+                self.settings.agent_url.as_deref(),
+            )
+            .await
+            .map_err(|source| WorkerError::Io {
+                context: format!(
+                    "binding the sandbox agent to {} (STRATA_AGENT_LISTEN)",
+                    self.settings.agent_listen
+                ),
+                source,
+            })?;
+            let host = super::sandbox_host::SandboxHost::new(
+                self.store.clone(),
+                self.backend.clone(),
+                self.settings.node_id.clone(),
+                url,
+                self.settings.max_sandboxes,
+                self.settings.poll_interval,
+                self.settings.sandbox_disk_max,
+            );
+            Some(tokio::spawn(
+                host.run_until(listener, reporting.clone())
+                    .in_current_span(),
+            ))
+        } else {
+            None
+        };
         tracing::info!(node = %self.settings.node_id, max_builds = self.settings.max_builds, "build node started");
         loop {
             while tasks.try_join_next().is_some() {}
@@ -200,6 +229,9 @@ impl Worker {
         running.cancel();
         while tasks.join_next().await.is_some() {}
         reporting.cancel();
+        if let Some(sandboxes) = sandboxes {
+            let _ = sandboxes.await;
+        }
         let _ = reporter.await;
         let _ = catalog_publisher.await;
         // Checkpoint trees still syncing in the background: let them be marked complete, or

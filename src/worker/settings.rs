@@ -50,6 +50,14 @@ pub struct WorkerSettings {
     pub residency_heartbeat: Duration,
     /// What one team may hold; a node reads the running-build limit (ADR 0024).
     pub team_limits: crate::domain::team_limits::TeamLimits,
+    /// Launched sandboxes this node runs at once; 0 runs none (a build-only node).
+    pub max_sandboxes: usize,
+    /// The most one launched sandbox may write (`STRATA_SANDBOX_DISK_MAX`).
+    pub sandbox_disk_max: u64,
+    /// Where the node's sandbox agent listens, and the URL the API reaches it at (`None`:
+    /// `http://` + the bound address).
+    pub agent_listen: std::net::SocketAddr,
+    pub agent_url: Option<String>,
 }
 
 impl WorkerSettings {
@@ -79,6 +87,10 @@ impl WorkerSettings {
             placement_wait: Duration::from_secs(5),
             residency_heartbeat: Duration::from_secs(5),
             team_limits: crate::domain::team_limits::TeamLimits::DEFAULT,
+            max_sandboxes: 32,
+            sandbox_disk_max: 2 << 30,
+            agent_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            agent_url: None,
         }
     }
 
@@ -113,6 +125,10 @@ impl WorkerSettings {
         s.layer_cache_bytes = args.layer_cache_bytes;
         s.placement_wait = Duration::from_millis(args.placement_wait_ms);
         s.registry = args.registry.settings();
+        s.max_sandboxes = args.max_sandboxes;
+        s.sandbox_disk_max = args.sandbox_disk_max;
+        s.agent_listen = args.agent_listen;
+        s.agent_url = args.agent_url.clone();
         s
     }
 }

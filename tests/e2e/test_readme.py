@@ -35,6 +35,7 @@ BLOCKS = {
     "./scripts/up.sh": ("sh", ["syntax", "syntax"]),
     "strata keys create --team acme": ("sh", ["run", "run"]),
     "from e2b import Template": ("python", "python"),
+    "from e2b import Sandbox": ("python", "python"),
     "strata template exec --team acme my-template -- cat /home/user/out.txt": ("sh", ["run", "run", "run"]),
     "strata history build-<id>": ("sh", ["run", "run", "run", "run", "run", "help"]),
     "strata image build-base": ("sh", ["run", "run", "run", "run", "help"]),
@@ -155,6 +156,9 @@ def run_python(reader, body, cwd):
         cwd=cwd, env={**reader.env, **reader.sdk_env}, capture_output=True, text=True, timeout=900,
     )
     assert out.returncode == 0, f"the Python example failed:\n{out.stdout}\n{out.stderr}"
+    if body.startswith("from e2b import Sandbox"):
+        # The template the first example built, then the file written into the sandbox.
+        assert out.stdout == "hello\nhello.txt\nwritten from outside\n", out.stdout
     req = urllib.request.Request(
         f"{reader.strata.url}/templates", headers={"X-API-KEY": reader.sdk_env["E2B_API_KEY"]}
     )

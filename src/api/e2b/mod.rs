@@ -12,6 +12,7 @@
 pub mod auth;
 pub mod files_link;
 pub mod register;
+pub mod sandboxes;
 pub mod start;
 pub mod status;
 pub mod tags;
@@ -56,6 +57,27 @@ pub fn routes() -> Router<AppState> {
             post(tags::assign_tags).delete(tags::remove_tags),
         )
         .route("/templates/{template_id}/tags", get(tags::list_tags))
+        .route(
+            "/v2/sandboxes",
+            post(sandboxes::create).get(sandboxes::list),
+        )
+        .route("/sandboxes", post(sandboxes::create).get(sandboxes::list))
+        .route(
+            "/sandboxes/{sandbox_id}",
+            get(sandboxes::info).delete(sandboxes::kill),
+        )
+        .route(
+            "/sandboxes/{sandbox_id}/timeout",
+            post(sandboxes::set_timeout),
+        )
+        .route("/sandboxes/{sandbox_id}/pause", post(sandboxes::pause))
+        .route("/sandboxes/{sandbox_id}/metrics", get(sandboxes::metrics))
+        .route(
+            "/v2/sandboxes/{sandbox_id}/connect",
+            post(sandboxes::connect),
+        )
+        .route("/sandboxes/{sandbox_id}/connect", post(sandboxes::connect))
+        .route("/sandboxes/{sandbox_id}/resume", post(sandboxes::connect))
         .route(
             "/templates/{template_id}/tags/{tag}",
             delete(tags::remove_one_tag),

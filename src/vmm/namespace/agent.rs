@@ -23,6 +23,20 @@ pub enum AgentRequest {
         user: String,
         env: Vec<(String, String)>,
         cwd: Option<String>,
+        /// Report `pid N` (the pid inside the sandbox) on the status pipe before the command
+        /// runs: a launched sandbox's commands are addressed by it.
+        #[serde(default)]
+        report_pid: bool,
+    },
+    /// One file operation, as `user` (empty: root).
+    Fs {
+        request: super::fs_ops::FsRequest,
+        user: String,
+    },
+    /// Sends `signal` to the process group `pid` leads (and to `pid` itself).
+    Signal {
+        pid: u32,
+        signal: i32,
     },
     Copy(CopySpec),
     EnsureUser {
@@ -108,18 +122,11 @@ fn work(request: AgentRequest) -> Result<(), String> {
             user,
             env,
             cwd,
+            report_pid,
         } => {
             // SAFETY: a new session makes the command and its children one process group.
             unsafe { libc::setsid() };
-            let db = UserDb::load(Path::new("/"));
-            let name = if user.is_empty() { "root" } else { &user };
-            let who = db.resolve(name).map_err(|detail| {
-                StartFailure::User {
-                    user: name.to_owned(),
-                    detail,
-                }
-                .encode()
-            })?;
+            let who = resolve_user(&user)?;
             let cwd = cwd.unwrap_or_else(|| who.home.clone());
             let mut vars: Vec<(String, String)> = vec![
                 ("PATH".into(), DEFAULT_PATH.into()),
@@ -131,22 +138,7 @@ fn work(request: AgentRequest) -> Result<(), String> {
                 vars.retain(|(old, _)| old != &k);
                 vars.push((k, v));
             }
-            let groups: Vec<libc::gid_t> = who.groups.clone();
-            // SAFETY: dropping privileges in the forked worker, before exec.
-            unsafe {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                    || libc::setgid(who.gid) != 0
-                    || libc::setuid(who.uid) != 0
-                {
-                    return Err(format!(
-                        "switching to {} ({}:{}): {}",
-                        who.name,
-                        who.uid,
-                        who.gid,
-                        std::io::Error::last_os_error()
-                    ));
-                }
-            }
+            become_user(&who)?;
             if let Err(e) = std::env::set_current_dir(&cwd) {
                 return Err(StartFailure::Workdir {
                     missing: e.kind() == std::io::ErrorKind::NotFound,
@@ -156,6 +148,18 @@ fn work(request: AgentRequest) -> Result<(), String> {
                 .encode());
             }
             let (program, args) = argv.split_first().ok_or("empty command")?;
+            // The SDK runs every command as `/bin/bash -l -c …`; a template without bash (a
+            // busybox one) runs it with its `sh`, which takes the same flags.
+            let program = if report_pid && program == "/bin/bash" && !Path::new(program).exists() {
+                &"/bin/sh".to_owned()
+            } else {
+                program
+            };
+            if report_pid {
+                // Last, so a command that cannot start (user, directory) never reports a pid.
+                // SAFETY: getpid has no preconditions; this child is inside the pid namespace.
+                report(&format!("pid {}", unsafe { libc::getpid() }));
+            }
             let err = std::process::Command::new(program)
                 .args(args)
                 .env_clear()
@@ -169,5 +173,61 @@ fn work(request: AgentRequest) -> Result<(), String> {
         }
         AgentRequest::Copy(spec) => copy::run_copy(Path::new("/"), std::io::stdin().lock(), &spec),
         AgentRequest::EnsureUser { name, sudo } => users::ensure_user(Path::new("/"), &name, sudo),
+        AgentRequest::Fs { request, user } => {
+            let who = resolve_user(&user)?;
+            become_user(&who)?;
+            let mut out = std::io::stdout().lock();
+            super::fs_ops::run(&request, &who.home, &mut std::io::stdin().lock(), &mut out)
+                .map_err(|e| e.encode())?;
+            out.flush().map_err(|e| format!("writing the answer: {e}"))
+        }
+        AgentRequest::Signal { pid, signal } => {
+            let pid = libc::pid_t::try_from(pid).map_err(|_| format!("no process {pid}"))?;
+            // SAFETY: kill(2) on a pid of this pid namespace; a group first, as envd kills a
+            // command with whatever it started.
+            let group = unsafe { libc::kill(-pid, signal) };
+            let single = unsafe { libc::kill(pid, signal) };
+            if group != 0 && single != 0 {
+                return Err(format!(
+                    "signalling process {pid}: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            Ok(())
+        }
     }
+}
+
+/// The sandbox's user called `user` (empty: root), from the sandbox's own passwd.
+fn resolve_user(user: &str) -> Result<users::ResolvedUser, String> {
+    let db = UserDb::load(Path::new("/"));
+    let name = if user.is_empty() { "root" } else { user };
+    db.resolve(name).map_err(|detail| {
+        StartFailure::User {
+            user: name.to_owned(),
+            detail,
+        }
+        .encode()
+    })
+}
+
+/// Drops to `who` for good (in the forked worker, before it runs anything of the tenant's).
+fn become_user(who: &users::ResolvedUser) -> Result<(), String> {
+    let groups: Vec<libc::gid_t> = who.groups.clone();
+    // SAFETY: dropping privileges in the forked worker.
+    unsafe {
+        if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+            || libc::setgid(who.gid) != 0
+            || libc::setuid(who.uid) != 0
+        {
+            return Err(format!(
+                "switching to {} ({}:{}): {}",
+                who.name,
+                who.uid,
+                who.gid,
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
 }

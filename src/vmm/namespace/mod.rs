@@ -24,6 +24,7 @@ pub mod cgroup;
 pub mod confine;
 pub mod control;
 pub mod firewall;
+pub mod fs_ops;
 pub mod init;
 pub mod lifeline;
 pub mod netlink;
@@ -57,6 +58,7 @@ use super::error::{Result, VmmError};
 use super::id_range::{IdRange, Owners};
 use super::layer::{self, LayerCache, LayerRef};
 use super::layer_budget::LayerPins;
+use super::process::{AgentIo, AgentStatus as SpawnStatus, FsRequest, SpawnRequest};
 use crate::domain::ids::Digest;
 
 #[derive(Debug, Clone)]
@@ -305,7 +307,10 @@ impl SandboxBackend for NamespaceBackend {
         self.shared.config.depth.check(spec.layers.len())?;
         let (lowers, pins) = self.lowers(&spec.layers).await?;
         // The sandbox's id and directory come with its disk (made ahead, when there are spares).
-        let (id, dir, disk) = self.shared.scratch.create(spec.limits.disk_min_free)?;
+        let (id, dir, disk) = self
+            .shared
+            .scratch
+            .create(spec.limits.disk_min_free, spec.limits.disk_max)?;
         let undo = |disk: Option<scratch::ScratchDisk>| {
             if let Some(d) = disk {
                 self.shared.scratch.remove(&id, d);
@@ -468,6 +473,17 @@ struct AgentPipes {
     stdout: tokio::net::unix::pipe::Receiver,
     stderr: tokio::net::unix::pipe::Receiver,
     status: tokio::net::unix::pipe::Receiver,
+}
+
+impl AgentPipes {
+    fn into_io(self) -> AgentIo {
+        AgentIo {
+            stdin: self.stdin,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            status: SpawnStatus::new(self.status),
+        }
+    }
 }
 
 enum AgentStatus {
@@ -891,6 +907,7 @@ impl Sandbox for NamespaceSandbox {
                     user,
                     env,
                     cwd,
+                    report_pid: false,
                 },
                 None,
                 timeout,
@@ -912,6 +929,33 @@ impl Sandbox for NamespaceSandbox {
             // The agent itself was killed: by the OOM killer or the pids limit, most likely.
             AgentStatus::Lost => Ok(ExecOutcome::Signaled(libc::SIGKILL)),
         }
+    }
+
+    fn spawn(&self, request: SpawnRequest) -> Result<AgentIo> {
+        let mut env = self.context.env.clone();
+        env.extend(request.env);
+        let exec = AgentRequest::Exec {
+            argv: request.argv,
+            user: request.user.unwrap_or_else(|| self.context.user.clone()),
+            env,
+            cwd: request.cwd.or_else(|| self.context.workdir.clone()),
+            report_pid: true,
+        };
+        self.spawn_agent(&exec, request.stdin)
+            .map(AgentPipes::into_io)
+    }
+
+    fn file_op(&self, request: FsRequest, user: Option<String>) -> Result<AgentIo> {
+        let fs = AgentRequest::Fs {
+            request,
+            user: user.unwrap_or_else(|| self.context.user.clone()),
+        };
+        self.spawn_agent(&fs, true).map(AgentPipes::into_io)
+    }
+
+    fn signal(&self, pid: u32, signal: i32) -> Result<AgentIo> {
+        self.spawn_agent(&AgentRequest::Signal { pid, signal }, false)
+            .map(AgentPipes::into_io)
     }
 
     async fn copy_in(&mut self, archive: &Path, request: CopyRequest) -> Result<()> {

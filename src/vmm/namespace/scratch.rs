@@ -163,9 +163,13 @@ impl ScratchDisks {
     }
 
     /// A new sandbox's id and directory (made), with its scratch disk mounted in it, granting
-    /// at least `need` bytes (the build's `minFreeDiskMb`, else [`FLOOR`]); no disk when disks
-    /// are unbounded.
-    pub fn create(&self, need: Option<u64>) -> Result<(String, PathBuf, Option<ScratchDisk>)> {
+    /// at least `need` bytes (the build's `minFreeDiskMb`, else [`FLOOR`]) and at most `cap`;
+    /// no disk when disks are unbounded.
+    pub fn create(
+        &self,
+        need: Option<u64>,
+        cap: Option<u64>,
+    ) -> Result<(String, PathBuf, Option<ScratchDisk>)> {
         let (Some(template), Some(size)) = (&self.template, self.config.max) else {
             let id = (self.new_id)();
             let dir = self.dir.join(&id);
@@ -204,7 +208,8 @@ impl ScratchDisks {
         let mut live = self.live.lock().expect("scratch registry");
         let others: u64 = live.values().map(|(image, g)| may_grow(image, *g)).sum();
         let node_free = statvfs(&self.dir).map(|(f, _)| f).unwrap_or(0);
-        let Some(granted) = grant(node_free, self.config.reserve, others, disk_free, need) else {
+        let room = cap.map_or(disk_free, |c| c.max(need).min(disk_free));
+        let Some(granted) = grant(node_free, self.config.reserve, others, room, need) else {
             drop(live);
             prepared.discard();
             return Err(VmmError::Disk(format!(

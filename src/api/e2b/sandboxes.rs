@@ -1,0 +1,485 @@
+//! The SDK's sandbox control plane (SANDBOX-PROTOCOL.md §2): create, info, list, kill,
+//! timeout, connect; pause answers what strata cannot do yet. Team-scoped: another team's
+//! sandbox is 404, as a missing one.
+//!
+//! Create records the request, then waits (on the read model) until a node appended `Running`:
+//! the SDK's next call may be a command, with no readiness poll in between, so 201 means the
+//! agent answers.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use super::auth::Team;
+use super::{api_metadata, command_error};
+use crate::api::error::ApiError;
+use crate::api::AppState;
+use crate::app::{self, CommandContext};
+use crate::domain::sandbox::{self, SandboxId, SandboxRequest, DEFAULT_TIMEOUT_SECS};
+use crate::events::command::load;
+use crate::projections::sandboxes::SandboxRow;
+use crate::streams::{build_stream, Build};
+use crate::worker::template_lookup::{self, Checkpoint, LookupError};
+
+/// E2B's answer is a constant; the SDK requires the key and uses it for nothing.
+const CLIENT_ID: &str = "strata";
+/// The longest `Sandbox.create` waits for a node to boot the sandbox.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const MAX_PAGE: usize = 100;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<i64>,
+    auto_pause: Option<bool>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+}
+
+fn timeout_secs(raw: Option<i64>) -> Result<u32, ApiError> {
+    let secs = raw.unwrap_or(i64::from(DEFAULT_TIMEOUT_SECS));
+    u32::try_from(secs)
+        .ok()
+        .and_then(|s| sandbox::check_timeout(s).ok())
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "timeout must be between 1 and {} seconds, got {secs}",
+                sandbox::MAX_TIMEOUT_SECS
+            ))
+        })
+}
+
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}".as_slice()
+    } else {
+        body
+    };
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid: {e}")))
+}
+
+fn random_token() -> String {
+    hex::encode(rand::random::<[u8; 24]>())
+}
+
+fn sandbox_error(e: sandbox::Error) -> ApiError {
+    match e {
+        sandbox::Error::NotFound | sandbox::Error::Ended(_) => {
+            ApiError::not_found("sandbox not found")
+        }
+        sandbox::Error::BadTimeout(_) => ApiError::bad_request(e.to_string()),
+        other => ApiError::conflict(other.to_string()),
+    }
+}
+
+/// A failed create the SDK must not send again (it retries 5xx-ish answers by default).
+fn no_retry(error: ApiError) -> Response {
+    let mut response = error.into_response();
+    response
+        .headers_mut()
+        .insert("should-retry", HeaderValue::from_static("false"));
+    response
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    Team(team): Team,
+    body: bytes::Bytes,
+) -> Response {
+    match create_sandbox(&state, team, &body).await {
+        Ok(response) => response,
+        Err(e) => no_retry(e),
+    }
+}
+
+async fn create_sandbox(
+    state: &AppState,
+    team: crate::domain::ids::TeamId,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let new: NewSandbox = json_body(body)?;
+    if new.auto_pause == Some(true) {
+        return Err(ApiError::bad_request(
+            "pausing on timeout is not supported by this strata version yet; create the sandbox \
+             with lifecycle on_timeout=\"kill\" (the default)",
+        ));
+    }
+    let timeout_secs = timeout_secs(new.timeout)?;
+    let found =
+        template_lookup::resolve(&state.events, &team, &new.template_id, Checkpoint::Result)
+            .await
+            .map_err(|e| match e {
+                LookupError::NotFound(m) => ApiError::not_found(m),
+                LookupError::Worker(w) => ApiError::internal("looking up the template", &w),
+            })?;
+    let build = load::<Build>(&state.events, &build_stream(&found.build))
+        .await
+        .map_err(|e| command_error(e, |e| ApiError::internal("reading the build", &e)))?
+        .state;
+    let resources = build.registration.map(|r| r.resources).unwrap_or_default();
+    let id = SandboxId::from_random(rand::random());
+    let request = SandboxRequest {
+        team,
+        template: found.template.clone(),
+        alias: new.template_id.clone(),
+        build: found.build,
+        snapshot: found.snapshot,
+        timeout_secs,
+        metadata: new.metadata.unwrap_or_default(),
+        env_vars: new.env_vars.unwrap_or_default(),
+        allow_internet: new.allow_internet_access.unwrap_or(true),
+        cpu_count: resources.effective_cpu_count(),
+        memory_mb: resources.effective_memory_mb(),
+        envd_token: random_token(),
+    };
+    let ctx = CommandContext::new(api_metadata(state));
+    app::sandbox::request(&state.events, &ctx, &id, request, Utc::now())
+        .await
+        .map_err(|e| command_error(e, sandbox_error))?;
+    let row = wait_until_started(state, &id).await?;
+    Ok((StatusCode::CREATED, Json(sandbox_json(state, &row))).into_response())
+}
+
+/// Polls the read model until a node ran the sandbox (or ended it); gives up after
+/// [`START_TIMEOUT`], ending the sandbox so no node starts it later.
+async fn wait_until_started(state: &AppState, id: &SandboxId) -> Result<SandboxRow, ApiError> {
+    let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let row = crate::projections::sandboxes::get(&state.pool, id.as_str()).await?;
+        match row {
+            Some(row) if row.state == "running" => return Ok(row),
+            Some(row) if row.state == "ended" => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!(
+                        "sandbox {id} failed to start: {}",
+                        row.end_detail
+                            .as_deref()
+                            .unwrap_or("it ended before it ran")
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let ctx = CommandContext::new(api_metadata(state));
+            let reason = format!(
+                "no node started it within {} s; is a `strata worker` running with STRATA_MAX_SANDBOXES above 0?",
+                START_TIMEOUT.as_secs()
+            );
+            let _ = app::sandbox::fail(&state.events, &ctx, id, None, &reason, Utc::now()).await;
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("sandbox {id}: {reason}"),
+            ));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(25));
+    }
+}
+
+/// Where the SDK reaches a sandbox's agent when it has no `E2B_SANDBOX_URL`: never null, or
+/// the SDK would send its traffic to E2B's cloud (SANDBOX-PROTOCOL.md §3.1).
+fn domain(state: &AppState) -> String {
+    if let Ok(d) = std::env::var("STRATA_SANDBOX_DOMAIN") {
+        if !d.is_empty() {
+            return d;
+        }
+    }
+    let url = state.public_url.as_str();
+    let host = url.split("://").nth(1).unwrap_or(url);
+    let host = host.split('/').next().unwrap_or(host);
+    host.rsplit_once(':').map_or(host, |(h, _)| h).to_owned()
+}
+
+fn sandbox_json(state: &AppState, row: &SandboxRow) -> serde_json::Value {
+    serde_json::json!({
+        "templateID": row.template_id,
+        "sandboxID": row.sandbox_id,
+        "clientID": CLIENT_ID,
+        "envdVersion": crate::envd::ENVD_VERSION,
+        "envdAccessToken": row.envd_token,
+        "trafficAccessToken": null,
+        "domain": domain(state),
+        "alias": row.alias,
+    })
+}
+
+fn iso(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn listed_json(state: &AppState, row: &SandboxRow) -> serde_json::Value {
+    let started = row.started_at.unwrap_or(row.requested_at);
+    let end = row
+        .end_at
+        .unwrap_or(started + chrono::Duration::seconds(i64::from(row.timeout_secs)));
+    serde_json::json!({
+        "templateID": row.template_id,
+        "alias": row.alias,
+        "sandboxID": row.sandbox_id,
+        "clientID": CLIENT_ID,
+        "startedAt": iso(started),
+        "endAt": iso(end),
+        "cpuCount": row.cpu_count,
+        "memoryMB": row.memory_mb,
+        "diskSizeMB": state.protocol.ceilings.disk_mb.unwrap_or(0),
+        "metadata": row.metadata.0,
+        "state": "running",
+        "envdVersion": crate::envd::ENVD_VERSION,
+    })
+}
+
+fn detail_json(state: &AppState, row: &SandboxRow) -> serde_json::Value {
+    let mut v = listed_json(state, row);
+    let extra = serde_json::json!({
+        "domain": domain(state),
+        "envdAccessToken": row.envd_token,
+        "allowInternetAccess": row.allow_internet,
+        "lifecycle": {"onTimeout": "kill", "autoResume": false},
+    });
+    if let (Some(v), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
+        v.extend(extra);
+    }
+    v
+}
+
+/// The team's live sandbox `raw`, or 404 (another team's is as missing as an unknown one).
+async fn live_of_team(
+    state: &AppState,
+    team: &crate::domain::ids::TeamId,
+    raw: &str,
+) -> Result<(SandboxId, SandboxRow), ApiError> {
+    let missing = || ApiError::not_found(format!("sandbox {raw} not found"));
+    let id = SandboxId::parse(raw).map_err(|_| missing())?;
+    let row = crate::projections::sandboxes::get(&state.pool, id.as_str())
+        .await?
+        .filter(|r| r.team_id == team.as_str() && r.state != "ended")
+        .ok_or_else(missing)?;
+    Ok((id, row))
+}
+
+pub async fn info(
+    State(state): State<AppState>,
+    Team(team): Team,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (_, row) = live_of_team(&state, &team, &id).await?;
+    Ok(Json(detail_json(&state, &row)))
+}
+
+pub async fn kill(
+    State(state): State<AppState>,
+    Team(team): Team,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let (id, _) = live_of_team(&state, &team, &id).await?;
+    let ctx = CommandContext::new(api_metadata(&state));
+    app::sandbox::kill(&state.events, &ctx, &id, Utc::now())
+        .await
+        .map_err(|e| command_error(e, sandbox_error))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct TimeoutBody {
+    timeout: Option<i64>,
+}
+
+pub async fn set_timeout(
+    State(state): State<AppState>,
+    Team(team): Team,
+    Path(id): Path<String>,
+    body: bytes::Bytes,
+) -> Result<StatusCode, ApiError> {
+    let body: TimeoutBody = json_body(&body)?;
+    let secs = timeout_secs(Some(body.timeout.ok_or_else(|| {
+        ApiError::bad_request("the body needs {\"timeout\": <seconds>}")
+    })?))?;
+    let (id, _) = live_of_team(&state, &team, &id).await?;
+    let ctx = CommandContext::new(api_metadata(&state));
+    app::sandbox::set_timeout(&state.events, &ctx, &id, secs, Utc::now())
+        .await
+        .map_err(|e| command_error(e, sandbox_error))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `Sandbox.connect`: a running sandbox answers 200 and lives at least `timeout` more seconds.
+pub async fn connect(
+    State(state): State<AppState>,
+    Team(team): Team,
+    Path(id): Path<String>,
+    body: bytes::Bytes,
+) -> Result<Response, ApiError> {
+    let body: TimeoutBody = json_body(&body)?;
+    let secs = timeout_secs(body.timeout)?;
+    let (id, _) = live_of_team(&state, &team, &id).await?;
+    let ctx = CommandContext::new(api_metadata(&state));
+    app::sandbox::extend(&state.events, &ctx, &id, secs, Utc::now())
+        .await
+        .map_err(|e| command_error(e, sandbox_error))?;
+    let row = wait_until_started(&state, &id).await?;
+    Ok((StatusCode::OK, Json(sandbox_json(&state, &row))).into_response())
+}
+
+pub async fn pause(
+    State(state): State<AppState>,
+    Team(team): Team,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    live_of_team(&state, &team, &id).await?;
+    Err(ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "pausing a sandbox is not supported by this strata version yet; its files live until \
+         it is killed or times out",
+    ))
+}
+
+pub async fn metrics(
+    State(state): State<AppState>,
+    Team(team): Team,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    live_of_team(&state, &team, &id).await?;
+    Ok(Json(serde_json::json!([])))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    limit: Option<usize>,
+    next_token: Option<String>,
+}
+
+/// Percent-decoding of one URL component (`+` stays `+`, as Go's `PathUnescape`).
+fn unescape(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = |b: u8| (b as char).to_digit(16);
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The SDK's metadata filter, after the query's own decoding: unescape the whole, split on
+/// `&` and `=`, unescape each key and value (E2B's `parseFilters`).
+pub fn parse_metadata_filter(raw: &str) -> BTreeMap<String, String> {
+    unescape(raw)
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once('=')?;
+            Some((unescape(k), unescape(v)))
+        })
+        .collect()
+}
+
+fn cursor_of(row: &SandboxRow) -> String {
+    format!("{}_{}", row.requested_at.timestamp_micros(), row.sandbox_id)
+}
+
+fn parse_cursor(token: &str) -> Result<(DateTime<Utc>, String), ApiError> {
+    let bad = || ApiError::bad_request("nextToken is not one this server handed out");
+    let (micros, id) = token.split_once('_').ok_or_else(bad)?;
+    let at = DateTime::from_timestamp_micros(micros.parse().map_err(|_| bad())?).ok_or_else(bad)?;
+    Ok((at, id.to_owned()))
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Team(team): Team,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let wants_running = q
+        .state
+        .as_deref()
+        .is_none_or(|s| s.split(',').any(|s| s.trim() == "running"));
+    let limit = q.limit.unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE);
+    let filter = q
+        .metadata
+        .as_deref()
+        .map(parse_metadata_filter)
+        .unwrap_or_default();
+    let after = q
+        .next_token
+        .as_deref()
+        .filter(|t| !t.is_empty())
+        .map(parse_cursor)
+        .transpose()?;
+    let mut rows = if wants_running {
+        crate::projections::sandboxes::list_live(
+            &state.pool,
+            team.as_str(),
+            &filter,
+            after,
+            limit as i64 + 1,
+        )
+        .await?
+    } else {
+        Vec::new()
+    };
+    let more = rows.len() > limit;
+    rows.truncate(limit);
+    let body: Vec<_> = rows.iter().map(|r| listed_json(&state, r)).collect();
+    let mut response = Json(body).into_response();
+    if more {
+        if let Some(last) = rows.last() {
+            if let Ok(v) = HeaderValue::from_str(&cursor_of(last)) {
+                response.headers_mut().insert("x-next-token", v);
+            }
+        }
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sdks_triple_encoded_metadata_filter_decodes_to_its_pairs() {
+        // SANDBOX-PROTOCOL.md §2.3: {"a b": "c&d=e/f"} after the query's own decoding.
+        let parsed = parse_metadata_filter("a%2520b%3Dc%2526d%253De%2Ff");
+        assert_eq!(
+            parsed,
+            BTreeMap::from([("a b".to_owned(), "c&d=e/f".to_owned())])
+        );
+        let two = parse_metadata_filter("owner%3Dalice%26env%3Dprod");
+        assert_eq!(two.len(), 2);
+        assert_eq!(two["env"], "prod");
+    }
+
+    #[test]
+    fn cursors_round_trip_and_foreign_ones_are_refused() {
+        let at = DateTime::from_timestamp_micros(1_800_000_000_123_456).unwrap();
+        let (back, id) = parse_cursor(&format!("{}_{}", at.timestamp_micros(), "iabc")).unwrap();
+        assert_eq!((back, id.as_str()), (at, "iabc"));
+        assert!(parse_cursor("garbage").is_err());
+    }
+}

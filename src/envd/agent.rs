@@ -1,0 +1,98 @@
+//! The sandboxes a node's agent answers for, and what each one is.
+//!
+//! The agent runs in the node's process and speaks for every sandbox the node launched: each
+//! request names its sandbox (`E2b-Sandbox-Id`, set by the SDK and kept by the API's forward),
+//! carries that sandbox's access token, and is served by asking the sandbox's own agent (inside
+//! its namespaces, as its user) to start a process, touch a file or send a signal. Nothing a
+//! tenant sends is done on the host.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::processes::Table;
+use crate::vmm::Sandbox;
+
+/// One launched sandbox.
+pub struct LiveSandbox {
+    pub id: String,
+    token: String,
+    /// Held only to start agents (a quick, synchronous call), never across an await.
+    sandbox: Mutex<Box<dyn Sandbox>>,
+    /// The template's user, for requests that name none.
+    pub default_user: String,
+    /// `/envs`: the create call's `envVars`.
+    pub env_vars: BTreeMap<String, String>,
+    pub processes: Arc<Table>,
+}
+
+impl LiveSandbox {
+    pub fn new(
+        id: String,
+        token: String,
+        sandbox: Box<dyn Sandbox>,
+        default_user: String,
+        env_vars: BTreeMap<String, String>,
+    ) -> LiveSandbox {
+        LiveSandbox {
+            id,
+            token,
+            sandbox: Mutex::new(sandbox),
+            default_user,
+            env_vars,
+            processes: Arc::new(Table::default()),
+        }
+    }
+
+    /// Constant-time comparison, so a guess learns nothing from the answer's timing.
+    pub fn token_matches(&self, presented: &str) -> bool {
+        let (a, b) = (self.token.as_bytes(), presented.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Runs `f` with the sandbox (to start an agent).
+    pub fn with<T>(&self, f: impl FnOnce(&dyn Sandbox) -> T) -> T {
+        let guard = self.sandbox.lock().expect("sandbox lock");
+        f(guard.as_ref())
+    }
+
+    /// The sandbox itself, for its destruction.
+    pub fn into_sandbox(self) -> Box<dyn Sandbox> {
+        self.sandbox.into_inner().expect("sandbox lock")
+    }
+}
+
+/// Every sandbox this node's agent answers for, by id.
+#[derive(Default)]
+pub struct Agents {
+    live: RwLock<HashMap<String, Arc<LiveSandbox>>>,
+}
+
+impl Agents {
+    pub fn get(&self, id: &str) -> Option<Arc<LiveSandbox>> {
+        self.live.read().expect("agents").get(id).cloned()
+    }
+
+    pub fn insert(&self, sandbox: Arc<LiveSandbox>) {
+        self.live
+            .write()
+            .expect("agents")
+            .insert(sandbox.id.clone(), sandbox);
+    }
+
+    /// Stops answering for `id`; the caller destroys what it gets back.
+    pub fn remove(&self, id: &str) -> Option<Arc<LiveSandbox>> {
+        self.live.write().expect("agents").remove(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.read().expect("agents").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

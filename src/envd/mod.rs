@@ -1,0 +1,22 @@
+//! strata's envd-compatible agent protocol: the Connect RPC protocol with the JSON codec over
+//! HTTP/1.1, which is all the stock E2B SDK speaks to the daemon inside a sandbox
+//! (`SANDBOX-PROTOCOL.md` §4–§6).
+//!
+//! * [`connect`]: envelopes, error codes and the request/response plumbing of Connect.
+//! * [`messages`]: the `process.Process` and `filesystem.Filesystem` messages, mapped the way
+//!   protojson maps them (camelCase names, omitted defaults, base64 bytes, enum names).
+//! * [`agent`]: the sandboxes a node's agent answers for; [`server`]: its routes and the
+//!   `process.Process` service; [`files`]: `/files` and `filesystem.Filesystem`;
+//!   [`processes`]: the processes it started, by pid (ADR 0028).
+
+pub mod agent;
+pub mod connect;
+pub mod files;
+pub mod messages;
+pub mod processes;
+pub mod server;
+
+/// The envd version strata reports as `envdVersion`. The SDK gates features on it: from 0.4.0 it
+/// sends the user (`Authorization: Basic`) only when the caller asks for one, and below 0.1.0 it
+/// kills the sandbox it just created. Raise it only together with what the newer gates require.
+pub const ENVD_VERSION: &str = "0.4.0";

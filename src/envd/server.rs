@@ -1,0 +1,365 @@
+//! The agent's HTTP routes: envd's `process.Process` service, `/health` and `/envs`, and the
+//! sandbox lookup and token check every route shares. Files: [`files`](super::files).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::StreamExt;
+
+use super::agent::{Agents, LiveSandbox};
+use super::connect::{self, Code, ConnectError};
+use super::messages::{
+    CloseStdinRequest, ListResponse, ProcessEvent, ProcessInfo, ProcessInput, ProcessSelector,
+    SendInputRequest, SendSignalRequest, Signal, StartRequest,
+};
+use crate::vmm::process::{AgentEnd, SpawnRequest};
+use crate::vmm::start_failure::StartFailure;
+
+pub const SANDBOX_HEADER: &str = "e2b-sandbox-id";
+pub const TOKEN_HEADER: &str = "x-access-token";
+
+pub fn router(agents: Arc<Agents>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/envs", get(envs))
+        .route("/process.Process/Start", post(start))
+        .route("/process.Process/List", post(list))
+        .route("/process.Process/SendSignal", post(send_signal))
+        .route("/process.Process/SendInput", post(send_input))
+        .route("/process.Process/CloseStdin", post(close_stdin))
+        .merge(super::files::routes())
+        .with_state(agents)
+}
+
+/// The answer for a sandbox this node does not run: the words the SDK maps to "not running".
+pub fn not_found_response(id: &str) -> Response {
+    let body = serde_json::json!({
+        "code": 502,
+        "message": "The sandbox was not found",
+        "sandboxId": id,
+    });
+    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
+}
+
+/// The sandbox a request names, found on this node. Its token is checked by [`Authorized`].
+pub struct Addressed(pub Arc<LiveSandbox>);
+
+impl FromRequestParts<Arc<Agents>> for Addressed {
+    type Rejection = Response;
+    async fn from_request_parts(
+        parts: &mut Parts,
+        agents: &Arc<Agents>,
+    ) -> Result<Self, Self::Rejection> {
+        let id = parts
+            .headers
+            .get(SANDBOX_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        agents
+            .get(id)
+            .map(Addressed)
+            .ok_or_else(|| not_found_response(id))
+    }
+}
+
+/// A sandbox whose access token the request carries (RPCs; `/files` may sign instead).
+pub struct Authorized(pub Arc<LiveSandbox>);
+
+impl FromRequestParts<Arc<Agents>> for Authorized {
+    type Rejection = Response;
+    async fn from_request_parts(
+        parts: &mut Parts,
+        agents: &Arc<Agents>,
+    ) -> Result<Self, Self::Rejection> {
+        let Addressed(sandbox) = Addressed::from_request_parts(parts, agents).await?;
+        if has_token(&parts.headers, &sandbox) {
+            Ok(Authorized(sandbox))
+        } else {
+            Err(unauthorized())
+        }
+    }
+}
+
+pub fn has_token(headers: &HeaderMap, sandbox: &LiveSandbox) -> bool {
+    headers
+        .get(TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| sandbox.token_matches(t))
+}
+
+/// envd's own words for a missing or wrong token (the SDK maps 401 to its auth error).
+pub fn unauthorized() -> Response {
+    let body = serde_json::json!({
+        "code": 401,
+        "message": "unauthorized access, please provide a valid access token or method signing if supported",
+    });
+    (StatusCode::UNAUTHORIZED, Json(body)).into_response()
+}
+
+async fn health(Addressed(_): Addressed) -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+async fn envs(Authorized(sandbox): Authorized) -> Json<serde_json::Value> {
+    Json(serde_json::json!(sandbox.env_vars))
+}
+
+/// The user a request acts as: `Authorization: Basic <user>:` or the template's user.
+pub fn user_of(headers: &HeaderMap, sandbox: &LiveSandbox) -> Result<String, ConnectError> {
+    Ok(connect::basic_user(headers)?.unwrap_or_else(|| sandbox.default_user.clone()))
+}
+
+/// A command that could not start, as envd says it.
+pub fn start_error(end: &AgentEnd) -> ConnectError {
+    match end {
+        AgentEnd::Failed(message) => match StartFailure::decode(message) {
+            Some(StartFailure::Workdir { dir, missing, .. }) if missing => ConnectError::new(
+                Code::InvalidArgument,
+                format!("cwd '{dir}' does not exist"),
+            ),
+            Some(StartFailure::User { user, .. }) => {
+                ConnectError::new(Code::Unauthenticated, format!("invalid username: '{user}'"))
+            }
+            Some(other) => ConnectError::new(Code::InvalidArgument, other.to_string()),
+            None => ConnectError::new(Code::Internal, message.clone()),
+        },
+        AgentEnd::Lost => ConnectError::new(
+            Code::Unavailable,
+            "the sandbox's agent went away before the command started; the sandbox may be out of memory or ending",
+        ),
+        other => ConnectError::new(
+            Code::Internal,
+            format!("the command ended before it started: {other:?}"),
+        ),
+    }
+}
+
+fn vmm_error(e: crate::vmm::VmmError) -> ConnectError {
+    ConnectError::new(
+        Code::Unavailable,
+        format!("the sandbox is not running: {e}"),
+    )
+}
+
+/// A stream of one error: how a server stream fails (HTTP 200, end-stream envelope).
+fn stream_error(e: ConnectError) -> Response {
+    connect::stream_response(Body::from(connect::end_stream_error(&e)))
+}
+
+/// How often an idle stream says it is alive: `Keepalive-Ping-Interval` seconds, else 90.
+fn keepalive_interval(headers: &HeaderMap) -> Duration {
+    let secs = headers
+        .get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .unwrap_or(90);
+    Duration::from_secs(secs)
+}
+
+async fn start(Authorized(sandbox): Authorized, headers: HeaderMap, body: Body) -> Response {
+    match start_process(sandbox, &headers, body).await {
+        Ok(response) => response,
+        Err(e) => stream_error(e),
+    }
+}
+
+async fn start_process(
+    sandbox: Arc<LiveSandbox>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let request: StartRequest = connect::read_single_message(body).await?;
+    if request.pty.is_some() {
+        return Err(ConnectError::new(
+            Code::Unimplemented,
+            "PTY sessions are not supported by this strata version; run the command without a PTY",
+        ));
+    }
+    let user = user_of(headers, &sandbox)?;
+    let config = request.process.clone();
+    let mut argv = vec![config.cmd.clone()];
+    argv.extend(config.args.iter().cloned());
+    let spawn = SpawnRequest {
+        argv,
+        user: Some(user),
+        env: config.envs.clone().into_iter().collect(),
+        cwd: config.cwd.clone(),
+        stdin: request.stdin.unwrap_or(false),
+    };
+    let mut io = sandbox.with(|s| s.spawn(spawn)).map_err(vmm_error)?;
+    let pid = io.status.started().await.map_err(|end| start_error(&end))?;
+    let (process, events) = sandbox.processes.adopt(pid, config, io);
+    if let Some(lifetime) = connect::timeout_of(headers) {
+        // envd: the request's timeout is the process's lifetime.
+        let (sandbox, process) = (sandbox.clone(), process.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(lifetime).await;
+            if !process.has_ended() {
+                if let Ok(mut io) = sandbox.with(|s| s.signal(process.pid, libc::SIGKILL)) {
+                    let _ = io.status.ended().await;
+                }
+            }
+        });
+    }
+    let keepalive = keepalive_interval(headers);
+    Ok(connect::stream_response(Body::from_stream(process_stream(
+        pid, keepalive, events,
+    ))))
+}
+
+/// The Start stream: `start`, then output and keepalives as they come, then `end` and the
+/// end-stream envelope. A missed stretch (the client read too slowly) is skipped, not fatal.
+fn process_stream(
+    pid: u32,
+    keepalive: Duration,
+    events: tokio::sync::broadcast::Receiver<ProcessEvent>,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> {
+    use tokio::sync::broadcast::error::RecvError;
+    let first = futures::stream::once(async move { connect::message(&ProcessEvent::start(pid)) });
+    let rest = futures::stream::unfold(Some(events), move |events| async move {
+        let mut events = events?;
+        loop {
+            match tokio::time::timeout(keepalive, events.recv()).await {
+                Err(_) => {
+                    return Some((connect::message(&ProcessEvent::keepalive()), Some(events)))
+                }
+                Ok(Ok(event)) => {
+                    if !event.is_end() {
+                        return Some((connect::message(&event), Some(events)));
+                    }
+                    let mut bytes = connect::message(&event).to_vec();
+                    bytes.extend_from_slice(&connect::end_stream_ok());
+                    return Some((bytes::Bytes::from(bytes), None));
+                }
+                Ok(Err(RecvError::Lagged(_))) => continue,
+                Ok(Err(RecvError::Closed)) => return Some((connect::end_stream_ok(), None)),
+            }
+        }
+    });
+    first.chain(rest).map(Ok)
+}
+
+fn pid_of(selector: &ProcessSelector) -> Result<u32, ConnectError> {
+    match selector {
+        ProcessSelector::Pid(pid) => Ok(*pid),
+        ProcessSelector::Tag(tag) => Err(ConnectError::new(
+            Code::NotFound,
+            format!("no process tagged {tag:?}; address processes by pid"),
+        )),
+    }
+}
+
+fn process_of(
+    sandbox: &LiveSandbox,
+    selector: &ProcessSelector,
+) -> Result<Arc<super::processes::Process>, ConnectError> {
+    let pid = pid_of(selector)?;
+    sandbox
+        .processes
+        .get(pid)
+        .filter(|p| !p.has_ended())
+        .ok_or_else(|| {
+            ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
+        })
+}
+
+async fn list(Authorized(sandbox): Authorized) -> Response {
+    let processes = sandbox
+        .processes
+        .list()
+        .into_iter()
+        .map(|p| ProcessInfo {
+            config: p.config.clone(),
+            pid: p.pid,
+            tag: None,
+        })
+        .collect();
+    connect::unary_response(&ListResponse { processes })
+}
+
+async fn send_signal(Authorized(sandbox): Authorized, body: bytes::Bytes) -> Response {
+    let result = async {
+        let request: SendSignalRequest = connect::decode_unary(&body)?;
+        let process = process_of(&sandbox, &request.process)?;
+        let signal = match request.signal {
+            Signal::Sigkill => libc::SIGKILL,
+            Signal::Sigterm => libc::SIGTERM,
+            Signal::Unspecified => {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM",
+                ))
+            }
+        };
+        let mut io = sandbox
+            .with(|s| s.signal(process.pid, signal))
+            .map_err(vmm_error)?;
+        match io.status.ended().await {
+            AgentEnd::Exited(0) => Ok(serde_json::json!({})),
+            other => Err(ConnectError::new(
+                Code::Internal,
+                format!("signalling process {}: {other:?}", process.pid),
+            )),
+        }
+    }
+    .await;
+    reply(result)
+}
+
+async fn send_input(Authorized(sandbox): Authorized, body: bytes::Bytes) -> Response {
+    let result = async {
+        let request: SendInputRequest = connect::decode_unary(&body)?;
+        let process = process_of(&sandbox, &request.process)?;
+        let bytes = match &request.input {
+            ProcessInput::Stdin(b) => b,
+            ProcessInput::Pty(_) => {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    "this process has no PTY; send stdin",
+                ))
+            }
+        };
+        match process.write_stdin(bytes).await {
+            Ok(true) => Ok(serde_json::json!({})),
+            Ok(false) => Err(ConnectError::new(
+                Code::FailedPrecondition,
+                format!(
+                    "process {} has no stdin; start it with stdin=True, or it was closed",
+                    process.pid
+                ),
+            )),
+            Err(e) => Err(ConnectError::new(
+                Code::Internal,
+                format!("writing to process {}: {e}", process.pid),
+            )),
+        }
+    }
+    .await;
+    reply(result)
+}
+
+async fn close_stdin(Authorized(sandbox): Authorized, body: bytes::Bytes) -> Response {
+    let result = async {
+        let request: CloseStdinRequest = connect::decode_unary(&body)?;
+        let process = process_of(&sandbox, &request.process)?;
+        process.close_stdin().await;
+        Ok(serde_json::json!({}))
+    }
+    .await;
+    reply(result)
+}
+
+pub fn reply(result: Result<serde_json::Value, ConnectError>) -> Response {
+    match result {
+        Ok(v) => connect::unary_response(&v),
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,345 @@
+//! The node's launched sandboxes: place the requested ones, boot them on their template's
+//! snapshot, answer for them through the agent, and end them (ADR 0028).
+//!
+//! A node takes a requested sandbox with a compare-and-set `Place` (one node wins; its epoch
+//! fences the rest of its writes), boots it with the template's user and workdir, the create
+//! call's `envVars`, the template's CPU and memory as cgroup limits and the node's egress policy
+//! (none when the call said `allow_internet_access: false`), starts the template's start command
+//! and waits for its ready command, and only then appends `Running` with its agent's URL: the
+//! API answers the create call on that event, so the SDK's first command finds the agent up.
+//!
+//! While it runs, the node watches its stream's read model: an end written by anyone (a kill
+//! through the API, an expiry) destroys it; its deadline passing is the node's own `Expire`. A
+//! node that stops ends its sandboxes as `lost` (they die with it: every sandbox holds a
+//! lifeline to the process that started it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::app::{self, CommandContext};
+use crate::domain::ids::Epoch;
+use crate::domain::sandbox::{SandboxId, State};
+use crate::envd::agent::{Agents, LiveSandbox};
+use crate::events::command::load;
+use crate::events::{Actor, ActorRole, EventStore, FeedWakeups, Metadata};
+use crate::streams::{snapshot_stream, Snapshot};
+use crate::vmm::process::{AgentEnd, SpawnRequest};
+use crate::vmm::{BootSpec, ExecDefaults, Limits, Network, SandboxBackend};
+
+/// Requested sandboxes one round considers.
+const ROUND: i64 = 16;
+/// How often a running sandbox's read model is looked at when no notification came.
+const WATCH_EVERY: Duration = Duration::from_millis(500);
+/// How long the template's ready command may take to succeed at launch.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct SandboxHost {
+    store: EventStore,
+    backend: Arc<dyn SandboxBackend>,
+    agents: Arc<Agents>,
+    node: String,
+    agent_url: String,
+    slots: Arc<Semaphore>,
+    poll: Duration,
+    disk_max: u64,
+}
+
+/// The node's agent listener, bound before anything is placed, and the URL it is reached at.
+pub async fn bind_agent(
+    listen: std::net::SocketAddr,
+    advertised: Option<&str>,
+) -> std::io::Result<(tokio::net::TcpListener, String)> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let url = match advertised {
+        Some(url) => url.trim_end_matches('/').to_owned(),
+        None => format!("http://{}", listener.local_addr()?),
+    };
+    Ok((listener, url))
+}
+
+fn context(node: &str, id: &SandboxId) -> CommandContext {
+    let _ = id;
+    CommandContext::new(Metadata::new(Actor::new(ActorRole::Worker, node)))
+}
+
+impl SandboxHost {
+    pub fn new(
+        store: EventStore,
+        backend: Arc<dyn SandboxBackend>,
+        node: String,
+        agent_url: String,
+        max_sandboxes: usize,
+        poll: Duration,
+        disk_max: u64,
+    ) -> SandboxHost {
+        SandboxHost {
+            store,
+            backend,
+            agents: Arc::new(Agents::default()),
+            node,
+            agent_url,
+            slots: Arc::new(Semaphore::new(max_sandboxes)),
+            poll,
+            disk_max,
+        }
+    }
+
+    /// Serves the agent on `listener` and runs sandboxes until `shutdown`; then ends them all.
+    pub async fn run_until(self, listener: tokio::net::TcpListener, shutdown: CancellationToken) {
+        let server = {
+            let router = crate::envd::server::router(self.agents.clone());
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                let served = axum::serve(listener, router)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "the sandbox agent stopped serving");
+                }
+            })
+        };
+        let pool = self.store.pool().clone();
+        let mut wakeups = match FeedWakeups::listen(&pool, self.poll).await {
+            Ok(w) => w,
+            Err(_) => FeedWakeups::polling(self.poll),
+        };
+        let mut tasks = JoinSet::new();
+        tracing::info!(agent = %self.agent_url, "sandbox host started");
+        loop {
+            while tasks.try_join_next().is_some() {}
+            if let Err(e) = self.place_round(&mut tasks, &shutdown).await {
+                tracing::warn!(error = %e, "looking for requested sandboxes failed; retrying");
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = wakeups.wait() => {}
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+        let _ = server.await;
+    }
+
+    async fn place_round(
+        &self,
+        tasks: &mut JoinSet<()>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), String> {
+        let requested = crate::projections::sandboxes::requested(self.store.pool(), ROUND)
+            .await
+            .map_err(|e| e.to_string())?;
+        for raw in requested {
+            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+                return Ok(());
+            };
+            let Ok(id) = SandboxId::parse(&raw) else {
+                continue;
+            };
+            let ctx = context(&self.node, &id);
+            let placed = app::sandbox::place(&self.store, &ctx, &id, &self.node, Utc::now())
+                .await
+                .map_err(|e| e.to_string())?;
+            let Some((epoch, state)) = placed else {
+                continue;
+            };
+            tracing::info!(sandbox = %id, %epoch, "sandbox placed");
+            let host = self.handle();
+            let cancel = shutdown.child_token();
+            let span = tracing::info_span!("sandbox", sandbox = %id);
+            tasks.spawn(
+                async move {
+                    host.host(id, epoch, state, cancel).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
+        }
+        Ok(())
+    }
+
+    fn handle(&self) -> Hosting {
+        Hosting {
+            store: self.store.clone(),
+            backend: self.backend.clone(),
+            agents: self.agents.clone(),
+            node: self.node.clone(),
+            agent_url: self.agent_url.clone(),
+            disk_max: self.disk_max,
+        }
+    }
+}
+
+/// What one sandbox's task needs.
+#[derive(Clone)]
+struct Hosting {
+    store: EventStore,
+    backend: Arc<dyn SandboxBackend>,
+    agents: Arc<Agents>,
+    node: String,
+    agent_url: String,
+    disk_max: u64,
+}
+
+impl Hosting {
+    async fn host(self, id: SandboxId, epoch: Epoch, state: State, cancel: CancellationToken) {
+        let ctx = context(&self.node, &id);
+        let started = std::time::Instant::now();
+        let live = match self.boot(&id, &state).await {
+            Ok(live) => live,
+            Err(reason) => {
+                tracing::warn!(%reason, "sandbox failed to start");
+                let _ =
+                    app::sandbox::fail(&self.store, &ctx, &id, Some(epoch), &reason, Utc::now())
+                        .await;
+                return;
+            }
+        };
+        let live = Arc::new(live);
+        self.agents.insert(live.clone());
+        let ran =
+            app::sandbox::running(&self.store, &ctx, &id, epoch, &self.agent_url, Utc::now()).await;
+        match ran {
+            Ok(_) => {
+                crate::metrics::sandbox_boot(true, started.elapsed());
+                tracing::info!(ms = started.elapsed().as_millis() as u64, "sandbox running");
+                self.watch(&id, epoch, &cancel).await;
+            }
+            Err(e) => tracing::warn!(error = %e, "sandbox ended before it ran"),
+        }
+        self.agents.remove(id.as_str());
+        match Arc::try_unwrap(live) {
+            Ok(live) => {
+                if let Err(e) = live.into_sandbox().destroy().await {
+                    tracing::warn!(error = %e, "destroying the sandbox failed");
+                }
+            }
+            // A request still holds it; its cgroup's drop kills what is left.
+            Err(_) => tracing::debug!("sandbox still referenced at its end; dropped"),
+        }
+        tracing::info!("sandbox ended");
+    }
+
+    /// Boots the sandbox on its template's snapshot and runs the template's start command.
+    async fn boot(&self, id: &SandboxId, state: &State) -> Result<LiveSandbox, String> {
+        let request = state
+            .request
+            .as_ref()
+            .ok_or("the sandbox's stream has no request")?;
+        let record = load::<Snapshot>(&self.store, &snapshot_stream(&request.snapshot))
+            .await
+            .map_err(|e| format!("reading the template's snapshot: {e}"))?
+            .state
+            .record
+            .ok_or("the template's snapshot has no record; rebuild the template")?;
+        let runtime = record.runtime_context();
+        let mut spec = BootSpec::new(record.layers.clone());
+        spec.context = ExecDefaults {
+            env: request
+                .env_vars
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            user: runtime.user.clone(),
+            workdir: Some(runtime.workdir.clone()),
+        };
+        spec.limits = Limits {
+            cpus: Some(f64::from(request.cpu_count)),
+            memory_bytes: Some(u64::from(request.memory_mb) << 20),
+            disk_max: Some(self.disk_max),
+            network: if request.allow_internet {
+                Network::Egress
+            } else {
+                Network::None
+            },
+            ..Limits::default()
+        };
+        let sandbox = self
+            .backend
+            .boot(spec)
+            .await
+            .map_err(|e| format!("booting the sandbox: {e}"))?;
+        let live = LiveSandbox::new(
+            id.as_str().to_owned(),
+            request.envd_token.clone(),
+            sandbox,
+            runtime.user.clone(),
+            request.env_vars.clone(),
+        );
+        if let Some(start) = &record.start_cmd {
+            start_command(&live, start)?;
+            if let Some(ready) = &record.ready_cmd {
+                wait_ready(&live, ready).await?;
+            }
+        }
+        Ok(live)
+    }
+
+    /// Until the sandbox ends: by anyone's write, at its deadline, or with this node.
+    async fn watch(&self, id: &SandboxId, epoch: Epoch, cancel: &CancellationToken) {
+        let ctx = context(&self.node, id);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => {
+                    let _ = app::sandbox::lose(&self.store, &ctx, id, epoch, "its node stopped", Utc::now()).await;
+                    return;
+                }
+                _ = tokio::time::sleep(WATCH_EVERY) => {}
+            }
+            match crate::projections::sandboxes::get(self.store.pool(), id.as_str()).await {
+                Ok(Some(row)) if row.state == "ended" || row.epoch != epoch.0 as i64 => return,
+                Ok(Some(row)) => {
+                    if row.end_at.is_some_and(|end| end <= Utc::now()) {
+                        let _ = app::sandbox::expire(&self.store, &ctx, id, Utc::now()).await;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => tracing::debug!(error = %e, "reading the sandbox's state failed"),
+            }
+        }
+    }
+}
+
+/// The template's start command, left running as E2B leaves it (its output is not kept).
+fn start_command(live: &LiveSandbox, command: &str) -> Result<(), String> {
+    let spawn = SpawnRequest {
+        argv: vec!["/bin/sh".into(), "-c".into(), command.to_owned()],
+        ..SpawnRequest::default()
+    };
+    let mut io = live
+        .with(|s| s.spawn(spawn))
+        .map_err(|e| format!("starting the template's start command: {e}"))?;
+    tokio::spawn(async move {
+        let _ = io.status.ended().await;
+    });
+    Ok(())
+}
+
+/// Runs the template's ready command until it succeeds.
+async fn wait_ready(live: &LiveSandbox, command: &str) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+    loop {
+        let spawn = SpawnRequest {
+            argv: vec!["/bin/sh".into(), "-c".into(), command.to_owned()],
+            ..SpawnRequest::default()
+        };
+        let io = live
+            .with(|s| s.spawn(spawn))
+            .map_err(|e| format!("running the template's ready command: {e}"))?;
+        let (_, end) = io.output(64 << 10).await;
+        if end == AgentEnd::Exited(0) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the template's ready command {command:?} did not succeed within {} s (last: {end:?})",
+                READY_TIMEOUT.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

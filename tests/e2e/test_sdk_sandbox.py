@@ -1,0 +1,237 @@
+"""Launching what was built: the stock Python SDK's `Sandbox` API on strata templates.
+
+The SDK reaches every sandbox's agent through strata's own API port (`sandbox_url`, i.e.
+`E2B_SANDBOX_URL`), which routes by the `E2b-Sandbox-Id` header to the node running it.
+"""
+
+import time
+import uuid
+
+import pytest
+from e2b import Sandbox, Template
+from e2b import CommandExitException
+from e2b.exceptions import (
+    InvalidArgumentException,
+    NotFoundException,
+    SandboxException,
+)
+from e2b.sandbox.filesystem.filesystem import FileType
+
+
+def opts(strata, team):
+    return {
+        "api_key": strata.key(team),
+        "api_url": strata.url,
+        "sandbox_url": strata.url,
+    }
+
+
+@pytest.fixture(scope="module")
+def built(strata, tmp_path_factory):
+    """A template built once: a COPY of a file, an ENV, a user and a workdir."""
+    team = f"sbx{uuid.uuid4().hex[:8]}"
+    o = opts(strata, team)
+    ctx = tmp_path_factory.mktemp("sbxctx")
+    (ctx / "app.txt").write_text("copied into the template\n")
+    name = f"launch-{uuid.uuid4().hex[:6]}"
+    template = (
+        Template(file_context_path=str(ctx))
+        .from_image("e2bdev/base")
+        .copy("app.txt", "/home/user/app.txt")
+        .run_cmd("echo built > /home/user/built.txt")
+    )
+    Template.build(template, name, api_key=o["api_key"], api_url=o["api_url"])
+    return {"opts": o, "name": name, "team": team}
+
+
+def test_a_built_template_launches_and_runs_commands_as_its_user(built):
+    sbx = Sandbox.create(built["name"], timeout=120, envs={"GREETING": "hi"}, **built["opts"])
+    try:
+        r = sbx.commands.run("cat /home/user/app.txt /home/user/built.txt; whoami; pwd; echo $GREETING")
+        assert r.exit_code == 0
+        assert r.stdout.splitlines() == [
+            "copied into the template",
+            "built",
+            "user",
+            "/home/user",
+            "hi",
+        ], r.stdout
+        # Per-command user, cwd and env; stderr apart from stdout.
+        r = sbx.commands.run("id -u; pwd; echo $X; echo oops >&2", user="root", cwd="/tmp", envs={"X": "1"})
+        assert r.stdout.splitlines() == ["0", "/tmp", "1"]
+        assert r.stderr == "oops\n"
+        # A failing command raises with its exit code and output.
+        with pytest.raises(CommandExitException) as failed:
+            sbx.commands.run("echo partial; exit 3")
+        assert failed.value.exit_code == 3
+        assert failed.value.stdout == "partial\n"
+        # A missing working directory is the SDK's invalid-argument error, before anything runs.
+        with pytest.raises(InvalidArgumentException):
+            sbx.commands.run("true", cwd="/nope")
+        assert sbx.is_running()
+    finally:
+        sbx.kill()
+
+
+def test_background_commands_are_listed_and_killed_by_pid(built):
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        handle = sbx.commands.run("sleep 60", background=True)
+        pids = [p.pid for p in sbx.commands.list()]
+        assert handle.pid in pids, pids
+        # The process is in the sandbox's pid namespace: the sandbox sees that very pid.
+        seen = sbx.commands.run(f"cat /proc/{handle.pid}/cmdline | tr '\\0' ' '").stdout
+        assert "sleep 60" in seen, seen
+        assert handle.kill()
+        with pytest.raises(CommandExitException) as killed:
+            handle.wait()
+        assert killed.value.exit_code == -1
+        assert handle.pid not in [p.pid for p in sbx.commands.list()]
+        assert not sbx.commands.kill(999999), "an unknown pid is not found"
+    finally:
+        sbx.kill()
+
+
+def test_stdin_reaches_a_background_command(built):
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        handle = sbx.commands.run("head -n 1", background=True, stdin=True)
+        sbx.commands.send_stdin(handle.pid, "through stdin\n")
+        result = handle.wait()
+        assert result.stdout == "through stdin\n"
+    finally:
+        sbx.kill()
+
+
+def test_files_are_written_read_listed_and_removed_as_the_user(built):
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        info = sbx.files.write("/home/user/dir/hello.txt", "hello")
+        assert info.path == "/home/user/dir/hello.txt"
+        assert sbx.files.read("/home/user/dir/hello.txt") == "hello"
+        payload = bytes(range(256)) * 4096
+        sbx.files.write("rel/blob.bin", payload)
+        assert sbx.files.read("/home/user/rel/blob.bin", format="bytes") == payload
+        owner = sbx.commands.run("stat -c %U /home/user/dir/hello.txt").stdout.strip()
+        assert owner == "user"
+        entries = {e.name: e for e in sbx.files.list("/home/user/dir")}
+        assert entries["hello.txt"].type == FileType.FILE
+        assert entries["hello.txt"].size == 5
+        assert sbx.files.exists("/home/user/dir/hello.txt")
+        assert not sbx.files.exists("/home/user/dir/missing")
+        assert sbx.files.make_dir("/home/user/newdir")
+        assert not sbx.files.make_dir("/home/user/newdir"), "an existing directory is not made again"
+        sbx.files.remove("/home/user/dir")
+        assert not sbx.files.exists("/home/user/dir/hello.txt")
+        from e2b.exceptions import NotFoundException as FileMissing
+
+        with pytest.raises(FileMissing):
+            sbx.files.read("/home/user/dir/hello.txt")
+        # The user cannot write where the sandbox's permissions say no; root can.
+        with pytest.raises(SandboxException):
+            sbx.files.write("/etc/owned-by-user", "x")
+        sbx.files.write("/etc/owned-by-root", "x", user="root")
+        assert sbx.commands.run("stat -c %U /etc/owned-by-root").stdout.strip() == "root"
+    finally:
+        sbx.kill()
+
+
+def test_info_list_timeout_and_kill(built, strata):
+    marker = uuid.uuid4().hex[:8]
+    a = Sandbox.create(built["name"], metadata={"run": marker, "n": "1"}, **built["opts"])
+    b = Sandbox.create(built["name"], metadata={"run": marker, "n": "2"}, **built["opts"])
+    try:
+        info = a.get_info()
+        assert info.sandbox_id == a.sandbox_id
+        assert info.metadata == {"run": marker, "n": "1"}
+        assert info.name == built["name"]
+        from e2b.sandbox.sandbox_api import SandboxQuery
+
+        listed = Sandbox.list(query=SandboxQuery(metadata={"run": marker}), **built["opts"]).next_items()
+        assert {s.sandbox_id for s in listed} == {a.sandbox_id, b.sandbox_id}
+        # Paging: one per page, then the second, then nothing more.
+        pager = Sandbox.list(query=SandboxQuery(metadata={"run": marker}), limit=1, **built["opts"])
+        first = pager.next_items()
+        assert pager.has_next
+        second = pager.next_items()
+        assert {first[0].sandbox_id, second[0].sandbox_id} == {a.sandbox_id, b.sandbox_id}
+        assert not pager.has_next
+        only_b = Sandbox.list(query=SandboxQuery(metadata={"run": marker, "n": "2"}), **built["opts"]).next_items()
+        assert [s.sandbox_id for s in only_b] == [b.sandbox_id]
+
+        # A short timeout ends the sandbox on its own.
+        b.set_timeout(2)
+        deadline = time.time() + 20
+        while b.is_running() and time.time() < deadline:
+            time.sleep(0.5)
+        assert not b.is_running(), "the sandbox outlived its timeout"
+        assert Sandbox.kill(b.sandbox_id, **built["opts"]) is False, "an expired sandbox is gone"
+
+        # A connect answers for a running sandbox and extends it.
+        again = Sandbox.connect(a.sandbox_id, timeout=300, **built["opts"])
+        assert again.commands.run("echo connected").stdout == "connected\n"
+        assert a.kill() is True
+        assert a.kill() is False, "a killed sandbox is gone"
+        assert not a.is_running()
+    finally:
+        for s in (a, b):
+            try:
+                s.kill()
+            except Exception:
+                pass
+
+
+def test_another_teams_sandbox_is_not_found(built, strata):
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        other = opts(strata, f"other{uuid.uuid4().hex[:6]}")
+        assert Sandbox.kill(sbx.sandbox_id, **other) is False
+        from e2b.exceptions import SandboxNotFoundException
+
+        with pytest.raises((SandboxNotFoundException, NotFoundException)):
+            Sandbox.get_info(sbx.sandbox_id, **other)
+        assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list(**other).next_items()]
+        # Nor does another team's name resolve: templates are per team.
+        with pytest.raises(SandboxException):
+            Sandbox.create(built["name"], **other)
+        # The sandbox's agent refuses requests without its token.
+        import urllib.request
+
+        req = urllib.request.Request(
+            strata.url + "/process.Process/List",
+            data=b"{}",
+            headers={"content-type": "application/json", "e2b-sandbox-id": sbx.sandbox_id},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=10)
+        assert refused.value.code == 401
+        assert sbx.is_running()
+    finally:
+        sbx.kill()
+
+
+def test_a_sandbox_without_internet_access_has_no_egress(built):
+    sbx = Sandbox.create(built["name"], allow_internet_access=False, **built["opts"])
+    try:
+        links = sbx.commands.run("awk 'NR>2 {print $1}' /proc/net/dev").stdout.split()
+        assert links == ["lo:"], links
+        routes = sbx.commands.run("awk 'NR>1' /proc/net/route").stdout
+        assert routes.strip() == "", routes
+    finally:
+        sbx.kill()
+    # The same template with access has its link and a default route.
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        links = sbx.commands.run("awk 'NR>2 {print $1}' /proc/net/dev").stdout.split()
+        assert sorted(links) == ["eth0:", "lo:"], links
+    finally:
+        sbx.kill()
+
+
+def test_an_unknown_template_is_refused_and_a_killed_sandboxs_agent_is_gone(built, strata):
+    with pytest.raises(SandboxException) as missing:
+        Sandbox.create("no-such-template", **built["opts"])
+    assert "404" in str(missing.value)
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    sbx.kill()
+    assert not sbx.is_running()
