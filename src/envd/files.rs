@@ -283,20 +283,35 @@ async fn write_one(
             )
         })?;
     let mut stdin = io.stdin.take().expect("a write agent has stdin");
-    let feed = async {
-        while let Some(chunk) = data.next().await {
-            let chunk = chunk.map_err(|e| {
-                ConnectError::new(Code::InvalidArgument, format!("reading the upload: {e}"))
-            })?;
-            if stdin.write_all(&chunk).await.is_err() {
-                // The agent stopped reading (it refused the path); its status says why.
-                break;
+    use crate::vmm::namespace::fs_ops::upload_frames::frame;
+    // Framed, so the agent tells a finished upload from one cut off: a client that goes away
+    // mid-body leaves the old file, not a truncated one (the pipe closes without the end frame).
+    let mut refused = false;
+    while let Some(chunk) = data.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                drop(stdin);
+                let _ = io.output(MAX_ANSWER).await;
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    format!("reading the upload: {e}"),
+                ));
             }
+        };
+        if chunk.is_empty() {
+            continue;
         }
-        drop(stdin);
-        Ok::<(), ConnectError>(())
-    };
-    feed.await?;
+        if stdin.write_all(&frame(&chunk)).await.is_err() {
+            // The agent stopped reading (it refused the path); its status says why.
+            refused = true;
+            break;
+        }
+    }
+    if !refused {
+        let _ = stdin.write_all(&frame(&[])).await;
+    }
+    drop(stdin);
     let (out, end) = io.output(MAX_ANSWER).await;
     match end {
         AgentEnd::Exited(0) => serde_json::from_slice(&out)

@@ -206,3 +206,22 @@ pub async fn list_live(
     .fetch_all(pool)
     .await
 }
+
+/// Live sandboxes (`id`, `epoch`, `node`) whose node stopped reporting that it lives (its
+/// `cache_nodes` heartbeat expired, by the database clock, or it never reported within 30 s of
+/// the request).
+pub async fn on_lost_nodes(
+    pool: &sqlx::PgPool,
+    limit: i64,
+) -> Result<Vec<(String, i64, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT s.sandbox_id, s.epoch, s.node_id FROM sandboxes s \
+         LEFT JOIN cache_nodes n ON n.node_id = s.node_id \
+         WHERE s.state IN ('placed', 'running') AND s.node_id IS NOT NULL \
+         AND (n.expires_at < now() OR (n.node_id IS NULL AND s.requested_at < now() - interval '30 seconds')) \
+         ORDER BY s.requested_at LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}

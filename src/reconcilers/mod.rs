@@ -12,6 +12,8 @@
 //! * [`promotion`]: Publishing with an expired lease -> the outbox driven to Ready.
 //! * [`waiting_deadline`]: Waiting or Queued past the deadline -> Error.
 //! * [`intent_expiry`]: pending upload intents past `expires_at` on waiting builds -> expired.
+//! * [`sandbox_expiry`]: launched sandboxes past their deadline -> expired; on a node that
+//!   stopped reporting -> lost.
 //! * [`gc`]: stored objects no root reaches -> deleted through the Deleting barrier, as the
 //!   retention policy allows (on its own, slower schedule).
 //!
@@ -22,6 +24,7 @@ pub mod error;
 pub mod gc;
 pub mod intent_expiry;
 pub mod promotion;
+pub mod sandbox_expiry;
 pub mod schedule;
 pub mod waiting_deadline;
 
@@ -52,15 +55,18 @@ pub enum Reconciler {
     IntentExpiry,
     /// Stored objects no root reaches -> deleted as the retention policy allows.
     Gc,
+    /// Launched sandboxes past their deadline -> expired; on a lost node -> lost.
+    SandboxExpiry,
 }
 
 impl Reconciler {
-    pub const ALL: [Reconciler; 5] = [
+    pub const ALL: [Reconciler; 6] = [
         Reconciler::AttemptExpiry,
         Reconciler::Promotion,
         Reconciler::WaitingDeadline,
         Reconciler::IntentExpiry,
         Reconciler::Gc,
+        Reconciler::SandboxExpiry,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +76,7 @@ impl Reconciler {
             Reconciler::WaitingDeadline => "waiting-deadline",
             Reconciler::IntentExpiry => "intent-expiry",
             Reconciler::Gc => "gc",
+            Reconciler::SandboxExpiry => "sandbox-expiry",
         }
     }
 
@@ -91,6 +98,7 @@ impl Reconciler {
             Reconciler::Promotion => promotion::pass(env).await,
             Reconciler::WaitingDeadline => waiting_deadline::pass(env).await,
             Reconciler::IntentExpiry => intent_expiry::pass(env).await,
+            Reconciler::SandboxExpiry => sandbox_expiry::pass(env).await,
             Reconciler::Gc => {
                 let report = gc::pass(env, &env.gc, &gc::PassOptions::default()).await?;
                 Ok(Pass {

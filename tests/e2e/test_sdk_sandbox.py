@@ -235,3 +235,57 @@ def test_an_unknown_template_is_refused_and_a_killed_sandboxs_agent_is_gone(buil
     sbx = Sandbox.create(built["name"], **built["opts"])
     sbx.kill()
     assert not sbx.is_running()
+
+
+def test_an_upload_cut_off_mid_body_leaves_the_old_file(built, strata):
+    import socket
+    from urllib.parse import urlparse
+
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        sbx.files.write("/home/user/kept.txt", "original")
+        url = urlparse(strata.url)
+        conn = socket.create_connection((url.hostname, url.port), timeout=10)
+        request = (
+            "POST /files?path=%2Fhome%2Fuser%2Fkept.txt HTTP/1.1\r\n"
+            f"Host: {url.netloc}\r\n"
+            "Content-Type: application/octet-stream\r\n"
+            "Content-Length: 100000\r\n"
+            f"E2b-Sandbox-Id: {sbx.sandbox_id}\r\n"
+            f"X-Access-Token: {sbx._envd_access_token}\r\n\r\n"
+            "truncated!"
+        )
+        conn.sendall(request.encode())
+        time.sleep(0.5)
+        conn.close()
+        time.sleep(0.5)
+        assert sbx.files.read("/home/user/kept.txt") == "original"
+        leftovers = sbx.commands.run("ls -a /home/user | grep -c strata-upload || true").stdout.strip()
+        assert leftovers == "0", "the cut-off upload's temporary file was removed"
+    finally:
+        sbx.kill()
+
+
+def test_signed_file_urls_work_without_the_token_and_a_tampered_one_is_refused(built):
+    import urllib.error
+    import urllib.request
+
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        sbx.files.write("/home/user/signed.txt", "by signature")
+        url = sbx.download_url("/home/user/signed.txt", use_signature_expiration=60)
+        assert "signature=v1_" in url
+        # With E2B_SANDBOX_URL the URL names no sandbox; the header does what a host name would.
+        headers = {"e2b-sandbox-id": sbx.sandbox_id}
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+            assert r.read() == b"by signature"
+        for tampered in (
+            url.replace("signed.txt", "other.txt"),
+            url.replace("signature=v1_", "signature=v1_A"),
+            url.split("&signature")[0],
+        ):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(urllib.request.Request(tampered, headers=headers), timeout=10)
+            assert refused.value.code == 401, tampered
+    finally:
+        sbx.kill()

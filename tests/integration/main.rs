@@ -19,6 +19,7 @@ mod fair_share;
 mod gc;
 mod group_commit;
 mod intent_index;
+mod launched_sandboxes;
 mod lost_reply;
 mod multi_node;
 mod ops_metrics;

@@ -177,7 +177,8 @@ fn work(request: AgentRequest) -> Result<(), String> {
             let who = resolve_user(&user)?;
             become_user(&who)?;
             let mut out = std::io::stdout().lock();
-            super::fs_ops::run(&request, &who.home, &mut std::io::stdin().lock(), &mut out)
+            let mut input = super::fs_ops::upload_frames::Unframed::new(std::io::stdin().lock());
+            super::fs_ops::run(&request, &who.home, &mut input, &mut out)
                 .map_err(|e| e.encode())?;
             out.flush().map_err(|e| format!("writing the answer: {e}"))
         }

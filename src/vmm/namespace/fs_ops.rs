@@ -628,6 +628,88 @@ fn move_entry(source: &Path, destination: &Path) -> Result<(), FsError> {
     })
 }
 
+/// How an upload reaches a Write agent: frames of a big-endian `u32` length and that many
+/// bytes, ended by an empty frame. The pipe closing before the empty frame is an aborted upload
+/// (the client went away mid-body), which must leave the old file as it was, not a truncated
+/// one in its place; a bare end of input could not tell the two apart.
+pub mod upload_frames {
+    use std::io::{self, Read};
+
+    /// One frame of `data` (at most `u32::MAX` bytes); an empty `data` is the end.
+    pub fn frame(data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(4 + data.len());
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        out.extend_from_slice(data);
+        out
+    }
+
+    /// The bytes of the frames `inner` carries; an error when it ends before the end frame.
+    pub struct Unframed<R> {
+        inner: R,
+        left: usize,
+        done: bool,
+    }
+
+    impl<R: Read> Unframed<R> {
+        pub fn new(inner: R) -> Self {
+            Unframed {
+                inner,
+                left: 0,
+                done: false,
+            }
+        }
+    }
+
+    impl<R: Read> Read for Unframed<R> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.done || buf.is_empty() {
+                return Ok(0);
+            }
+            if self.left == 0 {
+                let mut len = [0u8; 4];
+                self.inner.read_exact(&mut len).map_err(|_| {
+                    io::Error::new(io::ErrorKind::UnexpectedEof, "the upload was cut off")
+                })?;
+                self.left = u32::from_be_bytes(len) as usize;
+                if self.left == 0 {
+                    self.done = true;
+                    return Ok(0);
+                }
+            }
+            let want = buf.len().min(self.left);
+            let n = self.inner.read(&mut buf[..want])?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the upload was cut off",
+                ));
+            }
+            self.left -= n;
+            Ok(n)
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn framed_bytes_come_back_whole_and_a_cut_stream_is_an_error() {
+            let mut wire = frame(b"hello ");
+            wire.extend(frame(b"world"));
+            wire.extend(frame(b""));
+            let mut out = String::new();
+            Unframed::new(&wire[..]).read_to_string(&mut out).unwrap();
+            assert_eq!(out, "hello world");
+            let cut = &wire[..wire.len() - 4];
+            let mut out = Vec::new();
+            assert!(Unframed::new(cut).read_to_end(&mut out).is_err());
+            let mid = &wire[..7];
+            assert!(Unframed::new(mid).read_to_end(&mut Vec::new()).is_err());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
