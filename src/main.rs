@@ -48,6 +48,8 @@ enum Command {
     Keys(cli::keys::KeysArgs),
     /// Run a command on a built template, or export it as an OCI image layout.
     Template(cli::template::TemplateArgs),
+    /// List launched sandboxes, or end one (`strata history sandbox-<id>` is its history).
+    Sandbox(cli::sandboxes::SandboxArgs),
     /// Print a stream's (or a build's) audit history as a table or JSON.
     History(cli::history::HistoryArgs),
     /// Explain a build: why it failed, why each step was or was not a cache hit.
@@ -93,6 +95,7 @@ fn main() -> std::process::ExitCode {
             Command::Image(args) => cli::image::run(args).await,
             Command::Keys(args) => cli::keys::run(args).await,
             Command::Template(args) => cli::template::run(args).await,
+            Command::Sandbox(args) => cli::sandboxes::run(args).await,
             Command::History(args) => cli::history::run(args).await,
             Command::Why(args) => cli::why::run(args).await,
             Command::Projections(args) => cli::projections::run(args).await,

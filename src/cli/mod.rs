@@ -23,6 +23,7 @@ pub mod progress;
 pub mod projections;
 pub mod reconcile;
 pub mod sandbox;
+pub mod sandboxes;
 pub mod template;
 pub mod up;
 pub mod why;

@@ -143,6 +143,23 @@ static SANDBOX_BOOT_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
     )
     .expect("metric registers once")
 });
+static SANDBOX_CREATES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "strata_sandbox_creates_total",
+        "Sandbox.create calls by outcome (running, failed, refused).",
+        &["outcome"]
+    )
+    .expect("metric registers once")
+});
+static SANDBOX_CREATE_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "strata_sandbox_create_duration_seconds",
+        "From a Sandbox.create call to its answer that the sandbox runs (placement, boot, start and ready commands).",
+        &[],
+        SHORT_BUCKETS.to_vec()
+    )
+    .expect("metric registers once")
+});
 static RECONCILER_PASSES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "strata_reconciler_passes_total",
@@ -273,6 +290,16 @@ pub fn sandbox_boot(ok: bool, took: Duration) {
 // Recording: API
 // ---------------------------------------------------------------------------------------------
 
+/// A `Sandbox.create` call's outcome, and how long it took when the sandbox runs.
+pub fn sandbox_create(outcome: &str, took: Duration) {
+    SANDBOX_CREATES.with_label_values(&[outcome]).inc();
+    if outcome == "running" {
+        SANDBOX_CREATE_DURATION
+            .with_label_values(&[] as &[&str])
+            .observe(took.as_secs_f64());
+    }
+}
+
 /// A context archive upload: its size when stored, `None` when rejected.
 pub fn upload(stored: Option<u64>, took: Duration) {
     match stored {
@@ -367,6 +394,10 @@ fn touch_all() {
         SANDBOX_BOOTS.with_label_values(&[outcome]);
     }
     LazyLock::force(&SANDBOX_BOOT_DURATION);
+    for outcome in ["running", "failed", "refused"] {
+        SANDBOX_CREATES.with_label_values(&[outcome]);
+    }
+    LazyLock::force(&SANDBOX_CREATE_DURATION);
     LazyLock::force(&RECONCILER_PASSES);
     LazyLock::force(&RECONCILER_PASS_DURATION);
     LazyLock::force(&RECONCILER_CANDIDATES);

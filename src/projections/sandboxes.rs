@@ -225,3 +225,22 @@ pub async fn on_lost_nodes(
     .fetch_all(pool)
     .await
 }
+
+/// Sandboxes for operators: the live ones (of `team`, or all), and with `ended` also the most
+/// recently ended, newest first.
+pub async fn recent(
+    pool: &sqlx::PgPool,
+    team: Option<&str>,
+    ended: bool,
+    limit: i64,
+) -> Result<Vec<SandboxRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT * FROM sandboxes WHERE ($1::text IS NULL OR team_id = $1) \
+         AND ($2 OR state <> 'ended') ORDER BY requested_at DESC, sandbox_id DESC LIMIT $3",
+    )
+    .bind(team)
+    .bind(ended)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}

@@ -289,3 +289,54 @@ def test_signed_file_urls_work_without_the_token_and_a_tampered_one_is_refused(b
             assert refused.value.code == 401, tampered
     finally:
         sbx.kill()
+
+
+def test_the_js_sdk_launches_and_drives_a_sandbox(built, strata):
+    import json
+    import pathlib
+    import shutil
+    import subprocess
+
+    js = pathlib.Path(__file__).resolve().parent / "js"
+    assert shutil.which("node"), "node is required (scripts/setup.sh installs it)"
+    out = subprocess.run(
+        ["node", str(js / "sandbox.mjs"), built["name"]],
+        env={
+            **strata.env,
+            "E2B_API_KEY": built["opts"]["api_key"],
+            "E2B_API_URL": strata.url,
+            "E2B_SANDBOX_URL": strata.url,
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, f"node failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["killed"] is True, result
+
+
+def test_operators_see_sandboxes_and_their_history(built, strata):
+    import urllib.request
+
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    live = strata.cli("sandbox", "ls", "--team", built["team"]).stdout
+    assert sbx.sandbox_id in live and "running" in live, live
+    ended = strata.cli("sandbox", "kill", sbx.sandbox_id)
+    assert ended.returncode == 0, ended.stderr
+    assert Sandbox.kill(sbx.sandbox_id, **built["opts"]) is False, "ended by the operator"
+    listing = strata.cli("sandbox", "ls", "--team", built["team"], "--all").stdout
+    line = [l for l in listing.splitlines() if l.startswith(sbx.sandbox_id)]
+    assert line and "killed" in line[0], listing
+    history = strata.cli("history", f"sandbox-{sbx.sandbox_id}").stdout
+    for event in ("SandboxRequested.v1", "SandboxPlaced.v1", "SandboxRunning.v1", "SandboxEnded.v1"):
+        assert event in history, history
+    req = urllib.request.Request(strata.url + "/ui/sandboxes", headers={"Authorization": "Bearer e2e-admin"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        page = r.read().decode()
+    assert sbx.sandbox_id in page and "killed" in page, page[:2000]
+    with urllib.request.urlopen(strata.url + "/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    created = [l for l in metrics.splitlines() if l.startswith('strata_sandbox_creates_total{outcome="running"}')]
+    assert created and float(created[0].split()[-1]) >= 1, created
+    assert "strata_sandbox_create_duration_seconds_count" in metrics

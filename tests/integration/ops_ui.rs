@@ -123,6 +123,7 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
         "/ui/templates",
         "/ui/storage",
         "/ui/teams",
+        "/ui/sandboxes",
         &format!("/ui/builds/{ok}"),
         &format!("/ui/builds/{ok}/why.json"),
     ] {

@@ -99,9 +99,21 @@ pub async fn create(
     Team(team): Team,
     body: bytes::Bytes,
 ) -> Response {
+    let started = std::time::Instant::now();
     match create_sandbox(&state, team, &body).await {
-        Ok(response) => response,
-        Err(e) => no_retry(e),
+        Ok(response) => {
+            crate::metrics::sandbox_create("running", started.elapsed());
+            response
+        }
+        Err(e) => {
+            let outcome = if e.status.is_server_error() {
+                "failed"
+            } else {
+                "refused"
+            };
+            crate::metrics::sandbox_create(outcome, started.elapsed());
+            no_retry(e)
+        }
     }
 }
 

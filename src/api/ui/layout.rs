@@ -56,7 +56,7 @@ pub fn page(title: &str, body: &str) -> Html<String> {
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
          <title>strata · {t}</title><style>{CSS}</style></head><body>\
          <header><a href=\"/ui\">Builds</a><a href=\"/ui/templates\">Templates</a>\
-         <a href=\"/ui/storage\">Storage</a><a href=\"/ui/teams\">Teams</a><a href=\"/metrics\">Metrics</a></header>\
+         <a href=\"/ui/storage\">Storage</a><a href=\"/ui/teams\">Teams</a><a href=\"/ui/sandboxes\">Sandboxes</a><a href=\"/metrics\">Metrics</a></header>\
          <main><h1>{t}</h1>{body}</main></body></html>",
         t = escape(title)
     ))

@@ -4,6 +4,7 @@
 //!
 //! * [`builds`]: the builds list (filterable), one build's timeline and its `why`.
 //! * [`templates`]: templates with tags and results; storage on this node.
+//! * [`sandboxes`]: launched sandboxes, live and recently ended.
 //! * [`teams`]: the per-team limits and what each team holds now.
 //! * [`layout`]: the page frame and HTML escaping.
 //! * [`paging`]: newest-first pages with an "older" link.
@@ -12,6 +13,7 @@ pub mod auth;
 pub mod builds;
 pub mod layout;
 pub mod paging;
+pub mod sandboxes;
 pub mod teams;
 pub mod templates;
 
@@ -29,6 +31,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/ui/templates", get(templates::list_templates))
         .route("/ui/storage", get(templates::show_storage))
         .route("/ui/teams", get(teams::show_teams))
+        .route("/ui/sandboxes", get(sandboxes::show_sandboxes))
         .route_layer(middleware::from_fn_with_state(state, auth::require_admin));
     pages.route("/ui/login", post(auth::login).get(auth::login_link))
 }
