@@ -42,6 +42,9 @@ pub enum BenchCommand {
     Upload(super::bench_upload::BenchUploadArgs),
     /// One-step SDK build against a running strata: API time and step time, per phase.
     Sdk(super::bench_sdk::BenchSdkArgs),
+    /// Launched sandboxes through the Python SDK (create, first command, kill), p50 and p99,
+    /// against `strata template exec` in the same run.
+    SandboxApi(super::bench_sandbox_api::BenchSandboxApiArgs),
     /// Builds through 2 worker processes with one killed halfway: time until all are terminal,
     /// reconciler lag (lease expiry to terminal event) p50/p99.
     Lifecycle(super::bench_lifecycle::LifecycleBenchArgs),
@@ -93,6 +96,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Sandbox(args) => super::bench_sandbox::run(args).await,
         BenchCommand::Upload(args) => super::bench_upload::run(args).await,
         BenchCommand::Sdk(args) => super::bench_sdk::run(args).await,
+        BenchCommand::SandboxApi(args) => super::bench_sandbox_api::run(args).await,
         BenchCommand::Lifecycle(args) => super::bench_lifecycle::run(args).await,
         BenchCommand::Gc(args) => super::bench_gc::run(args).await,
         BenchCommand::Cache(args) => super::bench_cache::run(args).await,

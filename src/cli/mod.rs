@@ -10,6 +10,7 @@ pub mod bench_lifecycle;
 pub mod bench_probe;
 pub mod bench_pull;
 pub mod bench_sandbox;
+pub mod bench_sandbox_api;
 pub mod bench_scale;
 pub mod bench_scale_store;
 pub mod bench_sdk;

@@ -17,6 +17,8 @@ pub mod processes;
 pub mod server;
 
 /// The envd version strata reports as `envdVersion`. The SDK gates features on it: from 0.4.0 it
-/// sends the user (`Authorization: Basic`) only when the caller asks for one, and below 0.1.0 it
-/// kills the sandbox it just created. Raise it only together with what the newer gates require.
-pub const ENVD_VERSION: &str = "0.4.0";
+/// sends the user (`Authorization: Basic`) only when the caller asks for one, from 0.5.2 it
+/// closes stdin, from 0.5.7 it uploads octet-stream and gzip bodies (all of which strata's agent
+/// serves); 0.6.2 would have it send file metadata, which is not kept yet. Below 0.1.0 it kills
+/// the sandbox it just created. Raise it only together with what the newer gates require.
+pub const ENVD_VERSION: &str = "0.5.7";

@@ -16,8 +16,8 @@ use futures::StreamExt;
 use super::agent::{Agents, LiveSandbox};
 use super::connect::{self, Code, ConnectError};
 use super::messages::{
-    CloseStdinRequest, ListResponse, ProcessEvent, ProcessInfo, ProcessInput, ProcessSelector,
-    SendInputRequest, SendSignalRequest, Signal, StartRequest,
+    CloseStdinRequest, ConnectRequest, ListResponse, ProcessEvent, ProcessInfo, ProcessInput,
+    ProcessSelector, SendInputRequest, SendSignalRequest, Signal, StartRequest, StreamInputRequest,
 };
 use crate::vmm::process::{AgentEnd, SpawnRequest};
 use crate::vmm::start_failure::StartFailure;
@@ -34,6 +34,8 @@ pub fn router(agents: Arc<Agents>) -> Router {
         .route("/process.Process/SendSignal", post(send_signal))
         .route("/process.Process/SendInput", post(send_input))
         .route("/process.Process/CloseStdin", post(close_stdin))
+        .route("/process.Process/Connect", post(connect_process))
+        .route("/process.Process/StreamInput", post(stream_input))
         .merge(super::files::routes())
         .with_state(agents)
 }
@@ -245,6 +247,98 @@ fn process_stream(
         }
     });
     first.chain(rest).map(Ok)
+}
+
+/// `commands.connect(pid)`: the running process's output from now on, then its end.
+async fn connect_process(
+    Authorized(sandbox): Authorized,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let request: ConnectRequest = connect::read_single_message(body).await?;
+        let process = process_of(&sandbox, &request.process)?;
+        let (events, _) = process.watch();
+        Ok(connect::stream_response(Body::from_stream(process_stream(
+            process.pid,
+            keepalive_interval(&headers),
+            events,
+        ))))
+    }
+    .await;
+    result.unwrap_or_else(stream_error)
+}
+
+/// `commands.stream_input`: a client stream of `start{process}`, then stdin chunks, written to
+/// the process as they arrive.
+async fn stream_input(Authorized(sandbox): Authorized, body: Body) -> Response {
+    let result = async {
+        let mut decoder = connect::EnvelopeDecoder::new();
+        let mut chunks = body.into_data_stream();
+        let mut process = None;
+        loop {
+            while let Some((flag, payload)) = decoder.next()? {
+                if flag == connect::FLAG_END_STREAM {
+                    continue;
+                }
+                let event: StreamInputRequest = connect::decode_unary(&payload)?;
+                match (event, &process) {
+                    (StreamInputRequest::Start { process: selector }, None) => {
+                        process = Some(process_of(&sandbox, &selector)?);
+                    }
+                    (StreamInputRequest::Data { input }, Some(p)) => {
+                        let ProcessInput::Stdin(bytes) = input else {
+                            return Err(ConnectError::new(
+                                Code::InvalidArgument,
+                                "this process has no PTY; send stdin",
+                            ));
+                        };
+                        let p: &Arc<super::processes::Process> = p;
+                        if !p.write_stdin(&bytes).await.map_err(|e| {
+                            ConnectError::new(
+                                Code::Internal,
+                                format!("writing to process {}: {e}", p.pid),
+                            )
+                        })? {
+                            return Err(ConnectError::new(
+                                Code::FailedPrecondition,
+                                format!("process {} has no stdin; start it with stdin=True", p.pid),
+                            ));
+                        }
+                    }
+                    (StreamInputRequest::Keepalive, _) => {}
+                    (StreamInputRequest::Start { .. }, Some(_)) => {
+                        return Err(ConnectError::new(
+                            Code::InvalidArgument,
+                            "the stream has two starts",
+                        ))
+                    }
+                    (StreamInputRequest::Data { .. }, None) => {
+                        return Err(ConnectError::new(
+                            Code::InvalidArgument,
+                            "the stream must begin with start{process}",
+                        ))
+                    }
+                }
+            }
+            match chunks.next().await {
+                Some(Ok(chunk)) => decoder.push(&chunk),
+                Some(Err(e)) => {
+                    return Err(ConnectError::new(
+                        Code::Canceled,
+                        format!("reading the stream: {e}"),
+                    ))
+                }
+                None => break,
+            }
+        }
+        decoder.finish()?;
+        let mut body = connect::message(&serde_json::json!({})).to_vec();
+        body.extend_from_slice(&connect::end_stream_ok());
+        Ok(connect::stream_response(Body::from(body)))
+    }
+    .await;
+    result.unwrap_or_else(stream_error)
 }
 
 fn pid_of(selector: &ProcessSelector) -> Result<u32, ConnectError> {

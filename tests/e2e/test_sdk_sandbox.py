@@ -340,3 +340,33 @@ def test_operators_see_sandboxes_and_their_history(built, strata):
     created = [l for l in metrics.splitlines() if l.startswith('strata_sandbox_creates_total{outcome="running"}')]
     assert created and float(created[0].split()[-1]) >= 1, created
     assert "strata_sandbox_create_duration_seconds_count" in metrics
+
+
+def test_stdin_streams_closes_and_a_running_command_can_be_reattached(built):
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        cat = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.stream_input(cat.pid, iter(["one\n", b"two\n"]))
+        sbx.commands.close_stdin(cat.pid)
+        assert cat.wait().stdout == "one\ntwo\n"
+
+        ticker = sbx.commands.run("sleep 1; echo tick; sleep 1; echo done", background=True)
+        again = sbx.commands.connect(ticker.pid)
+        result = again.wait()
+        assert result.exit_code == 0 and "done" in result.stdout, result.stdout
+        with pytest.raises(NotFoundException):
+            sbx.commands.connect(999999).wait()
+    finally:
+        sbx.kill()
+
+
+def test_octet_stream_and_gzip_uploads(built):
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        sbx.files.write("/home/user/raw.bin", b"\x00\x01\x02", use_octet_stream=True)
+        assert sbx.files.read("/home/user/raw.bin", format="bytes") == b"\x00\x01\x02"
+        big = b"compressible " * 100000
+        sbx.files.write("/home/user/zipped.txt", big, gzip=True)
+        assert sbx.files.read("/home/user/zipped.txt", format="bytes") == big
+    finally:
+        sbx.kill()

@@ -1,0 +1,43 @@
+"""Times launched sandboxes through the stock E2B Python SDK against a running strata.
+
+Run by `strata bench sandbox-api` (which issues the key and times the `strata template exec`
+baseline); usable alone with E2B_API_KEY set:
+
+    .venv/bin/python scripts/bench_sandbox_api.py --url http://127.0.0.1:3000 --runs 50
+
+Builds (once, untimed) a template on --image, then per run: `Sandbox.create`, the first
+`commands.run("true")`, `kill`. Prints the template's name on the first line, then one JSON
+object per run with the seconds each call took.
+"""
+
+import argparse
+import json
+import time
+import uuid
+
+from e2b import Sandbox, Template
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", default="http://127.0.0.1:3000")
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--image", default="busybox")
+    args = parser.parse_args()
+    name = f"bench-launch-{uuid.uuid4().hex[:8]}"
+    Template.build(Template().from_image(args.image).run_cmd("true"), name, api_url=args.url)
+    print(name, flush=True)
+    opts = {"api_url": args.url, "sandbox_url": args.url}
+    for _ in range(max(1, args.runs)):
+        t0 = time.perf_counter()
+        sbx = Sandbox.create(name, **opts)
+        t1 = time.perf_counter()
+        sbx.commands.run("true")
+        t2 = time.perf_counter()
+        sbx.kill()
+        t3 = time.perf_counter()
+        print(json.dumps({"create": t1 - t0, "first_run": t2 - t1, "kill": t3 - t2}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
