@@ -27,6 +27,8 @@ const DRAIN_AFTER_END: Duration = Duration::from_millis(200);
 pub struct Process {
     pub pid: u32,
     pub config: ProcessConfig,
+    /// On a terminal: output is `pty` data, input and resizes go framed to the relay.
+    pub pty: bool,
     stdin: tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>,
     events: broadcast::Sender<ProcessEvent>,
     end: watch::Sender<Option<EndEvent>>,
@@ -47,8 +49,35 @@ impl Process {
         self.end.borrow().is_some()
     }
 
-    /// Writes to the process's stdin; `false` when it has none (started without, or closed).
+    /// Writes to the process's stdin; `false` when it has none (started without, or closed,
+    /// or on a terminal: see [`write_terminal`](Self::write_terminal)).
     pub async fn write_stdin(&self, bytes: &[u8]) -> std::io::Result<bool> {
+        if self.pty {
+            return Ok(false);
+        }
+        self.write_raw(bytes).await
+    }
+
+    /// Types `bytes` on the process's terminal; `false` when it has none.
+    pub async fn write_terminal(&self, bytes: &[u8]) -> std::io::Result<bool> {
+        use crate::vmm::namespace::pty::{frame, INPUT};
+        if !self.pty {
+            return Ok(false);
+        }
+        self.write_raw(&frame(INPUT, bytes)).await
+    }
+
+    /// Resizes the process's terminal; `false` when it has none.
+    pub async fn resize(&self, cols: u16, rows: u16) -> std::io::Result<bool> {
+        use crate::vmm::namespace::pty::{frame, size_payload, RESIZE};
+        if !self.pty {
+            return Ok(false);
+        }
+        self.write_raw(&frame(RESIZE, &size_payload(cols, rows)))
+            .await
+    }
+
+    async fn write_raw(&self, bytes: &[u8]) -> std::io::Result<bool> {
         use tokio::io::AsyncWriteExt;
         let mut stdin = self.stdin.lock().await;
         match stdin.as_mut() {
@@ -100,6 +129,7 @@ impl Table {
         self: &Arc<Self>,
         pid: u32,
         config: ProcessConfig,
+        pty: bool,
         mut io: AgentIo,
     ) -> (Arc<Process>, broadcast::Receiver<ProcessEvent>) {
         let (events, first) = broadcast::channel(WATCH_BUFFER);
@@ -107,6 +137,7 @@ impl Table {
         let process = Arc::new(Process {
             pid,
             config,
+            pty,
             stdin: tokio::sync::Mutex::new(io.stdin.take()),
             events,
             end,
@@ -124,7 +155,12 @@ impl Table {
                 mut status,
                 ..
             } = io;
-            let out = tokio::spawn(pump(stdout, pumped.events.clone(), ProcessEvent::stdout));
+            let as_output = if pty {
+                ProcessEvent::pty
+            } else {
+                ProcessEvent::stdout
+            };
+            let out = tokio::spawn(pump(stdout, pumped.events.clone(), as_output));
             let err = tokio::spawn(pump(stderr, pumped.events.clone(), ProcessEvent::stderr));
             let ended = status.ended().await;
             let (out_abort, err_abort) = (out.abort_handle(), err.abort_handle());

@@ -17,7 +17,8 @@ use super::agent::{Agents, LiveSandbox};
 use super::connect::{self, Code, ConnectError};
 use super::messages::{
     CloseStdinRequest, ConnectRequest, ListResponse, ProcessEvent, ProcessInfo, ProcessInput,
-    ProcessSelector, SendInputRequest, SendSignalRequest, Signal, StartRequest, StreamInputRequest,
+    ProcessSelector, PtySize, SendInputRequest, SendSignalRequest, Signal, StartRequest,
+    StreamInputRequest, UpdateRequest,
 };
 use crate::vmm::process::{AgentEnd, SpawnRequest};
 use crate::vmm::start_failure::StartFailure;
@@ -36,6 +37,7 @@ pub fn router(agents: Arc<Agents>) -> Router {
         .route("/process.Process/CloseStdin", post(close_stdin))
         .route("/process.Process/Connect", post(connect_process))
         .route("/process.Process/StreamInput", post(stream_input))
+        .route("/process.Process/Update", post(update))
         .merge(super::files::routes())
         .with_state(agents)
 }
@@ -179,12 +181,10 @@ async fn start_process(
     body: Body,
 ) -> Result<Response, ConnectError> {
     let request: StartRequest = connect::read_single_message(body).await?;
-    if request.pty.is_some() {
-        return Err(ConnectError::new(
-            Code::Unimplemented,
-            "PTY sessions are not supported by this strata version; run the command without a PTY",
-        ));
-    }
+    let pty = request.pty.as_ref().map(|p| {
+        let size = p.size.unwrap_or(PtySize { cols: 80, rows: 24 });
+        (terminal_side(size.cols), terminal_side(size.rows))
+    });
     let user = user_of(headers, &sandbox)?;
     let config = request.process.clone();
     let mut argv = vec![config.cmd.clone()];
@@ -195,10 +195,11 @@ async fn start_process(
         env: config.envs.clone().into_iter().collect(),
         cwd: config.cwd.clone(),
         stdin: request.stdin.unwrap_or(false),
+        pty,
     };
     let mut io = sandbox.with(|s| s.spawn(spawn)).map_err(vmm_error)?;
     let pid = io.status.started().await.map_err(|end| start_error(&end))?;
-    let (process, events) = sandbox.processes.adopt(pid, config, io);
+    let (process, events) = sandbox.processes.adopt(pid, config, pty.is_some(), io);
     if let Some(lifetime) = connect::timeout_of(headers) {
         // envd: the request's timeout is the process's lifetime.
         let (sandbox, process) = (sandbox.clone(), process.clone());
@@ -341,6 +342,38 @@ async fn stream_input(Authorized(sandbox): Authorized, body: Body) -> Response {
     result.unwrap_or_else(stream_error)
 }
 
+/// A terminal dimension as the kernel takes it (a zero or absurd size is clamped, not refused).
+fn terminal_side(n: u32) -> u16 {
+    n.clamp(1, 10_000) as u16
+}
+
+/// `pty.resize`: the terminal's new size.
+async fn update(Authorized(sandbox): Authorized, body: bytes::Bytes) -> Response {
+    let result = async {
+        let request: UpdateRequest = connect::decode_unary(&body)?;
+        let process = process_of(&sandbox, &request.process)?;
+        let Some(size) = request.pty.and_then(|p| p.size) else {
+            return Ok(serde_json::json!({}));
+        };
+        match process
+            .resize(terminal_side(size.cols), terminal_side(size.rows))
+            .await
+        {
+            Ok(true) => Ok(serde_json::json!({})),
+            Ok(false) => Err(ConnectError::new(
+                Code::FailedPrecondition,
+                format!("process {} has no terminal to resize", process.pid),
+            )),
+            Err(e) => Err(ConnectError::new(
+                Code::Internal,
+                format!("resizing the terminal of process {}: {e}", process.pid),
+            )),
+        }
+    }
+    .await;
+    reply(result)
+}
+
 fn pid_of(selector: &ProcessSelector) -> Result<u32, ConnectError> {
     match selector {
         ProcessSelector::Pid(pid) => Ok(*pid),
@@ -412,21 +445,17 @@ async fn send_input(Authorized(sandbox): Authorized, body: bytes::Bytes) -> Resp
     let result = async {
         let request: SendInputRequest = connect::decode_unary(&body)?;
         let process = process_of(&sandbox, &request.process)?;
-        let bytes = match &request.input {
-            ProcessInput::Stdin(b) => b,
-            ProcessInput::Pty(_) => {
-                return Err(ConnectError::new(
-                    Code::InvalidArgument,
-                    "this process has no PTY; send stdin",
-                ))
-            }
+        let written = match &request.input {
+            ProcessInput::Stdin(b) => process.write_stdin(b).await,
+            ProcessInput::Pty(b) => process.write_terminal(b).await,
         };
-        match process.write_stdin(bytes).await {
+        match written {
             Ok(true) => Ok(serde_json::json!({})),
             Ok(false) => Err(ConnectError::new(
                 Code::FailedPrecondition,
                 format!(
-                    "process {} has no stdin; start it with stdin=True, or it was closed",
+                    "process {} takes no such input: start it with stdin=True for stdin, as a \
+                     PTY for terminal input (or its stdin was closed)",
                     process.pid
                 ),
             )),

@@ -24,6 +24,9 @@ pub struct SpawnRequest {
     pub cwd: Option<String>,
     /// Give the process a pipe on stdin (else `/dev/null`).
     pub stdin: bool,
+    /// Run it on a terminal of (columns, rows): its output comes as one stream, its input and
+    /// resizes as [`pty`](super::namespace::pty) frames.
+    pub pty: Option<(u16, u16)>,
 }
 
 /// The host's ends of one agent's pipes.

@@ -370,3 +370,34 @@ def test_octet_stream_and_gzip_uploads(built):
         assert sbx.files.read("/home/user/zipped.txt", format="bytes") == big
     finally:
         sbx.kill()
+
+
+def test_a_pty_session_runs_a_shell_on_a_terminal_of_the_asked_size(built):
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        term = sbx.pty.create(PtySize(rows=24, cols=80))
+        sbx.pty.send_stdin(term.pid, b"stty size; tty; echo marker-$((40+2))\n")
+        sbx.pty.resize(term.pid, PtySize(rows=40, cols=120))
+        sbx.pty.send_stdin(term.pid, b"stty size; exit 5\n")
+        seen = bytearray()
+        with pytest.raises(CommandExitException) as ended:
+            term.wait(on_pty=lambda data: seen.extend(data))
+        assert ended.value.exit_code == 5
+        text = seen.decode(errors="replace")
+        assert "24 80" in text and "40 120" in text, text
+        assert "/dev/pts/" in text and "marker-42" in text, text
+        # A second terminal, killed: its end is the SDK's killed command.
+        other = sbx.pty.create(PtySize(rows=10, cols=10))
+        assert sbx.pty.kill(other.pid)
+        with pytest.raises(CommandExitException) as killed:
+            other.wait()
+        assert killed.value.exit_code == -1
+        # Terminal input is refused to a command without a terminal, and stdin to a terminal.
+        plain = sbx.commands.run("sleep 30", background=True)
+        with pytest.raises(SandboxException):
+            sbx.pty.send_stdin(plain.pid, b"x")
+        plain.kill()
+    finally:
+        sbx.kill()

@@ -27,6 +27,10 @@ pub enum AgentRequest {
         /// runs: a launched sandbox's commands are addressed by it.
         #[serde(default)]
         report_pid: bool,
+        /// Run it on a terminal of (columns, rows), relayed over the agent's pipes
+        /// ([`pty`](super::pty)).
+        #[serde(default)]
+        pty: Option<(u16, u16)>,
     },
     /// One file operation, as `user` (empty: root).
     Fs {
@@ -123,6 +127,7 @@ fn work(request: AgentRequest) -> Result<(), String> {
             env,
             cwd,
             report_pid,
+            pty,
         } => {
             // SAFETY: a new session makes the command and its children one process group.
             unsafe { libc::setsid() };
@@ -155,6 +160,11 @@ fn work(request: AgentRequest) -> Result<(), String> {
             } else {
                 program
             };
+            if let Some((cols, rows)) = pty {
+                if let Some((master, child)) = super::pty::open_and_fork(cols, rows)? {
+                    super::pty::relay(master, child);
+                }
+            }
             if report_pid {
                 // Last, so a command that cannot start (user, directory) never reports a pid.
                 // SAFETY: getpid has no preconditions; this child is inside the pid namespace.

@@ -31,6 +31,7 @@ pub mod netlink;
 pub mod network;
 pub mod outside;
 pub mod owner;
+pub mod pty;
 pub mod scratch;
 pub mod seccomp;
 pub mod sweep;
@@ -908,6 +909,7 @@ impl Sandbox for NamespaceSandbox {
                     env,
                     cwd,
                     report_pid: false,
+                    pty: None,
                 },
                 None,
                 timeout,
@@ -940,8 +942,9 @@ impl Sandbox for NamespaceSandbox {
             env,
             cwd: request.cwd.or_else(|| self.context.workdir.clone()),
             report_pid: true,
+            pty: request.pty,
         };
-        self.spawn_agent(&exec, request.stdin)
+        self.spawn_agent(&exec, request.stdin || request.pty.is_some())
             .map(AgentPipes::into_io)
     }
 
