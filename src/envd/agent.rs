@@ -16,8 +16,10 @@ use crate::vmm::Sandbox;
 pub struct LiveSandbox {
     pub id: String,
     token: String,
-    /// Held only to start agents (a quick, synchronous call), never across an await.
-    sandbox: Mutex<Box<dyn Sandbox>>,
+    /// Held only to start agents (a quick, synchronous call), never across an await; `None`
+    /// once the sandbox was taken for its destruction (a request still in flight then finds
+    /// it not running).
+    sandbox: Mutex<Option<Box<dyn Sandbox>>>,
     /// The template's user, for requests that name none.
     pub default_user: String,
     /// `/envs`: the create call's `envVars`.
@@ -36,7 +38,7 @@ impl LiveSandbox {
         LiveSandbox {
             id,
             token,
-            sandbox: Mutex::new(sandbox),
+            sandbox: Mutex::new(Some(sandbox)),
             default_user,
             env_vars,
             processes: Arc::new(Table::default()),
@@ -54,14 +56,23 @@ impl LiveSandbox {
     }
 
     /// Runs `f` with the sandbox (to start an agent).
-    pub fn with<T>(&self, f: impl FnOnce(&dyn Sandbox) -> T) -> T {
+    pub fn with<T>(
+        &self,
+        f: impl FnOnce(&dyn Sandbox) -> crate::vmm::error::Result<T>,
+    ) -> crate::vmm::error::Result<T> {
         let guard = self.sandbox.lock().expect("sandbox lock");
-        f(guard.as_ref())
+        match guard.as_ref() {
+            Some(sandbox) => f(sandbox.as_ref()),
+            None => Err(crate::vmm::VmmError::Exec(format!(
+                "sandbox {} has ended",
+                self.id
+            ))),
+        }
     }
 
-    /// The sandbox itself, for its destruction.
-    pub fn into_sandbox(self) -> Box<dyn Sandbox> {
-        self.sandbox.into_inner().expect("sandbox lock")
+    /// The sandbox itself, for its destruction, whoever still holds this.
+    pub fn take_sandbox(&self) -> Option<Box<dyn Sandbox>> {
+        self.sandbox.lock().expect("sandbox lock").take()
     }
 }
 

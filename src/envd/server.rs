@@ -202,9 +202,13 @@ async fn start_process(
     let (process, events) = sandbox.processes.adopt(pid, config, pty.is_some(), io);
     if let Some(lifetime) = connect::timeout_of(headers) {
         // envd: the request's timeout is the process's lifetime.
-        let (sandbox, process) = (sandbox.clone(), process.clone());
+        // Weak: a sandbox that ends first is not kept for the rest of the lifetime.
+        let (sandbox, process) = (Arc::downgrade(&sandbox), Arc::downgrade(&process));
         tokio::spawn(async move {
             tokio::time::sleep(lifetime).await;
+            let (Some(sandbox), Some(process)) = (sandbox.upgrade(), process.upgrade()) else {
+                return;
+            };
             if !process.has_ended() {
                 if let Ok(mut io) = sandbox.with(|s| s.signal(process.pid, libc::SIGKILL)) {
                     let _ = io.status.ended().await;

@@ -212,14 +212,10 @@ impl Hosting {
             Err(e) => tracing::warn!(error = %e, "sandbox ended before it ran"),
         }
         self.agents.remove(id.as_str());
-        match Arc::try_unwrap(live) {
-            Ok(live) => {
-                if let Err(e) = live.into_sandbox().destroy().await {
-                    tracing::warn!(error = %e, "destroying the sandbox failed");
-                }
+        if let Some(sandbox) = live.take_sandbox() {
+            if let Err(e) = sandbox.destroy().await {
+                tracing::warn!(error = %e, "destroying the sandbox failed");
             }
-            // A request still holds it; its cgroup's drop kills what is left.
-            Err(_) => tracing::debug!("sandbox still referenced at its end; dropped"),
         }
         tracing::info!("sandbox ended");
     }

@@ -401,3 +401,19 @@ def test_a_pty_session_runs_a_shell_on_a_terminal_of_the_asked_size(built):
         plain.kill()
     finally:
         sbx.kill()
+
+
+def test_a_killed_sandbox_takes_its_processes_with_it_at_once(built):
+    import subprocess
+
+    marker = f"marker{uuid.uuid4().hex[:10]}"
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    # A foreground command first: its 60 s lifetime timer must not keep the sandbox alive.
+    sbx.commands.run("true")
+    sbx.commands.run(f"exec -a {marker} sleep 600", background=True, timeout=0)
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0
+    sbx.kill()
+    deadline = time.time() + 5
+    while subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0:
+        assert time.time() < deadline, "the killed sandbox's process outlived it by 5 s"
+        time.sleep(0.1)
