@@ -259,6 +259,11 @@ pub struct ServeArgs {
     #[arg(long, env = "STRATA_STATUS_MAX_HELD", default_value_t = 1024)]
     pub status_max_held: usize,
 
+    /// Longest `Sandbox.create` waits for a node to run the sandbox (boot, start and ready
+    /// commands) before it ends it and answers 503.
+    #[arg(long, env = "STRATA_SANDBOX_START_TIMEOUT_SECS", default_value_t = 30)]
+    pub sandbox_start_timeout_secs: u64,
+
     /// How long a registered build waits for its uploads and start before it expires, in seconds.
     #[arg(long, env = "STRATA_BUILD_WAITING_TIMEOUT", default_value_t = 3600)]
     pub build_waiting_timeout_secs: u64,

@@ -43,6 +43,8 @@ pub struct ProtocolSettings {
     pub team_limits: crate::domain::team_limits::TeamLimits,
     /// Longest a status request waits for news (ADR 0027); zero answers at once.
     pub status_hold: std::time::Duration,
+    /// Longest `Sandbox.create` waits for a node to run the sandbox (ADR 0028).
+    pub sandbox_start_timeout: std::time::Duration,
 }
 
 /// Shared by every handler; cheap to clone.
@@ -109,6 +111,9 @@ impl AppState {
                 },
                 team_limits: crate::domain::team_limits::TeamLimits::DEFAULT,
                 status_hold: std::time::Duration::from_millis(serve.status_hold_ms),
+                sandbox_start_timeout: std::time::Duration::from_secs(
+                    serve.sandbox_start_timeout_secs.max(1),
+                ),
             }),
             data_dir: data_dir.to_path_buf(),
             upload_slots: Arc::new(tokio::sync::Semaphore::new(

@@ -94,6 +94,7 @@ async fn start_api(
         upload_max_concurrent: 64,
         status_hold_ms: 1500,
         status_max_held: 1024,
+        sandbox_start_timeout_secs: 30,
         build_waiting_timeout_secs: 3600,
         build_queue_timeout_secs: 3600,
         build_cpu_max: strata::domain::build_spec::Ceilings::DEFAULT.cpu_count,

@@ -29,8 +29,6 @@ use crate::worker::template_lookup::{self, Checkpoint, LookupError};
 
 /// E2B's answer is a constant; the SDK requires the key and uses it for nothing.
 const CLIENT_ID: &str = "strata";
-/// The longest `Sandbox.create` waits for a node to boot the sandbox.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_PAGE: usize = 100;
 
 #[derive(Debug, Deserialize)]
@@ -166,9 +164,10 @@ async fn create_sandbox(
 }
 
 /// Polls the read model until a node ran the sandbox (or ended it); gives up after
-/// [`START_TIMEOUT`], ending the sandbox so no node starts it later.
+/// `STRATA_SANDBOX_START_TIMEOUT_SECS`, ending the sandbox so no node starts it later.
 async fn wait_until_started(state: &AppState, id: &SandboxId) -> Result<SandboxRow, ApiError> {
-    let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+    let limit = state.protocol.sandbox_start_timeout;
+    let deadline = tokio::time::Instant::now() + limit;
     let mut pause = Duration::from_millis(2);
     loop {
         let row = crate::projections::sandboxes::get(&state.pool, id.as_str()).await?;
@@ -190,8 +189,9 @@ async fn wait_until_started(state: &AppState, id: &SandboxId) -> Result<SandboxR
         if tokio::time::Instant::now() >= deadline {
             let ctx = CommandContext::new(api_metadata(state));
             let reason = format!(
-                "no node started it within {} s; is a `strata worker` running with STRATA_MAX_SANDBOXES above 0?",
-                START_TIMEOUT.as_secs()
+                "no node started it within {} s (STRATA_SANDBOX_START_TIMEOUT_SECS); is a \
+                 `strata worker` running with STRATA_MAX_SANDBOXES above 0?",
+                limit.as_secs()
             );
             let _ = app::sandbox::fail(&state.events, &ctx, id, None, &reason, Utc::now()).await;
             return Err(ApiError::new(
