@@ -59,14 +59,7 @@ fn percentile(mut values: Vec<f64>, p: f64) -> f64 {
 }
 
 pub async fn run(args: BenchSandboxApiArgs) -> anyhow::Result<()> {
-    for (path, what) in [(&args.python, "--python"), (&args.script, "--script")] {
-        if !path.exists() {
-            bail!(
-                "{what} {} does not exist: run from the repository root after ./scripts/setup.sh, or pass {what}",
-                path.display()
-            );
-        }
-    }
+    super::bench_sdk::require_scripts(&args.python, &args.script)?;
     let pool = super::connect_database(&args.storage).await?;
     let store = strata::app::event_store(pool.clone());
     let ctx = CommandContext::new(Metadata::new(Actor::new(ActorRole::Cli, "bench")));

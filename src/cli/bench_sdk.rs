@@ -71,14 +71,7 @@ struct ServerRun {
 }
 
 pub async fn run(args: BenchSdkArgs) -> anyhow::Result<()> {
-    for (path, what) in [(&args.python, "--python"), (&args.script, "--script")] {
-        if !path.exists() {
-            bail!(
-                "{what} {} does not exist: run from the repository root after ./scripts/setup.sh, or pass {what}",
-                path.display()
-            );
-        }
-    }
+    require_scripts(&args.python, &args.script)?;
     let pool = super::connect_database(&args.storage).await?;
     let store = strata::app::event_store(pool.clone());
     let key = issue_key(&store).await?;
@@ -109,6 +102,19 @@ pub async fn run(args: BenchSdkArgs) -> anyhow::Result<()> {
         bail!("the SDK timing script printed no runs");
     }
     report(&args, &client, &server);
+    Ok(())
+}
+
+/// The repository's Python and timing script, which the SDK benchmarks run.
+pub fn require_scripts(python: &std::path::Path, script: &std::path::Path) -> anyhow::Result<()> {
+    for (path, what) in [(python, "--python"), (script, "--script")] {
+        if !path.exists() {
+            bail!(
+                "{what} {} does not exist: run from the repository root after ./scripts/setup.sh, or pass {what}",
+                path.display()
+            );
+        }
+    }
     Ok(())
 }
 
