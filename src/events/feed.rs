@@ -177,6 +177,46 @@ impl FeedWakeups {
     }
 }
 
+impl FeedWakeups {
+    /// [`wait`](Self::wait) for a notification that may concern a stream whose name starts
+    /// with `prefix` (one naming no streams may concern any): a reader of one category is not
+    /// woken by every other append.
+    pub async fn wait_for(&mut self, prefix: &str) {
+        let Some(listener) = self.listener.as_mut() else {
+            tokio::time::sleep(self.poll_interval).await;
+            return;
+        };
+        let timeout = tokio::time::sleep(self.poll_interval);
+        tokio::pin!(timeout);
+        let concerns = |payload: &str| {
+            super::notifier::streams_of(payload)
+                .is_none_or(|mut streams| streams.any(|s| s.starts_with(prefix)))
+        };
+        loop {
+            tokio::select! {
+                received = listener.try_recv() => match received {
+                    Ok(Some(n)) => {
+                        let mut wake = concerns(n.payload());
+                        while let Some(more) = listener.next_buffered() {
+                            wake |= concerns(more.payload());
+                        }
+                        if wake {
+                            return;
+                        }
+                    }
+                    Ok(None) => return,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "feed listener failed; polling only from now on");
+                        self.listener = None;
+                        return;
+                    }
+                },
+                _ = &mut timeout => return,
+            }
+        }
+    }
+}
+
 /// A reader of the global feed that remembers where it is. It does not persist its position:
 /// a subscriber that must survive restarts stores [`FeedSubscription::position`] (a projection
 /// does so in the same transaction as its read model; see `crate::projections`).

@@ -118,7 +118,7 @@ impl SandboxHost {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = wakeups.wait() => {}
+                _ = wakeups.wait_for("sandbox-") => {}
             }
         }
         while tasks.join_next().await.is_some() {}
