@@ -378,16 +378,29 @@ def test_a_pty_session_runs_a_shell_on_a_terminal_of_the_asked_size(built):
     sbx = Sandbox.create(built["name"], **built["opts"])
     try:
         term = sbx.pty.create(PtySize(rows=24, cols=80))
+        seen = bytearray()
+        events = iter(term)
+
+        def read_until(needle: bytes):
+            # The shell reads what is typed when it is ready; wait for each answer.
+            deadline = time.time() + 20
+            while needle not in seen:
+                assert time.time() < deadline, bytes(seen)
+                _, _, chunk = next(events)
+                if chunk:
+                    seen.extend(chunk)
+
         sbx.pty.send_stdin(term.pid, b"stty size; tty; echo marker-$((40+2))\n")
+        read_until(b"marker-42\r\n")
         sbx.pty.resize(term.pid, PtySize(rows=40, cols=120))
         sbx.pty.send_stdin(term.pid, b"stty size; exit 5\n")
-        seen = bytearray()
+        read_until(b"logout")
         with pytest.raises(CommandExitException) as ended:
-            term.wait(on_pty=lambda data: seen.extend(data))
+            term.wait()
         assert ended.value.exit_code == 5
         text = seen.decode(errors="replace")
         assert "24 80" in text and "40 120" in text, text
-        assert "/dev/pts/" in text and "marker-42" in text, text
+        assert "/dev/pts/" in text, text
         # A second terminal, killed: its end is the SDK's killed command.
         other = sbx.pty.create(PtySize(rows=10, cols=10))
         assert sbx.pty.kill(other.pid)
