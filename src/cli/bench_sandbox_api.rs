@@ -14,10 +14,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Deserialize;
-use strata::app::CommandContext;
 use strata::config::StorageArgs;
-use strata::domain::ids::TeamId;
-use strata::events::{Actor, ActorRole, Metadata};
 
 const TEAM: &str = "bench-sandbox-api";
 
@@ -62,22 +59,14 @@ pub async fn run(args: BenchSandboxApiArgs) -> anyhow::Result<()> {
     super::bench_sdk::require_scripts(&args.python, &args.script)?;
     let pool = super::connect_database(&args.storage).await?;
     let store = strata::app::event_store(pool.clone());
-    let ctx = CommandContext::new(Metadata::new(Actor::new(ActorRole::Cli, "bench")));
-    let key = strata::app::team::issue_key(
-        &store,
-        &ctx,
-        &TeamId::parse(TEAM)?,
-        strata::clock::local_now(),
-    )
-    .await
-    .context("issuing the bench key")?;
+    let key = super::bench_sdk::issue_key(&store, TEAM).await?;
     pool.close().await;
 
     let output = tokio::process::Command::new(&args.python)
         .arg(&args.script)
         .args(["--url", &args.url, "--runs", &args.runs.max(1).to_string()])
         .args(["--image", &args.image])
-        .env("E2B_API_KEY", key.expose())
+        .env("E2B_API_KEY", &key)
         .stderr(Stdio::inherit())
         .output()
         .await

@@ -74,7 +74,7 @@ pub async fn run(args: BenchSdkArgs) -> anyhow::Result<()> {
     require_scripts(&args.python, &args.script)?;
     let pool = super::connect_database(&args.storage).await?;
     let store = strata::app::event_store(pool.clone());
-    let key = issue_key(&store).await?;
+    let key = issue_key(&store, "bench-sdk").await?;
 
     let output = tokio::process::Command::new(&args.python)
         .arg(&args.script)
@@ -118,9 +118,10 @@ pub fn require_scripts(python: &std::path::Path, script: &std::path::Path) -> an
     Ok(())
 }
 
-async fn issue_key(store: &EventStore) -> anyhow::Result<String> {
+/// A fresh API key of `team`, for the SDK a benchmark drives.
+pub async fn issue_key(store: &EventStore, team: &str) -> anyhow::Result<String> {
     let ctx = CommandContext::new(Metadata::new(Actor::new(ActorRole::Cli, "bench")));
-    let team = TeamId::parse("bench-sdk")?;
+    let team = TeamId::parse(team)?;
     let key = strata::app::team::issue_key(store, &ctx, &team, strata::clock::local_now())
         .await
         .context("issuing the bench key")?;

@@ -184,12 +184,7 @@ fn files_allowed(
     }
     let user = query.username.as_deref().unwrap_or("");
     let expected = signature(path, op, user, sandbox.token(), query.signature_expiration);
-    expected.len() == sig.len()
-        && expected
-            .bytes()
-            .zip(sig.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    crate::domain::token::tokens_equal(sig, &expected)
 }
 
 fn files_user(query: &FilesQuery, sandbox: &LiveSandbox) -> String {

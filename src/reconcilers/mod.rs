@@ -198,13 +198,20 @@ impl Pass {
         Ok(pass)
     }
 
-    fn add(&mut self, outcome: Result<bool, ReconcileError>, what: &str, build: BuildId) {
+    /// Counts one candidate's outcome (`Ok(false)`: nothing to do on fresh state); a failure
+    /// is logged with the candidate it concerns and retried next pass.
+    fn add<E: std::fmt::Display>(
+        &mut self,
+        outcome: Result<bool, E>,
+        what: &str,
+        candidate: impl std::fmt::Display,
+    ) {
         match outcome {
             Ok(true) => self.applied += 1,
             Ok(false) => self.skipped += 1,
             Err(e) => {
                 self.failed += 1;
-                tracing::warn!(%build, error = %e, "{what} failed; retrying next pass");
+                tracing::warn!(%candidate, error = %e, "{what} failed; retrying next pass");
             }
         }
     }

@@ -17,6 +17,18 @@ fn context(env: &ReconcileEnv) -> CommandContext {
         .with_max_attempts(16)
 }
 
+/// Whether the sandbox is ended now; a refusal (another writer got there first) is nothing to
+/// do, not a failure.
+fn settled<E>(
+    outcome: Result<crate::domain::sandbox::State, CommandError<E>>,
+) -> Result<bool, CommandError<E>> {
+    match outcome {
+        Ok(state) => Ok(state.is_ended()),
+        Err(CommandError::Rejected(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
     let pool = env.store.pool();
     let now = database_now(pool).await?;
@@ -31,7 +43,7 @@ pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
             continue;
         };
         let outcome = app::sandbox::expire(&env.store, &context(env), &id, now).await;
-        pass.count(&id, "sandbox expiry", outcome.map(|s| s.is_ended()));
+        pass.add(settled(outcome), "sandbox expiry", &id);
     }
     for (raw, epoch, node) in lost {
         let Ok(id) = SandboxId::parse(&raw) else {
@@ -50,25 +62,7 @@ pub async fn pass(env: &ReconcileEnv) -> Result<Pass, ReconcileError> {
         if matches!(outcome, Ok(ref s) if s.is_ended()) {
             tracing::info!(sandbox = %id, %node, "sandbox lost with its node");
         }
-        pass.count(&id, "sandbox loss", outcome.map(|s| s.is_ended()));
+        pass.add(settled(outcome), "sandbox loss", &id);
     }
     Ok(pass)
-}
-
-impl Pass {
-    fn count<E: std::fmt::Display>(
-        &mut self,
-        id: &SandboxId,
-        what: &str,
-        outcome: Result<bool, CommandError<E>>,
-    ) {
-        match outcome {
-            Ok(true) => self.applied += 1,
-            Ok(false) | Err(CommandError::Rejected(_)) => self.skipped += 1,
-            Err(e) => {
-                self.failed += 1;
-                tracing::warn!(sandbox = %id, error = %e, "{what} failed; retrying next pass");
-            }
-        }
-    }
 }

@@ -40,14 +40,10 @@ const WATCH_EVERY: Duration = Duration::from_millis(500);
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct SandboxHost {
-    store: EventStore,
-    backend: Arc<dyn SandboxBackend>,
-    agents: Arc<Agents>,
-    node: String,
-    agent_url: String,
+    /// What every sandbox's task shares (cloned into each).
+    hosting: Hosting,
     slots: Arc<Semaphore>,
     poll: Duration,
-    disk_max: u64,
 }
 
 /// The node's agent listener, bound before anything is placed, and the URL it is reached at.
@@ -63,8 +59,7 @@ pub async fn bind_agent(
     Ok((listener, url))
 }
 
-fn context(node: &str, id: &SandboxId) -> CommandContext {
-    let _ = id;
+fn context(node: &str) -> CommandContext {
     CommandContext::new(Metadata::new(Actor::new(ActorRole::Worker, node)))
 }
 
@@ -79,21 +74,23 @@ impl SandboxHost {
         disk_max: u64,
     ) -> SandboxHost {
         SandboxHost {
-            store,
-            backend,
-            agents: Arc::new(Agents::default()),
-            node,
-            agent_url,
+            hosting: Hosting {
+                store,
+                backend,
+                agents: Arc::new(Agents::default()),
+                node,
+                agent_url,
+                disk_max,
+            },
             slots: Arc::new(Semaphore::new(max_sandboxes)),
             poll,
-            disk_max,
         }
     }
 
     /// Serves the agent on `listener` and runs sandboxes until `shutdown`; then ends them all.
     pub async fn run_until(self, listener: tokio::net::TcpListener, shutdown: CancellationToken) {
         let server = {
-            let router = crate::envd::server::router(self.agents.clone());
+            let router = crate::envd::server::router(self.hosting.agents.clone());
             let stop = shutdown.clone();
             tokio::spawn(async move {
                 let served = axum::serve(listener, router)
@@ -104,13 +101,13 @@ impl SandboxHost {
                 }
             })
         };
-        let pool = self.store.pool().clone();
+        let pool = self.hosting.store.pool().clone();
         let mut wakeups = match FeedWakeups::listen(&pool, self.poll).await {
             Ok(w) => w,
             Err(_) => FeedWakeups::polling(self.poll),
         };
         let mut tasks = JoinSet::new();
-        tracing::info!(agent = %self.agent_url, "sandbox host started");
+        tracing::info!(agent = %self.hosting.agent_url, "sandbox host started");
         loop {
             while tasks.try_join_next().is_some() {}
             if let Err(e) = self.place_round(&mut tasks, &shutdown).await {
@@ -130,7 +127,7 @@ impl SandboxHost {
         tasks: &mut JoinSet<()>,
         shutdown: &CancellationToken,
     ) -> Result<(), String> {
-        let requested = crate::projections::sandboxes::requested(self.store.pool(), ROUND)
+        let requested = crate::projections::sandboxes::requested(self.hosting.store.pool(), ROUND)
             .await
             .map_err(|e| e.to_string())?;
         for raw in requested {
@@ -140,15 +137,16 @@ impl SandboxHost {
             let Ok(id) = SandboxId::parse(&raw) else {
                 continue;
             };
-            let ctx = context(&self.node, &id);
-            let placed = app::sandbox::place(&self.store, &ctx, &id, &self.node, Utc::now())
-                .await
-                .map_err(|e| e.to_string())?;
+            let node = &self.hosting.node;
+            let placed =
+                app::sandbox::place(&self.hosting.store, &context(node), &id, node, Utc::now())
+                    .await
+                    .map_err(|e| e.to_string())?;
             let Some((epoch, state)) = placed else {
                 continue;
             };
             tracing::info!(sandbox = %id, %epoch, "sandbox placed");
-            let host = self.handle();
+            let host = self.hosting.clone();
             let cancel = shutdown.child_token();
             let span = tracing::info_span!("sandbox", sandbox = %id);
             tasks.spawn(
@@ -160,17 +158,6 @@ impl SandboxHost {
             );
         }
         Ok(())
-    }
-
-    fn handle(&self) -> Hosting {
-        Hosting {
-            store: self.store.clone(),
-            backend: self.backend.clone(),
-            agents: self.agents.clone(),
-            node: self.node.clone(),
-            agent_url: self.agent_url.clone(),
-            disk_max: self.disk_max,
-        }
     }
 }
 
@@ -187,7 +174,7 @@ struct Hosting {
 
 impl Hosting {
     async fn host(self, id: SandboxId, epoch: Epoch, state: State, cancel: CancellationToken) {
-        let ctx = context(&self.node, &id);
+        let ctx = context(&self.node);
         let started = std::time::Instant::now();
         let live = match self.boot(&id, &state).await {
             Ok(live) => live,
@@ -277,7 +264,7 @@ impl Hosting {
 
     /// Until the sandbox ends: by anyone's write, at its deadline, or with this node.
     async fn watch(&self, id: &SandboxId, epoch: Epoch, cancel: &CancellationToken) {
-        let ctx = context(&self.node, id);
+        let ctx = context(&self.node);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => {
