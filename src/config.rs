@@ -264,6 +264,12 @@ pub struct ServeArgs {
     #[arg(long, env = "STRATA_SANDBOX_START_TIMEOUT_SECS", default_value_t = 30)]
     pub sandbox_start_timeout_secs: u64,
 
+    /// The `domain` sandbox creates and connects answer: the SDK reaches a sandbox at
+    /// `<port>-<id>.<domain>` when it has no `E2B_SANDBOX_URL`. Unset: the host of the public
+    /// URL (never null, or the SDK would send its traffic to E2B's cloud).
+    #[arg(long, env = "STRATA_SANDBOX_DOMAIN")]
+    pub sandbox_domain: Option<String>,
+
     /// How long a registered build waits for its uploads and start before it expires, in seconds.
     #[arg(long, env = "STRATA_BUILD_WAITING_TIMEOUT", default_value_t = 3600)]
     pub build_waiting_timeout_secs: u64,

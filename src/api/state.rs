@@ -45,6 +45,15 @@ pub struct ProtocolSettings {
     pub status_hold: std::time::Duration,
     /// Longest `Sandbox.create` waits for a node to run the sandbox (ADR 0028).
     pub sandbox_start_timeout: std::time::Duration,
+    /// The `domain` of sandbox answers: `STRATA_SANDBOX_DOMAIN`, else the public URL's host.
+    pub sandbox_domain: String,
+}
+
+/// The host of `url` (`http://host:port/…` -> `host`).
+fn host_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let host = rest.split('/').next().unwrap_or(rest);
+    host.rsplit_once(':').map_or(host, |(h, _)| h)
 }
 
 /// Shared by every handler; cheap to clone.
@@ -114,6 +123,11 @@ impl AppState {
                 sandbox_start_timeout: std::time::Duration::from_secs(
                     serve.sandbox_start_timeout_secs.max(1),
                 ),
+                sandbox_domain: serve
+                    .sandbox_domain
+                    .clone()
+                    .filter(|d| !d.is_empty())
+                    .unwrap_or_else(|| host_of(&serve.public_url()).to_owned()),
             }),
             data_dir: data_dir.to_path_buf(),
             upload_slots: Arc::new(tokio::sync::Semaphore::new(
@@ -195,4 +209,17 @@ fn secret_from_file(path: &Path) -> Result<Vec<u8>, StateError> {
     Err(err(std::io::Error::other(
         "the secret file stays incomplete",
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_sandbox_domain_defaults_to_the_public_urls_host() {
+        assert_eq!(super::host_of("http://127.0.0.1:3000"), "127.0.0.1");
+        assert_eq!(
+            super::host_of("https://strata.example/api"),
+            "strata.example"
+        );
+        assert_eq!(super::host_of("strata.example:443"), "strata.example");
+    }
 }

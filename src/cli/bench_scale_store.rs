@@ -100,6 +100,7 @@ async fn bench_scale(
         status_hold_ms: 1500,
         status_max_held: 1024,
         sandbox_start_timeout_secs: 30,
+        sandbox_domain: None,
         build_waiting_timeout_secs: 24 * 3600,
         build_queue_timeout_secs: 24 * 3600,
         build_cpu_max: strata::domain::build_spec::Ceilings::DEFAULT.cpu_count,

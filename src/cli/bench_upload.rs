@@ -95,6 +95,7 @@ async fn start_api(
         status_hold_ms: 1500,
         status_max_held: 1024,
         sandbox_start_timeout_secs: 30,
+        sandbox_domain: None,
         build_waiting_timeout_secs: 3600,
         build_queue_timeout_secs: 3600,
         build_cpu_max: strata::domain::build_spec::Ceilings::DEFAULT.cpu_count,

@@ -39,6 +39,7 @@ pub fn router(agents: Arc<Agents>) -> Router {
         .route("/process.Process/StreamInput", post(stream_input))
         .route("/process.Process/Update", post(update))
         .merge(super::files::routes())
+        .fallback(unserved)
         .with_state(agents)
 }
 
@@ -105,6 +106,19 @@ pub fn unauthorized() -> Response {
         "message": "unauthorized access, please provide a valid access token or method signing if supported",
     });
     (StatusCode::UNAUTHORIZED, Json(body)).into_response()
+}
+
+/// A method strata's agent does not serve (directory watches, for one): Connect's
+/// `unimplemented`, naming it, so the SDK raises an error that says what is missing.
+async fn unserved(uri: axum::http::Uri) -> Response {
+    ConnectError::new(
+        Code::Unimplemented,
+        format!(
+            "{} is not served by strata's sandbox agent yet (ADR 0028 lists what is)",
+            uri.path()
+        ),
+    )
+    .into_response()
 }
 
 async fn health(Addressed(_): Addressed) -> StatusCode {

@@ -106,13 +106,16 @@ impl AgentStatus {
 }
 
 impl AgentIo {
-    /// Everything the agent writes to stdout, then its end (for file operations, whose answers
-    /// are small; file contents are streamed from `stdout` instead).
+    /// The first `limit` bytes the agent writes to stdout, then its end (for file operations
+    /// and the ready command, whose answers are small; file contents are streamed from `stdout`
+    /// instead). What comes past `limit` is read and dropped: an agent left writing into a full
+    /// pipe would never end.
     pub async fn output(mut self, limit: usize) -> (Vec<u8>, AgentEnd) {
         drop(self.stdin.take());
         let mut out = Vec::new();
         let mut reader = (&mut self.stdout).take(limit as u64);
         let _ = reader.read_to_end(&mut out).await;
+        let _ = tokio::io::copy(&mut self.stdout, &mut tokio::io::sink()).await;
         let end = self.status.ended().await;
         (out, end)
     }

@@ -121,8 +121,18 @@ def test_files_are_written_read_listed_and_removed_as_the_user(built):
         assert not sbx.files.exists("/home/user/dir/missing")
         assert sbx.files.make_dir("/home/user/newdir")
         assert not sbx.files.make_dir("/home/user/newdir"), "an existing directory is not made again"
+        moved = sbx.files.rename("/home/user/dir/hello.txt", "/home/user/dir/sub/moved.txt")
+        assert moved.path == "/home/user/dir/sub/moved.txt"
+        assert sbx.files.read("/home/user/dir/sub/moved.txt") == "hello"
+        from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+        written = sbx.files.write_files(
+            [WriteEntry(path="/home/user/many/a.txt", data="a"), WriteEntry(path="many/b.txt", data="b")]
+        )
+        assert sorted(w.path for w in written) == ["/home/user/many/a.txt", "/home/user/many/b.txt"]
+        assert sbx.commands.run("cat /home/user/many/a.txt /home/user/many/b.txt").stdout == "ab"
         sbx.files.remove("/home/user/dir")
-        assert not sbx.files.exists("/home/user/dir/hello.txt")
+        assert not sbx.files.exists("/home/user/dir/sub/moved.txt")
         from e2b.exceptions import NotFoundException as FileMissing
 
         with pytest.raises(FileMissing):
@@ -141,6 +151,7 @@ def test_info_list_timeout_and_kill(built, strata):
     a = Sandbox.create(built["name"], metadata={"run": marker, "n": "1"}, **built["opts"])
     b = Sandbox.create(built["name"], metadata={"run": marker, "n": "2"}, **built["opts"])
     try:
+        assert a.get_metrics() == []
         info = a.get_info()
         assert info.sandbox_id == a.sandbox_id
         assert info.metadata == {"run": marker, "n": "1"}
@@ -430,3 +441,58 @@ def test_a_killed_sandbox_takes_its_processes_with_it_at_once(built):
     while subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0:
         assert time.time() < deadline, "the killed sandbox's process outlived it by 5 s"
         time.sleep(0.1)
+
+
+def test_the_agent_acts_inside_the_sandbox_even_for_a_hostile_root(built, tmp_path):
+    """A tenant's root tries to reach the host through the file API: a symlink to a host path,
+    a path climbing out, the kernel's tunables, a FIFO that would hang a reader."""
+    host_secret = tmp_path / "host-secret.txt"
+    host_secret.write_text("the host's own file")
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        root = {"user": "root"}
+        sbx.commands.run(f"ln -s {host_secret} /home/user/escape; mkfifo /home/user/fifo", **root)
+        # The link resolves in the sandbox's root, where that path does not exist.
+        with pytest.raises(NotFoundException):
+            sbx.files.read("/home/user/escape", **root)
+        with pytest.raises(NotFoundException):
+            sbx.files.read("../../.." + str(host_secret), **root)
+        # Writing through the link replaces the link inside the sandbox, never the host's file.
+        sbx.files.write("/home/user/escape", "overwritten", **root)
+        assert host_secret.read_text() == "the host's own file"
+        assert sbx.files.read("/home/user/escape", **root) == "overwritten"
+        # The kernel's tunables stay read-only to the sandbox's root.
+        with pytest.raises(SandboxException):
+            sbx.files.write("/proc/sys/kernel/hostname", "pwned", **root)
+        # A FIFO is refused, not read forever.
+        with pytest.raises(InvalidArgumentException):
+            sbx.files.read("/home/user/fifo", **root)
+        # An unknown user is refused before anything is touched.
+        from e2b.exceptions import AuthenticationException
+
+        with pytest.raises(AuthenticationException):
+            sbx.files.read("/etc/passwd", user="nobody-here")
+        # A method the agent does not serve says so.
+        with pytest.raises(SandboxException) as unserved:
+            sbx.files.watch_dir("/home/user")
+        assert "not served" in str(unserved.value), unserved.value
+    finally:
+        sbx.kill()
+
+
+def test_the_older_create_route_answers_as_the_v2_one(built, strata):
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(
+        strata.url + "/sandboxes",
+        data=json.dumps({"templateID": built["name"]}).encode(),
+        headers={"content-type": "application/json", "x-api-key": built["opts"]["api_key"]},
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 201
+        created = json.load(r)
+    assert created["domain"] and created["envdAccessToken"], created
+    again = Sandbox.connect(created["sandboxID"], **built["opts"])
+    assert again.commands.run("echo v1").stdout == "v1\n"
+    assert Sandbox.kill(created["sandboxID"], **built["opts"]) is True

@@ -80,6 +80,8 @@ async fn a_sandbox_on_a_killed_node_ends_lost_and_nothing_of_it_survives_the_nex
             "{key} in {created}"
         );
     }
+    // The public URL's host, as no STRATA_SANDBOX_DOMAIN is set; never null.
+    assert_eq!(created["domain"], "127.0.0.1", "{created}");
     let id = created["sandboxID"].as_str().unwrap().to_owned();
     let http = reqwest::Client::new();
     assert_eq!(agent_health(&http, &api.base, &id).await, 204);

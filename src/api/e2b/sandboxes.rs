@@ -204,20 +204,6 @@ async fn wait_until_started(state: &AppState, id: &SandboxId) -> Result<SandboxR
     }
 }
 
-/// Where the SDK reaches a sandbox's agent when it has no `E2B_SANDBOX_URL`: never null, or
-/// the SDK would send its traffic to E2B's cloud (SANDBOX-PROTOCOL.md §3.1).
-fn domain(state: &AppState) -> String {
-    if let Ok(d) = std::env::var("STRATA_SANDBOX_DOMAIN") {
-        if !d.is_empty() {
-            return d;
-        }
-    }
-    let url = state.public_url.as_str();
-    let host = url.split("://").nth(1).unwrap_or(url);
-    let host = host.split('/').next().unwrap_or(host);
-    host.rsplit_once(':').map_or(host, |(h, _)| h).to_owned()
-}
-
 fn sandbox_json(state: &AppState, row: &SandboxRow) -> serde_json::Value {
     serde_json::json!({
         "templateID": row.template_id,
@@ -226,7 +212,7 @@ fn sandbox_json(state: &AppState, row: &SandboxRow) -> serde_json::Value {
         "envdVersion": crate::envd::ENVD_VERSION,
         "envdAccessToken": row.envd_token,
         "trafficAccessToken": null,
-        "domain": domain(state),
+        "domain": state.protocol.sandbox_domain,
         "alias": row.alias,
     })
 }
@@ -259,7 +245,7 @@ fn listed_json(state: &AppState, row: &SandboxRow) -> serde_json::Value {
 fn detail_json(state: &AppState, row: &SandboxRow) -> serde_json::Value {
     let mut v = listed_json(state, row);
     let extra = serde_json::json!({
-        "domain": domain(state),
+        "domain": state.protocol.sandbox_domain,
         "envdAccessToken": row.envd_token,
         "allowInternetAccess": row.allow_internet,
         "lifecycle": {"onTimeout": "kill", "autoResume": false},
