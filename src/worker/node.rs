@@ -167,11 +167,8 @@ impl Worker {
             let host = super::sandbox_host::SandboxHost::new(
                 self.store.clone(),
                 self.backend.clone(),
-                self.settings.node_id.clone(),
+                &self.settings,
                 url,
-                self.settings.max_sandboxes,
-                self.settings.poll_interval,
-                self.settings.sandbox_disk_max,
             );
             Some(tokio::spawn(
                 host.run_until(listener, reporting.clone())

@@ -36,8 +36,6 @@ use crate::vmm::{BootSpec, ExecDefaults, Limits, Network, SandboxBackend};
 const ROUND: i64 = 16;
 /// How often a running sandbox's read model is looked at when no notification came.
 const WATCH_EVERY: Duration = Duration::from_millis(500);
-/// How long the template's ready command may take to succeed at launch.
-const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct SandboxHost {
     /// What every sandbox's task shares (cloned into each).
@@ -64,26 +62,25 @@ fn context(node: &str) -> CommandContext {
 }
 
 impl SandboxHost {
+    /// The node `settings` describe, its agent reached at `agent_url`.
     pub fn new(
         store: EventStore,
         backend: Arc<dyn SandboxBackend>,
-        node: String,
+        settings: &super::WorkerSettings,
         agent_url: String,
-        max_sandboxes: usize,
-        poll: Duration,
-        disk_max: u64,
     ) -> SandboxHost {
         SandboxHost {
             hosting: Hosting {
                 store,
                 backend,
                 agents: Arc::new(Agents::default()),
-                node,
+                node: settings.node_id.clone(),
                 agent_url,
-                disk_max,
+                disk_max: settings.sandbox_disk_max,
+                ready_timeout: settings.ready_timeout,
             },
-            slots: Arc::new(Semaphore::new(max_sandboxes)),
-            poll,
+            slots: Arc::new(Semaphore::new(settings.max_sandboxes)),
+            poll: settings.poll_interval,
         }
     }
 
@@ -170,6 +167,9 @@ struct Hosting {
     node: String,
     agent_url: String,
     disk_max: u64,
+    /// How long the template's ready command may take to succeed at launch
+    /// (`STRATA_READY_TIMEOUT_SECS`, as at a build's finalization).
+    ready_timeout: Duration,
 }
 
 impl Hosting {
@@ -256,7 +256,7 @@ impl Hosting {
         if let Some(start) = &record.start_cmd {
             start_command(&live, start)?;
             if let Some(ready) = &record.ready_cmd {
-                wait_ready(&live, ready).await?;
+                wait_ready(&live, ready, self.ready_timeout).await?;
             }
         }
         Ok(live)
@@ -303,8 +303,8 @@ fn start_command(live: &LiveSandbox, command: &str) -> Result<(), String> {
 }
 
 /// Runs the template's ready command until it succeeds.
-async fn wait_ready(live: &LiveSandbox, command: &str) -> Result<(), String> {
-    let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+async fn wait_ready(live: &LiveSandbox, command: &str, limit: Duration) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         let spawn = SpawnRequest {
             argv: vec!["/bin/sh".into(), "-c".into(), command.to_owned()],
@@ -313,14 +313,22 @@ async fn wait_ready(live: &LiveSandbox, command: &str) -> Result<(), String> {
         let io = live
             .with(|s| s.spawn(spawn))
             .map_err(|e| format!("running the template's ready command: {e}"))?;
-        let (_, end) = io.output(64 << 10).await;
+        // One run that never ends is bounded by the same deadline; the sandbox that fails to
+        // start then takes it down.
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let Ok((_, end)) = tokio::time::timeout(remaining, io.output(64 << 10)).await else {
+            return Err(format!(
+                "the template's ready command {command:?} did not finish within {} s",
+                limit.as_secs()
+            ));
+        };
         if end == AgentEnd::Exited(0) {
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(format!(
                 "the template's ready command {command:?} did not succeed within {} s (last: {end:?})",
-                READY_TIMEOUT.as_secs()
+                limit.as_secs()
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

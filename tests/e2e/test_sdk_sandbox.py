@@ -496,3 +496,21 @@ def test_the_older_create_route_answers_as_the_v2_one(built, strata):
     again = Sandbox.connect(created["sandboxID"], **built["opts"])
     assert again.commands.run("echo v1").stdout == "v1\n"
     assert Sandbox.kill(created["sandboxID"], **built["opts"]) is True
+
+
+def test_a_template_whose_ready_command_talks_a_lot_still_launches(strata):
+    """The ready command's output is capped in what the node keeps, and the rest is read away:
+    a command printing past the cap must not stall the sandbox's start on a full pipe."""
+    o = opts(strata, f"chatty{uuid.uuid4().hex[:6]}")
+    name = f"chatty-{uuid.uuid4().hex[:6]}"
+    template = Template().from_image("busybox").set_start_cmd(
+        "echo started > /tmp/started; sleep 1000", "head -c 1000000 /dev/zero; test -e /tmp/started"
+    )
+    Template.build(template, name, api_key=o["api_key"], api_url=o["api_url"])
+    started = time.time()
+    sbx = Sandbox.create(name, **o)
+    try:
+        assert time.time() - started < 20
+        assert sbx.commands.run("cat /tmp/started").stdout == "started\n"
+    finally:
+        sbx.kill()
