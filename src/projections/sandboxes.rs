@@ -164,7 +164,7 @@ pub async fn requested(pool: &sqlx::PgPool, limit: i64) -> Result<Vec<String>, s
     .await
 }
 
-/// Running sandboxes whose deadline passed at `now`.
+/// Live (placed or running) sandboxes whose deadline passed at `now`.
 pub async fn past_deadline(
     pool: &sqlx::PgPool,
     now: DateTime<Utc>,
