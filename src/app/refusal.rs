@@ -2,7 +2,7 @@
 //! Deliberately no string and no store error: a refusal here is an answer from state, never a
 //! failure to read it, so a failed clock read or load stays a store error.
 
-use crate::domain::{build, cache_entry, object, promotion, snapshot, template};
+use crate::domain::{build, cache_entry, object, promotion, sandbox, snapshot, template};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Refusal {
@@ -18,6 +18,8 @@ pub enum Refusal {
     CacheEntry(#[from] cache_entry::Error),
     #[error(transparent)]
     Object(#[from] object::Error),
+    #[error(transparent)]
+    Sandbox(#[from] sandbox::Error),
     #[error(transparent)]
     GcPass(#[from] crate::domain::gc_pass::Error),
     /// A stored object the write references is being (or was) deleted: the writer waits for

@@ -5,12 +5,15 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{CommandContext, Error};
-use crate::domain::ids::Epoch;
+use super::{CommandContext, Error, Refusal};
+use crate::domain::ids::{Digest, Epoch};
 use crate::domain::sandbox::{self, Command, SandboxId, SandboxRequest, State};
-use crate::events::command::{execute, load};
-use crate::events::EventStore;
-use crate::streams::{sandbox_stream, SandboxStream};
+use crate::events::command::{execute, execute_writes, load};
+use crate::events::{CommandError, EventStore};
+use crate::streams::{database_now, sandbox_stream, SandboxStream};
+
+/// Decide-and-append rounds before a contended pause record gives up.
+const MAX_ROUNDS: u32 = 16;
 
 pub type Result<T> = std::result::Result<T, Error<sandbox::Error>>;
 
@@ -158,4 +161,71 @@ pub async fn lose(
         now,
     };
     run(store, ctx, id, command).await
+}
+
+/// Asks the running sandbox's node to pause it (a no-op while a pause is under way).
+pub async fn pause(
+    store: &EventStore,
+    ctx: &CommandContext,
+    id: &SandboxId,
+    now: DateTime<Utc>,
+) -> Result<State> {
+    run(store, ctx, id, Command::Pause { now }).await
+}
+
+/// The node (`epoch`) stored the pausing sandbox's filesystem as `layers`; the pause and the
+/// layers' references commit in one append, so a garbage-collection pass either sees the
+/// sandbox rooting them or its mark refuses this write ([`Refusal::ObjectBarrier`]: the caller
+/// waits for the deletion and stores the layer again, naming it in `restored`).
+pub async fn record_paused(
+    store: &EventStore,
+    ctx: &CommandContext,
+    id: &SandboxId,
+    epoch: Epoch,
+    layers: &[Digest],
+    restored: &[Digest],
+) -> std::result::Result<(), Error<Refusal>> {
+    let stream = &sandbox_stream(id);
+    match execute_writes(store, MAX_ROUNDS, move || async move {
+        let now = database_now(store.pool()).await?;
+        let loaded = load::<SandboxStream>(store, stream)
+            .await
+            .map_err(CommandError::into_other)?;
+        let command = Command::RecordPaused {
+            epoch,
+            layers: layers.to_vec(),
+            now,
+        };
+        let events = sandbox::decide(&loaded.state, &command)
+            .map_err(|e| CommandError::Rejected(Refusal::from(e)))?;
+        if events.is_empty() {
+            // A replay of this pause: it is recorded (answered below as done).
+            return Err(CommandError::Rejected(Refusal::Sandbox(
+                sandbox::Error::AlreadyPaused,
+            )));
+        }
+        let mut writes = vec![ctx.write(stream, loaded.expected(), &events)?];
+        let by = format!("sandbox {id} pause at epoch {epoch}");
+        writes
+            .extend(super::object::reference_writes(store, ctx, layers, &by, now, restored).await?);
+        Ok(writes)
+    })
+    .await
+    {
+        Ok(_) | Err(CommandError::Rejected(Refusal::Sandbox(sandbox::Error::AlreadyPaused))) => {
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Boots a paused sandbox again (a node places it as a new request).
+pub async fn resume(
+    store: &EventStore,
+    ctx: &CommandContext,
+    id: &SandboxId,
+    timeout_secs: u32,
+    now: DateTime<Utc>,
+) -> Result<State> {
+    run(store, ctx, id, Command::Resume { timeout_secs, now }).await
 }

@@ -7,6 +7,8 @@
 //!   build-base checkpoint a `fromTemplate` child boots on, with every layer below them;
 //! * everything an in-flight build (not Ready, not Error) bound, checkpointed, resumed from,
 //!   recorded a snapshot of, or is publishing;
+//! * the layers of every launched sandbox that has not ended: a paused one's stored stack (what
+//!   a resume boots on, whether or not its template lives), a running one's template snapshot;
 //! * objects under an unexpired reader lease;
 //! * pinned objects (the layers of a node's image catalog, which cannot be fetched again).
 //!
@@ -26,6 +28,7 @@ use super::files;
 use super::ids::{BuildId, Digest, Scope, SnapshotId, TemplateId};
 use super::object::{self, Lifecycle};
 use super::retention::Tier;
+use super::sandbox::{self, SandboxId};
 use super::snapshot::SnapshotRecord;
 use super::template;
 
@@ -43,6 +46,7 @@ pub struct Inventory {
     pub templates: BTreeMap<TemplateId, template::State>,
     pub builds: BTreeMap<BuildId, build::State>,
     pub snapshots: BTreeMap<SnapshotId, SnapshotRecord>,
+    pub sandboxes: BTreeMap<SandboxId, sandbox::State>,
     pub cache_keys: Vec<CacheKeyState>,
     pub files: Vec<files::State>,
     pub objects: BTreeMap<Digest, object::State>,
@@ -71,6 +75,9 @@ pub enum Root {
     InFlightBuild {
         build: BuildId,
     },
+    Sandbox {
+        sandbox: SandboxId,
+    },
     Leased {
         holder: String,
         until: DateTime<Utc>,
@@ -89,6 +96,7 @@ impl std::fmt::Display for Root {
                 build,
             } => write!(f, "result of template {template} tag {tag} (build {build})"),
             Root::InFlightBuild { build } => write!(f, "in-flight build {build}"),
+            Root::Sandbox { sandbox } => write!(f, "sandbox {sandbox}"),
             Root::Leased { holder, until } => write!(f, "leased by {holder} until {until}"),
             Root::Pinned { by } => write!(f, "pinned by {by}"),
         }
@@ -293,6 +301,23 @@ impl References {
             }
             let frozen = build.freeze.iter().flat_map(|f| f.bindings.values());
             digests.extend(build.bindings.values().chain(frozen).map(|b| b.blob_digest));
+            for d in digests {
+                refs.roots.entry(d).or_insert_with(|| root.clone());
+            }
+        }
+
+        for (id, sandbox) in &inv.sandboxes {
+            if sandbox.is_ended() {
+                continue;
+            }
+            let digests = match (sandbox.boot_layers(), &sandbox.request) {
+                (Some(stored), _) => stored.to_vec(),
+                (None, Some(request)) => layers(&request.snapshot),
+                (None, None) => Vec::new(),
+            };
+            let root = Root::Sandbox {
+                sandbox: id.clone(),
+            };
             for d in digests {
                 refs.roots.entry(d).or_insert_with(|| root.clone());
             }

@@ -7,6 +7,14 @@
 //! `SetTimeout` (E2B: "now + timeout", which may shorten it) or by a `connect` (which only
 //! extends it).
 //!
+//! Pause keeps the filesystem only (E2B's `mode="filesystem"`): the node that runs it seals its
+//! writable layer as a checkpoint layer and stops it; the sandbox is then `Paused` with the
+//! whole stack it resumes on, on no node. A resume asks for placement again (`Requested`), and
+//! whichever node places it boots that stack and runs the template's start command again. A
+//! resume that does not get as far as `Running` (its node failed or died, the caller gave up)
+//! returns the sandbox to `Paused`: its files are kept, never lost with a node that only tried
+//! to boot them.
+//!
 //! The envd access token is part of the request: it is the capability to this one sandbox's
 //! agent, the SDK reads it back from every `connect`, and it dies with the sandbox.
 
@@ -15,7 +23,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::ids::{BuildId, Epoch, SnapshotId, TeamId, TemplateId};
+use super::ids::{BuildId, Digest, Epoch, SnapshotId, TeamId, TemplateId};
 
 /// A sandbox's id: `i` and 20 lowercase letters or digits, as E2B's. The SDK builds host names
 /// (`49983-<id>.<domain>`) and paths from it unescaped, so nothing else is accepted.
@@ -99,6 +107,10 @@ pub struct SandboxRequest {
     pub cpu_count: u32,
     pub memory_mb: u32,
     pub envd_token: String,
+    /// Pause at the deadline instead of ending (E2B's `autoPause`, lifecycle
+    /// `on_timeout="pause"`).
+    #[serde(default)]
+    pub auto_pause: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,6 +139,10 @@ pub enum Phase {
     Requested,
     Placed,
     Running,
+    /// Asked to pause; its node is sealing its filesystem.
+    Pausing,
+    /// Its filesystem is stored as `State::paused_layers`; it runs on no node.
+    Paused,
     Ended(EndReason),
 }
 
@@ -140,11 +156,26 @@ pub struct State {
     pub agent_url: Option<String>,
     pub started_at: Option<DateTime<Utc>>,
     pub end_at: Option<DateTime<Utc>>,
+    /// The stack the last pause stored, bottom first: what a resume boots on.
+    pub paused_layers: Option<Vec<Digest>>,
+    /// The life a resume asked for, counted from the resumed sandbox's start.
+    pub resume_timeout_secs: Option<u32>,
 }
 
 impl State {
     pub fn is_ended(&self) -> bool {
         matches!(self.phase, Phase::Ended(_))
+    }
+
+    /// Booting again from a pause (requested or placed after `Resumed`).
+    pub fn is_resuming(&self) -> bool {
+        self.paused_layers.is_some() && matches!(self.phase, Phase::Requested | Phase::Placed)
+    }
+
+    /// The layers a node boots this sandbox on: the last pause's stack, or `None` for the
+    /// template's snapshot.
+    pub fn boot_layers(&self) -> Option<&[Digest]> {
+        self.paused_layers.as_deref()
     }
 }
 
@@ -178,7 +209,23 @@ pub enum Command {
     Kill {
         now: DateTime<Utc>,
     },
-    /// Its deadline passed (a no-op before it did, so a late or early tick writes nothing).
+    /// Pause a running sandbox (its filesystem is kept, its processes are not).
+    Pause {
+        now: DateTime<Utc>,
+    },
+    /// The node (epoch) stored the pausing sandbox's filesystem as the stack `layers`.
+    RecordPaused {
+        epoch: Epoch,
+        layers: Vec<Digest>,
+        now: DateTime<Utc>,
+    },
+    /// Boot a paused sandbox again, to live `timeout_secs` from its start.
+    Resume {
+        timeout_secs: u32,
+        now: DateTime<Utc>,
+    },
+    /// Its deadline passed (a no-op before it did, so a late or early tick writes nothing): it
+    /// ends, or pauses when its request asked for `auto_pause`.
     Expire {
         now: DateTime<Utc>,
     },
@@ -222,6 +269,31 @@ pub enum Event {
         end_at: DateTime<Utc>,
         set_at: DateTime<Utc>,
     },
+    #[serde(rename = "SandboxPausing.v1")]
+    Pausing {
+        /// The deadline paused it (`auto_pause`), not a caller.
+        #[serde(default)]
+        on_timeout: bool,
+        requested_at: DateTime<Utc>,
+    },
+    #[serde(rename = "SandboxPaused.v1")]
+    Paused {
+        epoch: Epoch,
+        /// The whole stack a resume boots on, bottom first.
+        layers: Vec<Digest>,
+        paused_at: DateTime<Utc>,
+    },
+    #[serde(rename = "SandboxResumed.v1")]
+    Resumed {
+        timeout_secs: u32,
+        resumed_at: DateTime<Utc>,
+    },
+    /// A resume did not get as far as running; the sandbox is paused again, its files intact.
+    #[serde(rename = "SandboxResumeFailed.v1")]
+    ResumeFailed {
+        reason: String,
+        failed_at: DateTime<Utc>,
+    },
     #[serde(rename = "SandboxEnded.v1")]
     Ended {
         reason: EndReason,
@@ -247,6 +319,14 @@ pub enum Error {
     BadTimeout(u32),
     #[error("the sandbox is not running yet")]
     NotRunning,
+    #[error("the sandbox is already paused")]
+    AlreadyPaused,
+    #[error("the sandbox is paused; connect to it to resume it first")]
+    Paused,
+    #[error("the sandbox is pausing; wait until it is paused")]
+    Pausing,
+    #[error("the sandbox is running, not paused")]
+    NotPaused,
 }
 
 fn deadline(now: DateTime<Utc>, secs: u32) -> DateTime<Utc> {
@@ -310,10 +390,12 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             fence(state, *epoch)?;
             match &state.phase {
                 Phase::Placed => {
-                    let secs = state
-                        .request
-                        .as_ref()
-                        .map_or(DEFAULT_TIMEOUT_SECS, |r| r.timeout_secs);
+                    let secs = state.resume_timeout_secs.unwrap_or_else(|| {
+                        state
+                            .request
+                            .as_ref()
+                            .map_or(DEFAULT_TIMEOUT_SECS, |r| r.timeout_secs)
+                    });
                     Ok(vec![Event::Running {
                         epoch: *epoch,
                         agent_url: agent_url.clone(),
@@ -328,6 +410,7 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
         }
         Command::SetTimeout { timeout_secs, now } => {
             live(state)?;
+            not_paused(state)?;
             check_timeout(*timeout_secs)?;
             Ok(vec![Event::TimeoutSet {
                 end_at: deadline(*now, *timeout_secs),
@@ -336,6 +419,7 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
         }
         Command::Extend { timeout_secs, now } => {
             live(state)?;
+            not_paused(state)?;
             check_timeout(*timeout_secs)?;
             let wanted = deadline(*now, *timeout_secs);
             match state.end_at {
@@ -350,31 +434,101 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             live(state)?;
             Ok(ended(EndReason::Killed, None, *now))
         }
+        Command::Pause { now } => match state.phase {
+            Phase::Running => Ok(vec![Event::Pausing {
+                on_timeout: false,
+                requested_at: *now,
+            }]),
+            // Its caller waits for the pause under way.
+            Phase::Pausing => Ok(Vec::new()),
+            Phase::Paused => Err(Error::AlreadyPaused),
+            Phase::Ended(r) => Err(Error::Ended(r)),
+            Phase::Absent => Err(Error::NotFound),
+            Phase::Requested | Phase::Placed => Err(Error::NotRunning),
+        },
+        Command::RecordPaused { epoch, layers, now } => {
+            fence(state, *epoch)?;
+            match state.phase {
+                Phase::Pausing => Ok(vec![Event::Paused {
+                    epoch: *epoch,
+                    layers: layers.clone(),
+                    paused_at: *now,
+                }]),
+                Phase::Paused if state.paused_layers.as_ref() == Some(layers) => Ok(Vec::new()),
+                Phase::Ended(r) => Err(Error::Ended(r)),
+                _ => Err(Error::NotRunning),
+            }
+        }
+        Command::Resume { timeout_secs, now } => {
+            check_timeout(*timeout_secs)?;
+            match state.phase {
+                Phase::Paused => Ok(vec![Event::Resumed {
+                    timeout_secs: *timeout_secs,
+                    resumed_at: *now,
+                }]),
+                Phase::Pausing => Err(Error::Pausing),
+                Phase::Ended(r) => Err(Error::Ended(r)),
+                _ => Err(Error::NotPaused),
+            }
+        }
         Command::Expire { now } => {
-            if state.is_ended() {
+            if !matches!(state.phase, Phase::Placed | Phase::Running) {
+                // Not yet started, pausing, paused (no deadline) or ended.
                 return Ok(Vec::new());
             }
             match state.end_at {
-                Some(end) if end <= *now => Ok(ended(EndReason::Expired, None, *now)),
+                Some(end) if end <= *now => {
+                    let pause = state.request.as_ref().is_some_and(|r| r.auto_pause);
+                    if pause && state.phase == Phase::Running {
+                        Ok(vec![Event::Pausing {
+                            on_timeout: true,
+                            requested_at: *now,
+                        }])
+                    } else {
+                        Ok(ended(EndReason::Expired, None, *now))
+                    }
+                }
                 _ => Ok(Vec::new()),
             }
         }
         Command::Fail { epoch, reason, now } => {
-            if state.is_ended() {
+            if state.is_ended() || state.phase == Phase::Paused {
                 return Ok(Vec::new());
             }
             if let Some(e) = epoch {
                 fence(state, *e)?;
             }
+            if state.is_resuming() {
+                return Ok(resume_failed(reason, *now));
+            }
             Ok(ended(EndReason::Failed, Some(reason.clone()), *now))
         }
         Command::Lose { epoch, reason, now } => {
-            if state.is_ended() {
+            if state.is_ended() || state.phase == Phase::Paused {
                 return Ok(Vec::new());
             }
             fence(state, *epoch)?;
+            if state.is_resuming() {
+                // Its node died booting it: the stored stack is intact, another node may try.
+                return Ok(resume_failed(reason, *now));
+            }
             Ok(ended(EndReason::Lost, Some(reason.clone()), *now))
         }
+    }
+}
+
+fn resume_failed(reason: &str, now: DateTime<Utc>) -> Vec<Event> {
+    vec![Event::ResumeFailed {
+        reason: reason.to_owned(),
+        failed_at: now,
+    }]
+}
+
+fn not_paused(state: &State) -> Result<(), Error> {
+    match state.phase {
+        Phase::Paused => Err(Error::Paused),
+        Phase::Pausing => Err(Error::Pausing),
+        _ => Ok(()),
     }
 }
 
@@ -424,6 +578,23 @@ pub fn evolve(mut state: State, event: &Event) -> State {
             state.end_at = Some(*end_at);
         }
         Event::TimeoutSet { end_at, .. } => state.end_at = Some(*end_at),
+        Event::Pausing { .. } => state.phase = Phase::Pausing,
+        Event::Paused { layers, .. } => {
+            state.phase = Phase::Paused;
+            state.paused_layers = Some(layers.clone());
+            state.node = None;
+            state.agent_url = None;
+            state.end_at = None;
+        }
+        Event::Resumed { timeout_secs, .. } => {
+            state.phase = Phase::Requested;
+            state.resume_timeout_secs = Some(*timeout_secs);
+            state.end_at = None;
+        }
+        Event::ResumeFailed { .. } => {
+            state.phase = Phase::Paused;
+            state.node = None;
+        }
         Event::Ended { reason, .. } => state.phase = Phase::Ended(*reason),
     }
     state
@@ -451,6 +622,7 @@ mod tests {
             cpu_count: 2,
             memory_mb: 512,
             envd_token: "tok".into(),
+            auto_pause: false,
         }
     }
 
@@ -631,6 +803,214 @@ mod tests {
             ),
             Err(Error::Ended(EndReason::Failed))
         );
+    }
+
+    fn layers(n: u8) -> Vec<Digest> {
+        (1..=n).map(|i| Digest::from_bytes([i; 32])).collect()
+    }
+
+    fn paused() -> Vec<Command> {
+        let mut cmds = running();
+        cmds.push(Command::Pause { now: at(10) });
+        cmds.push(Command::RecordPaused {
+            epoch: Epoch(1),
+            layers: layers(3),
+            now: at(11),
+        });
+        cmds
+    }
+
+    #[test]
+    fn a_paused_sandbox_keeps_its_stack_runs_nowhere_and_resumes_on_a_new_epoch() {
+        let s = run(&paused()).unwrap();
+        assert_eq!(s.phase, Phase::Paused);
+        assert_eq!(s.boot_layers(), Some(&layers(3)[..]));
+        assert_eq!((s.node.as_deref(), s.end_at), (None, None));
+        // A paused sandbox has no deadline, and pausing it again says so.
+        assert!(decide(&s, &Command::Expire { now: at(100_000) })
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            decide(&s, &Command::Pause { now: at(12) }),
+            Err(Error::AlreadyPaused)
+        );
+        assert_eq!(
+            decide(
+                &s,
+                &Command::Extend {
+                    timeout_secs: 30,
+                    now: at(12)
+                }
+            ),
+            Err(Error::Paused)
+        );
+
+        let mut cmds = paused();
+        cmds.extend([
+            Command::Resume {
+                timeout_secs: 30,
+                now: at(20),
+            },
+            Command::Place {
+                node: "n2".into(),
+                now: at(21),
+            },
+            Command::Run {
+                epoch: Epoch(2),
+                agent_url: "http://127.0.0.1:2".into(),
+                now: at(22),
+            },
+        ]);
+        let s = run(&cmds).unwrap();
+        assert_eq!(s.phase, Phase::Running);
+        assert_eq!(s.node.as_deref(), Some("n2"));
+        // The resume's life counts from the resumed start.
+        assert_eq!(s.end_at, Some(at(52)));
+        // The first node's epoch can no longer write.
+        assert!(matches!(
+            decide(
+                &s,
+                &Command::Lose {
+                    epoch: Epoch(1),
+                    reason: "n1 died".into(),
+                    now: at(23)
+                }
+            ),
+            Err(Error::Fenced { .. })
+        ));
+    }
+
+    #[test]
+    fn only_a_running_sandbox_pauses_and_only_its_node_records_the_pause() {
+        let s = run(&running()[..2]).unwrap();
+        assert_eq!(
+            decide(&s, &Command::Pause { now: at(3) }),
+            Err(Error::NotRunning)
+        );
+        let mut cmds = running();
+        cmds.push(Command::Pause { now: at(10) });
+        let pausing = run(&cmds).unwrap();
+        assert_eq!(pausing.phase, Phase::Pausing);
+        // A second caller waits for the same pause.
+        assert!(decide(&pausing, &Command::Pause { now: at(10) })
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            decide(
+                &pausing,
+                &Command::Resume {
+                    timeout_secs: 30,
+                    now: at(10)
+                }
+            ),
+            Err(Error::Pausing)
+        );
+        assert!(matches!(
+            decide(
+                &pausing,
+                &Command::RecordPaused {
+                    epoch: Epoch(9),
+                    layers: layers(1),
+                    now: at(11)
+                }
+            ),
+            Err(Error::Fenced { .. })
+        ));
+        // A node dying mid-pause loses the sandbox: nothing was stored.
+        let lost = decide(
+            &pausing,
+            &Command::Lose {
+                epoch: Epoch(1),
+                reason: "n1 died".into(),
+                now: at(12),
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            lost[..],
+            [Event::Ended {
+                reason: EndReason::Lost,
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn a_resume_that_does_not_reach_running_leaves_the_sandbox_paused_with_its_files() {
+        let mut cmds = paused();
+        cmds.extend([
+            Command::Resume {
+                timeout_secs: 30,
+                now: at(20),
+            },
+            Command::Place {
+                node: "n2".into(),
+                now: at(21),
+            },
+            Command::Lose {
+                epoch: Epoch(2),
+                reason: "n2 died".into(),
+                now: at(40),
+            },
+        ]);
+        let s = run(&cmds).unwrap();
+        assert_eq!(s.phase, Phase::Paused);
+        assert_eq!(s.boot_layers(), Some(&layers(3)[..]));
+
+        // The caller giving up before any node placed it, likewise.
+        let mut cmds = paused();
+        cmds.extend([
+            Command::Resume {
+                timeout_secs: 30,
+                now: at(20),
+            },
+            Command::Fail {
+                epoch: None,
+                reason: "no node".into(),
+                now: at(50),
+            },
+        ]);
+        let s = run(&cmds).unwrap();
+        assert_eq!(s.phase, Phase::Paused);
+        // And it resumes again later.
+        assert!(matches!(
+            decide(
+                &s,
+                &Command::Resume {
+                    timeout_secs: 30,
+                    now: at(60)
+                }
+            )
+            .unwrap()[..],
+            [Event::Resumed { .. }]
+        ));
+        // Killing a paused sandbox ends it.
+        let killed = run(&[cmds, vec![Command::Kill { now: at(70) }]].concat()).unwrap();
+        assert_eq!(killed.phase, Phase::Ended(EndReason::Killed));
+    }
+
+    #[test]
+    fn auto_pause_pauses_at_the_deadline_instead_of_ending() {
+        let mut req = request();
+        req.auto_pause = true;
+        let mut cmds = running();
+        cmds[0] = Command::Request {
+            request: req,
+            now: at(0),
+        };
+        let s = run(&cmds).unwrap();
+        let due = decide(&s, &Command::Expire { now: at(62) }).unwrap();
+        assert!(matches!(
+            due[..],
+            [Event::Pausing {
+                on_timeout: true,
+                ..
+            }]
+        ));
+        let pausing = due.iter().fold(s, evolve);
+        assert!(decide(&pausing, &Command::Expire { now: at(100) })
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

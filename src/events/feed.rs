@@ -182,36 +182,52 @@ impl FeedWakeups {
     /// with `prefix` (one naming no streams may concern any): a reader of one category is not
     /// woken by every other append.
     pub async fn wait_for(&mut self, prefix: &str) {
+        self.wait_for_streams(prefix).await;
+    }
+
+    /// [`wait_for`](Self::wait_for), answering which of the `prefix` streams the notifications
+    /// named: `None` when any may have changed (a payload naming no streams, a poll tick, a
+    /// listener that failed), so a caller fanning out to per-stream waiters wakes them all.
+    pub async fn wait_for_streams(&mut self, prefix: &str) -> Option<Vec<String>> {
         let Some(listener) = self.listener.as_mut() else {
             tokio::time::sleep(self.poll_interval).await;
-            return;
+            return None;
         };
         let timeout = tokio::time::sleep(self.poll_interval);
         tokio::pin!(timeout);
-        let concerns = |payload: &str| {
-            super::notifier::streams_of(payload)
-                .is_none_or(|mut streams| streams.any(|s| s.starts_with(prefix)))
-        };
+        // Appends the payload's `prefix` streams to `named`; false when it names none at all.
+        let collect =
+            |payload: &str, named: &mut Vec<String>| match super::notifier::streams_of(payload) {
+                None => false,
+                Some(streams) => {
+                    named.extend(streams.filter(|s| s.starts_with(prefix)).map(str::to_owned));
+                    true
+                }
+            };
         loop {
             tokio::select! {
                 received = listener.try_recv() => match received {
                     Ok(Some(n)) => {
-                        let mut wake = concerns(n.payload());
+                        let mut named = Vec::new();
+                        let mut specific = collect(n.payload(), &mut named);
                         while let Some(more) = listener.next_buffered() {
-                            wake |= concerns(more.payload());
+                            specific &= collect(more.payload(), &mut named);
                         }
-                        if wake {
-                            return;
+                        if !specific {
+                            return None;
+                        }
+                        if !named.is_empty() {
+                            return Some(named);
                         }
                     }
-                    Ok(None) => return,
+                    Ok(None) => return None,
                     Err(err) => {
                         tracing::warn!(error = %err, "feed listener failed; polling only from now on");
                         self.listener = None;
-                        return;
+                        return None;
                     }
                 },
-                _ = &mut timeout => return,
+                _ = &mut timeout => return None,
             }
         }
     }

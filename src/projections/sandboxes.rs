@@ -30,8 +30,8 @@ impl InlineProjection for SandboxesProjection {
                     sqlx::query(
                         "INSERT INTO sandboxes (sandbox_id, team_id, template_id, alias, build_id, \
                          snapshot_id, state, envd_token, metadata, env_vars, allow_internet, \
-                         timeout_secs, cpu_count, memory_mb, requested_at) \
-                         VALUES ($1, $2, $3, $4, $5, $6, 'requested', $7, $8, $9, $10, $11, $12, $13, $14) \
+                         timeout_secs, cpu_count, memory_mb, requested_at, auto_pause) \
+                         VALUES ($1, $2, $3, $4, $5, $6, 'requested', $7, $8, $9, $10, $11, $12, $13, $14, $15) \
                          ON CONFLICT (sandbox_id) DO NOTHING",
                     )
                     .bind(id)
@@ -48,6 +48,7 @@ impl InlineProjection for SandboxesProjection {
                     .bind(r.cpu_count as i32)
                     .bind(r.memory_mb as i32)
                     .bind(requested_at)
+                    .bind(r.auto_pause)
                     .execute(&mut *conn)
                     .await?;
                 }
@@ -84,6 +85,42 @@ impl InlineProjection for SandboxesProjection {
                         .bind(end_at)
                         .execute(&mut *conn)
                         .await?;
+                }
+                Event::Pausing { .. } => {
+                    sqlx::query("UPDATE sandboxes SET state = 'pausing' WHERE sandbox_id = $1")
+                        .bind(id)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Event::Paused { paused_at, .. } => {
+                    sqlx::query(
+                        "UPDATE sandboxes SET state = 'paused', paused_at = $2, node_id = NULL, \
+                         agent_url = NULL, end_at = NULL WHERE sandbox_id = $1",
+                    )
+                    .bind(id)
+                    .bind(paused_at)
+                    .execute(&mut *conn)
+                    .await?;
+                }
+                Event::Resumed { timeout_secs, .. } => {
+                    sqlx::query(
+                        "UPDATE sandboxes SET state = 'requested', timeout_secs = $2, end_at = NULL, \
+                         resume_detail = NULL WHERE sandbox_id = $1",
+                    )
+                    .bind(id)
+                    .bind(timeout_secs as i32)
+                    .execute(&mut *conn)
+                    .await?;
+                }
+                Event::ResumeFailed { reason, .. } => {
+                    sqlx::query(
+                        "UPDATE sandboxes SET state = 'paused', node_id = NULL, resume_detail = $2 \
+                         WHERE sandbox_id = $1",
+                    )
+                    .bind(id)
+                    .bind(reason)
+                    .execute(&mut *conn)
+                    .await?;
                 }
                 Event::Ended {
                     reason,
@@ -133,9 +170,18 @@ pub struct SandboxRow {
     pub started_at: Option<DateTime<Utc>>,
     pub end_at: Option<DateTime<Utc>>,
     pub ended_at: Option<DateTime<Utc>>,
+    pub paused_at: Option<DateTime<Utc>>,
+    pub auto_pause: bool,
+    /// Why its last resume did not get as far as running, while it is paused again.
+    pub resume_detail: Option<String>,
 }
 
 impl SandboxRow {
+    /// Paused or pausing: what the SDK reports as `paused` (E2B reports a pausing sandbox so).
+    pub fn is_paused(&self) -> bool {
+        matches!(self.state.as_str(), "pausing" | "paused")
+    }
+
     pub fn end_reason(&self) -> Option<EndReason> {
         match self.end_reason.as_deref()? {
             "killed" => Some(EndReason::Killed),
@@ -180,11 +226,21 @@ pub async fn past_deadline(
     .await
 }
 
-/// A page of a team's live sandboxes whose metadata holds every pair of `metadata`, newest
-/// first, after the cursor `(requested_at, id)`.
+/// Which live sandboxes a listing wants, as the SDK's `state` filter names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    /// Requested, placed or running (a resuming sandbox is among them).
+    pub running: bool,
+    /// Pausing or paused.
+    pub paused: bool,
+}
+
+/// A page of a team's live sandboxes in the `wanted` states whose metadata holds every pair of
+/// `metadata`, newest first, after the cursor `(requested_at, id)`.
 pub async fn list_live(
     pool: &sqlx::PgPool,
     team: &str,
+    wanted: Wanted,
     metadata: &std::collections::BTreeMap<String, String>,
     after: Option<(DateTime<Utc>, String)>,
     limit: i64,
@@ -193,8 +249,15 @@ pub async fn list_live(
         Some((at, id)) => (Some(at), Some(id)),
         None => (None, None),
     };
+    let mut states: Vec<&str> = Vec::new();
+    if wanted.running {
+        states.extend(["requested", "placed", "running"]);
+    }
+    if wanted.paused {
+        states.extend(["pausing", "paused"]);
+    }
     sqlx::query_as(
-        "SELECT * FROM sandboxes WHERE team_id = $1 AND state IN ('requested', 'placed', 'running') \
+        "SELECT * FROM sandboxes WHERE team_id = $1 AND state = ANY($6) \
          AND ($2::timestamptz IS NULL OR (requested_at, sandbox_id) < ($2, $3)) \
          AND metadata @> $5 ORDER BY requested_at DESC, sandbox_id DESC LIMIT $4",
     )
@@ -203,11 +266,12 @@ pub async fn list_live(
     .bind(id)
     .bind(limit)
     .bind(sqlx::types::Json(metadata))
+    .bind(&states)
     .fetch_all(pool)
     .await
 }
 
-/// Live sandboxes (`id`, `epoch`, `node`) whose node stopped reporting that it lives (its
+/// Sandboxes on a node (`id`, `epoch`, `node`: placed, running or pausing) whose node stopped reporting that it lives (its
 /// `cache_nodes` heartbeat expired, by the database clock, or it never reported within 30 s of
 /// the request).
 pub async fn on_lost_nodes(
@@ -217,7 +281,7 @@ pub async fn on_lost_nodes(
     sqlx::query_as(
         "SELECT s.sandbox_id, s.epoch, s.node_id FROM sandboxes s \
          LEFT JOIN cache_nodes n ON n.node_id = s.node_id \
-         WHERE s.state IN ('placed', 'running') AND s.node_id IS NOT NULL \
+         WHERE s.state IN ('placed', 'running', 'pausing') AND s.node_id IS NOT NULL \
          AND (n.expires_at < now() OR (n.node_id IS NULL AND s.requested_at < now() - interval '30 seconds')) \
          ORDER BY s.requested_at LIMIT $1",
     )

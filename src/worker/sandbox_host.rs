@@ -12,6 +12,11 @@
 //! through the API, an expiry) destroys it; its deadline passing is the node's own `Expire`. A
 //! node that stops ends its sandboxes as `lost` (they die with it: every sandbox holds a
 //! lifeline to the process that started it).
+//!
+//! A pause (asked through the API, or the deadline of an `autoPause` sandbox) stops its
+//! processes, seals its writable layer as a checkpoint layer in the blob store, like a build
+//! step's, and records the whole stack with the layers' references in one append; then the
+//! sandbox is destroyed here. A resume is a new placement, on any node, booting that stack.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,20 +27,31 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::app::{self, CommandContext};
-use crate::domain::ids::Epoch;
+use crate::app::{self, CommandContext, Refusal};
+use crate::domain::ids::{Digest, Epoch};
 use crate::domain::sandbox::{SandboxId, State};
 use crate::envd::agent::{Agents, LiveSandbox};
 use crate::events::command::load;
-use crate::events::{Actor, ActorRole, EventStore, FeedWakeups, Metadata};
+use crate::events::{Actor, ActorRole, CommandError, EventStore, FeedWakeups, Metadata};
 use crate::streams::{snapshot_stream, Snapshot};
 use crate::vmm::process::{AgentEnd, SpawnRequest};
 use crate::vmm::{BootSpec, ExecDefaults, Limits, Network, SandboxBackend};
 
 /// Requested sandboxes one round considers.
 const ROUND: i64 = 16;
-/// How often a running sandbox's read model is looked at when no notification came.
-const WATCH_EVERY: Duration = Duration::from_millis(500);
+/// How often a running sandbox's read model is looked at when no notification named its
+/// stream (a missed one; the host's own poll tick also wakes every watch).
+const WATCH_EVERY: Duration = Duration::from_secs(5);
+/// How long a pause waits for a garbage-collection pass deleting a layer it stores.
+const WAIT_FOR_DELETION: Duration = Duration::from_secs(120);
+
+/// How a running sandbox's watch ended.
+enum Watched {
+    /// Ended (by anyone), fenced, or its node stops: destroy it.
+    Over,
+    /// Asked to pause: store its filesystem, then destroy it.
+    Pause,
+}
 
 pub struct SandboxHost {
     /// What every sandbox's task shares (cloned into each).
@@ -74,6 +90,7 @@ impl SandboxHost {
                 store,
                 backend,
                 agents: Arc::new(Agents::default()),
+                watches: Arc::new(Watches::default()),
                 node: settings.node_id.clone(),
                 agent_url,
                 disk_max: settings.sandbox_disk_max,
@@ -112,7 +129,7 @@ impl SandboxHost {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = wakeups.wait_for("sandbox-") => {}
+                named = wakeups.wait_for_streams("sandbox-") => self.hosting.watches.wake(named),
             }
         }
         while tasks.join_next().await.is_some() {}
@@ -158,12 +175,45 @@ impl SandboxHost {
     }
 }
 
+/// The running sandboxes' watches, woken by the notifications that name their streams (a kill
+/// or a pause reaches the node at once, not at the next look).
+#[derive(Default)]
+struct Watches(std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>);
+
+impl Watches {
+    fn add(&self, stream: String) -> Arc<tokio::sync::Notify> {
+        let notify = Arc::new(tokio::sync::Notify::new());
+        self.0
+            .lock()
+            .expect("watches lock")
+            .insert(stream, notify.clone());
+        notify
+    }
+
+    fn remove(&self, stream: &str) {
+        self.0.lock().expect("watches lock").remove(stream);
+    }
+
+    /// Wakes the watches of `named` streams, or all of them (`None`: any may have changed).
+    fn wake(&self, named: Option<Vec<String>>) {
+        let watches = self.0.lock().expect("watches lock");
+        match named {
+            None => watches.values().for_each(|n| n.notify_one()),
+            Some(streams) => streams
+                .iter()
+                .filter_map(|s| watches.get(s))
+                .for_each(|n| n.notify_one()),
+        }
+    }
+}
+
 /// What one sandbox's task needs.
 #[derive(Clone)]
 struct Hosting {
     store: EventStore,
     backend: Arc<dyn SandboxBackend>,
     agents: Arc<Agents>,
+    watches: Arc<Watches>,
     node: String,
     agent_url: String,
     disk_max: u64,
@@ -194,7 +244,22 @@ impl Hosting {
             Ok(_) => {
                 crate::metrics::sandbox_boot(true, started.elapsed());
                 tracing::info!(ms = started.elapsed().as_millis() as u64, "sandbox running");
-                self.watch(&id, epoch, &cancel).await;
+                if let Watched::Pause = self.watch(&id, epoch, &cancel).await {
+                    self.agents.remove(id.as_str());
+                    if let Err(reason) = self.pause(&id, epoch, &live).await {
+                        tracing::warn!(%reason, "pausing the sandbox failed; it ends");
+                        let reason = format!("pausing failed: {reason}");
+                        let _ = app::sandbox::fail(
+                            &self.store,
+                            &ctx,
+                            &id,
+                            Some(epoch),
+                            &reason,
+                            Utc::now(),
+                        )
+                        .await;
+                    }
+                }
             }
             Err(e) => tracing::warn!(error = %e, "sandbox ended before it ran"),
         }
@@ -207,7 +272,81 @@ impl Hosting {
         tracing::info!("sandbox ended");
     }
 
-    /// Boots the sandbox on its template's snapshot and runs the template's start command.
+    /// Seals the sandbox's filesystem and records the pause; the sandbox is destroyed after.
+    async fn pause(&self, id: &SandboxId, epoch: Epoch, live: &LiveSandbox) -> Result<(), String> {
+        let started = std::time::Instant::now();
+        let mut sandbox = live
+            .take_sandbox()
+            .ok_or("the sandbox was already taken down")?;
+        let sealed = sandbox.checkpoint().await;
+        let layers = sandbox.layers().to_vec();
+        let recorded = match sealed {
+            Ok(added) => {
+                tracing::info!(
+                    layer = ?added.map(|l| l.digest),
+                    depth = layers.len(),
+                    "sandbox filesystem sealed"
+                );
+                self.record_paused(id, epoch, &layers).await
+            }
+            Err(e) => Err(format!("storing its filesystem: {e}")),
+        };
+        if let Err(e) = sandbox.destroy().await {
+            tracing::warn!(error = %e, "destroying the paused sandbox failed");
+        }
+        if recorded.is_ok() {
+            tracing::info!(ms = started.elapsed().as_millis() as u64, "sandbox paused");
+        }
+        recorded
+    }
+
+    /// Records the pause; a layer a garbage-collection pass is deleting meanwhile is waited for
+    /// and stored again from this node's copy, as a build's checkpoint record does.
+    async fn record_paused(
+        &self,
+        id: &SandboxId,
+        epoch: Epoch,
+        layers: &[Digest],
+    ) -> Result<(), String> {
+        let ctx = context(&self.node);
+        let mut restored: Vec<Digest> = Vec::new();
+        for _ in 0..3 {
+            let recorded =
+                app::sandbox::record_paused(&self.store, &ctx, id, epoch, layers, &restored).await;
+            let digest = match recorded {
+                Ok(()) => return Ok(()),
+                Err(CommandError::Rejected(Refusal::ObjectBarrier { digest, error })) => {
+                    tracing::info!(%digest, %error, "a layer of the pause is being deleted; storing it again");
+                    digest
+                }
+                Err(e) => return Err(format!("recording the pause: {e}")),
+            };
+            app::object::wait_while_deleting(
+                &self.store,
+                &ctx,
+                &digest,
+                &format!("sandbox {id}"),
+                WAIT_FOR_DELETION,
+            )
+            .await
+            .map_err(|e| format!("waiting for the deletion of layer {digest}: {e}"))?;
+            let backend = self.backend.clone();
+            let stored = tokio::task::spawn_blocking(move || backend.republish(&digest))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("storing layer {digest} again: {e}"))?;
+            if !stored {
+                return Err(format!(
+                    "layer {digest} was deleted by garbage collection and this node has no copy"
+                ));
+            }
+            restored.push(digest);
+        }
+        Err("the pause's layers kept being deleted by garbage collection".into())
+    }
+
+    /// Boots the sandbox on its template's snapshot (or, resumed, on the stack its last pause
+    /// stored) and runs the template's start command.
     async fn boot(&self, id: &SandboxId, state: &State) -> Result<LiveSandbox, String> {
         let request = state
             .request
@@ -220,7 +359,8 @@ impl Hosting {
             .record
             .ok_or("the template's snapshot has no record; rebuild the template")?;
         let runtime = record.runtime_context();
-        let mut spec = BootSpec::new(record.layers.clone());
+        let layers = state.boot_layers().unwrap_or(&record.layers).to_vec();
+        let mut spec = BootSpec::new(layers);
         spec.context = ExecDefaults {
             env: request
                 .env_vars
@@ -262,26 +402,54 @@ impl Hosting {
         Ok(live)
     }
 
-    /// Until the sandbox ends: by anyone's write, at its deadline, or with this node.
-    async fn watch(&self, id: &SandboxId, epoch: Epoch, cancel: &CancellationToken) {
+    /// Until the sandbox ends (by anyone's write, at its deadline, or with this node) or is
+    /// asked to pause.
+    async fn watch(&self, id: &SandboxId, epoch: Epoch, cancel: &CancellationToken) -> Watched {
+        let stream = crate::streams::sandbox_stream(id).as_str().to_owned();
+        let woken = self.watches.add(stream.clone());
+        let watched = self.watching(id, epoch, cancel, &woken).await;
+        self.watches.remove(&stream);
+        watched
+    }
+
+    async fn watching(
+        &self,
+        id: &SandboxId,
+        epoch: Epoch,
+        cancel: &CancellationToken,
+        woken: &tokio::sync::Notify,
+    ) -> Watched {
         let ctx = context(&self.node);
         loop {
+            let mut next = WATCH_EVERY;
+            match crate::projections::sandboxes::get(self.store.pool(), id.as_str()).await {
+                Ok(Some(row)) if row.state == "ended" || row.epoch != epoch.0 as i64 => {
+                    return Watched::Over
+                }
+                Ok(Some(row)) if row.state == "pausing" => return Watched::Pause,
+                Ok(Some(row)) => {
+                    if let Some(end) = row.end_at {
+                        match (end - Utc::now()).to_std() {
+                            // Looked at again when its deadline passes, without a notification.
+                            Ok(left) => next = next.min(left + Duration::from_millis(5)),
+                            Err(_) => {
+                                let _ =
+                                    app::sandbox::expire(&self.store, &ctx, id, Utc::now()).await;
+                                next = Duration::from_millis(250);
+                            }
+                        }
+                    }
+                }
+                Ok(None) => return Watched::Over,
+                Err(e) => tracing::debug!(error = %e, "reading the sandbox's state failed"),
+            }
             tokio::select! {
                 _ = cancel.cancelled() => {
                     let _ = app::sandbox::lose(&self.store, &ctx, id, epoch, "its node stopped", Utc::now()).await;
-                    return;
+                    return Watched::Over;
                 }
-                _ = tokio::time::sleep(WATCH_EVERY) => {}
-            }
-            match crate::projections::sandboxes::get(self.store.pool(), id.as_str()).await {
-                Ok(Some(row)) if row.state == "ended" || row.epoch != epoch.0 as i64 => return,
-                Ok(Some(row)) => {
-                    if row.end_at.is_some_and(|end| end <= Utc::now()) {
-                        let _ = app::sandbox::expire(&self.store, &ctx, id, Utc::now()).await;
-                    }
-                }
-                Ok(None) => return,
-                Err(e) => tracing::debug!(error = %e, "reading the sandbox's state failed"),
+                _ = tokio::time::sleep(next) => {}
+                _ = woken.notified() => {}
             }
         }
     }

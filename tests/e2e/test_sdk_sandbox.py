@@ -325,6 +325,7 @@ def test_the_js_sdk_launches_and_drives_a_sandbox(built, strata):
     assert out.returncode == 0, f"node failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["killed"] is True, result
+    assert result["resumed"] is True, result
 
 
 def test_operators_see_sandboxes_and_their_history(built, strata):
@@ -514,3 +515,107 @@ def test_a_template_whose_ready_command_talks_a_lot_still_launches(strata):
         assert sbx.commands.run("cat /tmp/started").stdout == "started\n"
     finally:
         sbx.kill()
+
+
+@pytest.fixture(scope="module")
+def pausable(strata, tmp_path_factory):
+    """A template whose start command leaves a trace each time it runs."""
+    team = f"pause{uuid.uuid4().hex[:8]}"
+    o = opts(strata, team)
+    ctx = tmp_path_factory.mktemp("pausectx")
+    (ctx / "app.txt").write_text("copied\n")
+    name = f"pausable-{uuid.uuid4().hex[:6]}"
+    template = (
+        Template(file_context_path=str(ctx))
+        .from_image("e2bdev/base")
+        .copy("app.txt", "/home/user/app.txt")
+        .set_start_cmd("echo started >> /home/user/starts; sleep infinity", "test -s /home/user/starts")
+    )
+    Template.build(template, name, api_key=o["api_key"], api_url=o["api_url"])
+    return {"opts": o, "name": name}
+
+
+def test_pause_keeps_the_files_and_connect_resumes_with_the_start_command_run_again(pausable):
+    from e2b.sandbox.sandbox_api import SandboxQuery, SandboxState
+
+    o = pausable["opts"]
+    marker = uuid.uuid4().hex[:8]
+    sbx = Sandbox.create(pausable["name"], timeout=120, metadata={"run": marker}, **o)
+    try:
+        # The template's own finalization ran the start command once before its snapshot.
+        starts = int(sbx.commands.run("wc -l < /home/user/starts").stdout)
+        sbx.files.write("/home/user/notes/kept.txt", "written before the pause")
+        sbx.commands.run("echo in tmp > /tmp/kept; rm /home/user/app.txt")
+        background = sbx.commands.run("sleep 600", background=True)
+
+        assert sbx.pause() is True
+        assert sbx.pause() is False, "a second pause answers 409: already paused"
+        info = Sandbox.get_info(sbx.sandbox_id, **o)
+        assert info.state == SandboxState.PAUSED
+        assert not sbx.is_running(), "a paused sandbox's agent answers nothing"
+        paused = Sandbox.list(
+            query=SandboxQuery(metadata={"run": marker}, state=[SandboxState.PAUSED]), **o
+        ).next_items()
+        assert [s.sandbox_id for s in paused] == [sbx.sandbox_id]
+        running = Sandbox.list(
+            query=SandboxQuery(metadata={"run": marker}, state=[SandboxState.RUNNING]), **o
+        ).next_items()
+        assert running == []
+        # Memory is not kept, and strata says so instead of pretending.
+        with pytest.raises(SandboxException) as refused:
+            sbx.pause(mode="full")
+        assert "filesystem" in str(refused.value)
+
+        resumed = Sandbox.connect(sbx.sandbox_id, timeout=120, **o)
+        assert Sandbox.get_info(sbx.sandbox_id, **o).state == SandboxState.RUNNING
+        assert resumed.files.read("/home/user/notes/kept.txt") == "written before the pause"
+        assert resumed.commands.run("cat /tmp/kept").stdout == "in tmp\n"
+        assert not resumed.files.exists("/home/user/app.txt"), "a deletion is kept too"
+        # The start command ran again; the processes of before did not survive.
+        assert int(resumed.commands.run("wc -l < /home/user/starts").stdout) == starts + 1
+        assert background.pid not in [p.pid for p in resumed.commands.list()]
+        assert resumed.commands.run("pgrep -x sleep | wc -l").stdout.strip() == "1"
+
+        # A second cycle stacks on the first.
+        resumed.files.write("/home/user/notes/second.txt", "second")
+        assert resumed.pause() is True
+        again = Sandbox.connect(sbx.sandbox_id, **o)
+        out = again.commands.run("cat /home/user/notes/kept.txt /home/user/notes/second.txt").stdout
+        assert out == "written before the pausesecond"
+        assert int(again.commands.run("wc -l < /home/user/starts").stdout) == starts + 2
+    finally:
+        sbx.kill()
+    assert Sandbox.kill(sbx.sandbox_id, **o) is False
+
+
+def test_a_paused_sandbox_is_killed_and_auto_pause_pauses_at_the_timeout(pausable):
+    o = pausable["opts"]
+    sbx = Sandbox.create(pausable["name"], **o)
+    sbx.files.write("/home/user/x", "x")
+    assert sbx.pause() is True
+    assert Sandbox.kill(sbx.sandbox_id, **o) is True, "a paused sandbox is killed"
+    with pytest.raises(SandboxException):
+        Sandbox.connect(sbx.sandbox_id, **o)
+
+    from e2b.sandbox.sandbox_api import SandboxState
+
+    auto = Sandbox.create(pausable["name"], timeout=2, lifecycle={"on_timeout": "pause"}, **o)
+    try:
+        auto.files.write("/home/user/auto.txt", "kept through the timeout")
+        deadline = time.time() + 30
+        while Sandbox.get_info(auto.sandbox_id, **o).state != SandboxState.PAUSED:
+            assert time.time() < deadline, "an auto-pause sandbox did not pause at its timeout"
+            time.sleep(0.3)
+        assert Sandbox.get_info(auto.sandbox_id, **o).lifecycle["on_timeout"] == "pause"
+        back = Sandbox.connect(auto.sandbox_id, timeout=60, **o)
+        assert back.files.read("/home/user/auto.txt") == "kept through the timeout"
+    finally:
+        auto.kill()
+
+    # What strata cannot keep is refused at create, naming what it can do.
+    with pytest.raises(SandboxException) as memory:
+        Sandbox.create(pausable["name"], lifecycle={"on_timeout": {"action": "pause", "mode": "full"}}, **o)
+    assert "filesystem" in str(memory.value)
+    with pytest.raises(SandboxException) as resume:
+        Sandbox.create(pausable["name"], lifecycle={"on_timeout": "pause", "auto_resume": True}, **o)
+    assert "Sandbox.connect" in str(resume.value)

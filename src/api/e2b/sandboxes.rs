@@ -1,10 +1,12 @@
 //! The SDK's sandbox control plane (SANDBOX-PROTOCOL.md §2): create, info, list, kill,
-//! timeout, connect; pause answers what strata cannot do yet. Team-scoped: another team's
+//! timeout, pause, connect (which resumes a paused sandbox). Team-scoped: another team's
 //! sandbox is 404, as a missing one.
 //!
-//! Create records the request, then waits (on the read model) until a node appended `Running`:
-//! the SDK's next call may be a command, with no readiness poll in between, so 201 means the
-//! agent answers.
+//! Create and resume record the request, then wait (on the read model) until a node appended
+//! `Running`: the SDK's next call may be a command, with no readiness poll in between, so 201
+//! means the agent answers. Pause waits until the node stored the filesystem: 204 means a
+//! resume finds it. strata pauses the filesystem only (E2B's `mode="filesystem"`); a call that
+//! asks to keep memory is refused and says so.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -38,6 +40,8 @@ struct NewSandbox {
     template_id: String,
     timeout: Option<i64>,
     auto_pause: Option<bool>,
+    auto_pause_memory: Option<bool>,
+    auto_resume: Option<AutoResume>,
     #[serde(default)]
     metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
@@ -45,6 +49,17 @@ struct NewSandbox {
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
 }
+
+#[derive(Debug, Deserialize)]
+struct AutoResume {
+    #[serde(default)]
+    enabled: bool,
+}
+
+/// What strata keeps of a paused sandbox, for every refusal of more.
+const FILESYSTEM_ONLY: &str = "strata pauses a sandbox's filesystem only (mode=\"filesystem\"): \
+     its files are kept, its memory and processes are not, and the template's start command runs \
+     again on resume";
 
 fn timeout_secs(raw: Option<i64>) -> Result<u32, ApiError> {
     let secs = raw.unwrap_or(i64::from(DEFAULT_TIMEOUT_SECS));
@@ -79,6 +94,7 @@ fn sandbox_error(e: sandbox::Error) -> ApiError {
             ApiError::not_found("sandbox not found")
         }
         sandbox::Error::BadTimeout(_) => ApiError::bad_request(e.to_string()),
+        sandbox::Error::AlreadyPaused => ApiError::conflict(format!("sandbox {e}")),
         other => ApiError::conflict(other.to_string()),
     }
 }
@@ -121,10 +137,16 @@ async fn create_sandbox(
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let new: NewSandbox = json_body(body)?;
-    if new.auto_pause == Some(true) {
+    let auto_pause = new.auto_pause == Some(true);
+    if auto_pause && new.auto_pause_memory == Some(true) {
+        return Err(ApiError::bad_request(format!(
+            "{FILESYSTEM_ONLY}; create it with on_timeout={{\"action\": \"pause\", \"mode\": \"filesystem\"}}"
+        )));
+    }
+    if new.auto_resume.is_some_and(|a| a.enabled) {
         return Err(ApiError::bad_request(
-            "pausing on timeout is not supported by this strata version yet; create the sandbox \
-             with lifecycle on_timeout=\"kill\" (the default)",
+            "resuming a paused sandbox on its first request (auto_resume) is not supported by \
+             this strata version; resume it with Sandbox.connect",
         ));
     }
     let timeout_secs = timeout_secs(new.timeout)?;
@@ -154,6 +176,7 @@ async fn create_sandbox(
         cpu_count: resources.effective_cpu_count(),
         memory_mb: resources.effective_memory_mb(),
         envd_token: random_token(),
+        auto_pause,
     };
     let ctx = CommandContext::new(api_metadata(state));
     app::sandbox::request(&state.events, &ctx, &id, request, Utc::now())
@@ -163,30 +186,66 @@ async fn create_sandbox(
     Ok((StatusCode::CREATED, Json(sandbox_json(state, &row))).into_response())
 }
 
-/// Polls the read model until a node ran the sandbox (or ended it); gives up after
-/// `STRATA_SANDBOX_START_TIMEOUT_SECS`, ending the sandbox so no node starts it later.
-async fn wait_until_started(state: &AppState, id: &SandboxId) -> Result<SandboxRow, ApiError> {
-    let limit = state.protocol.sandbox_start_timeout;
+/// Polls the read model until `settled` answers for the row (`None`: keep waiting), at most
+/// `limit`; `Err(None)` when the limit passed or the row is gone.
+async fn wait_on_row<T>(
+    state: &AppState,
+    id: &SandboxId,
+    limit: Duration,
+    settled: impl Fn(&SandboxRow) -> Option<Result<T, ApiError>>,
+) -> Result<T, Option<ApiError>> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut pause = Duration::from_millis(2);
     loop {
-        let row = crate::projections::sandboxes::get(&state.pool, id.as_str()).await?;
-        match row {
-            Some(row) if row.state == "running" => return Ok(row),
-            Some(row) if row.state == "ended" => {
-                return Err(ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!(
-                        "sandbox {id} failed to start: {}",
-                        row.end_detail
-                            .as_deref()
-                            .unwrap_or("it ended before it ran")
-                    ),
-                ))
-            }
-            _ => {}
+        let row = crate::projections::sandboxes::get(&state.pool, id.as_str())
+            .await
+            .map_err(|e| Some(ApiError::from(e)))?
+            .ok_or(None)?;
+        if let Some(answer) = settled(&row) {
+            return answer.map_err(Some);
         }
         if tokio::time::Instant::now() >= deadline {
+            return Err(None);
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(25));
+    }
+}
+
+/// Waits until a node ran the sandbox (or ended it, or a resume went back to paused); gives
+/// up after `STRATA_SANDBOX_START_TIMEOUT_SECS`, failing the start so no node runs it later (a
+/// resume that gave up leaves the sandbox paused, its files kept).
+async fn wait_until_started(state: &AppState, id: &SandboxId) -> Result<SandboxRow, ApiError> {
+    let limit = state.protocol.sandbox_start_timeout;
+    let waited = wait_on_row(state, id, limit, |row| match row.state.as_str() {
+        "running" => Some(Ok(row.clone())),
+        "ended" => Some(Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "sandbox {id} failed to start: {}",
+                row.end_detail
+                    .as_deref()
+                    .unwrap_or("it ended before it ran")
+            ),
+        ))),
+        // A resume that did not get as far as running; the SDK may connect again.
+        "paused" => Some(Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "sandbox {id} did not resume ({}); it is still paused with its files; connect \
+                 again",
+                row.resume_detail
+                    .as_deref()
+                    .unwrap_or("its node gave it up")
+            ),
+        ))),
+        _ => None,
+    })
+    .await;
+    match waited {
+        Ok(row) => Ok(row),
+        Err(Some(e)) => Err(e),
+        Err(None) => {
             let ctx = CommandContext::new(api_metadata(state));
             let reason = format!(
                 "no node started it within {} s (STRATA_SANDBOX_START_TIMEOUT_SECS); is a \
@@ -194,13 +253,48 @@ async fn wait_until_started(state: &AppState, id: &SandboxId) -> Result<SandboxR
                 limit.as_secs()
             );
             let _ = app::sandbox::fail(&state.events, &ctx, id, None, &reason, Utc::now()).await;
-            return Err(ApiError::new(
+            Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("sandbox {id}: {reason}"),
-            ));
+            ))
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(25));
+    }
+}
+
+/// How long a pause call waits for the node to store the filesystem before it answers 503
+/// (under the SDK's 60 s request timeout; the pause goes on, and a retry waits for it again).
+const PAUSE_WAIT: Duration = Duration::from_secs(50);
+
+/// Waits until the sandbox is paused (its files stored).
+async fn wait_until_paused(state: &AppState, id: &SandboxId) -> Result<(), ApiError> {
+    let waited = wait_on_row(state, id, PAUSE_WAIT, |row| match row.state.as_str() {
+        "paused" => Some(Ok(())),
+        "ended" => Some(Err(match row.end_reason() {
+            Some(sandbox::EndReason::Failed) => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "sandbox {id} failed while pausing: {}",
+                    row.end_detail.as_deref().unwrap_or("no reason recorded")
+                ),
+            ),
+            _ => ApiError::not_found(format!(
+                "sandbox {id} ended ({}) before it was paused",
+                row.end_reason.as_deref().unwrap_or("ended")
+            )),
+        })),
+        _ => None,
+    })
+    .await;
+    match waited {
+        Ok(()) => Ok(()),
+        Err(Some(e)) => Err(e),
+        Err(None) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "sandbox {id} is still pausing after {} s; the pause goes on, ask again",
+                PAUSE_WAIT.as_secs()
+            ),
+        )),
     }
 }
 
@@ -237,7 +331,7 @@ fn listed_json(state: &AppState, row: &SandboxRow) -> serde_json::Value {
         "memoryMB": row.memory_mb,
         "diskSizeMB": state.protocol.ceilings.disk_mb.unwrap_or(0),
         "metadata": row.metadata.0,
-        "state": "running",
+        "state": if row.is_paused() { "paused" } else { "running" },
         "envdVersion": crate::envd::ENVD_VERSION,
     })
 }
@@ -248,7 +342,11 @@ fn detail_json(state: &AppState, row: &SandboxRow) -> serde_json::Value {
         "domain": state.protocol.sandbox_domain,
         "envdAccessToken": row.envd_token,
         "allowInternetAccess": row.allow_internet,
-        "lifecycle": {"onTimeout": "kill", "autoResume": false},
+        "lifecycle": {
+            "onTimeout": if row.auto_pause { "pause" } else { "kill" },
+            "autoResume": false,
+        },
+        "pauseMode": "filesystem",
     });
     if let (Some(v), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
         v.extend(extra);
@@ -316,17 +414,46 @@ pub async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `Sandbox.connect`: a running sandbox answers 200 and lives at least `timeout` more seconds.
+#[derive(Debug, Deserialize)]
+struct ConnectBody {
+    timeout: Option<i64>,
+    /// `false` from `on_resume="reboot"`; `true` asks for memory strata does not keep.
+    memory: Option<bool>,
+}
+
+/// `Sandbox.connect`: a running sandbox answers 200 and lives at least `timeout` more seconds;
+/// a paused one is resumed (201), on whichever node places it, to live `timeout` seconds.
 pub async fn connect(
     State(state): State<AppState>,
     Team(team): Team,
     Path(id): Path<String>,
     body: bytes::Bytes,
 ) -> Result<Response, ApiError> {
-    let body: TimeoutBody = json_body(&body)?;
+    let body: ConnectBody = json_body(&body)?;
+    if body.memory == Some(true) {
+        return Err(ApiError::bad_request(format!(
+            "{FILESYSTEM_ONLY}; connect without asking for memory"
+        )));
+    }
     let secs = timeout_secs(body.timeout)?;
-    let (id, _) = live_of_team(&state, &team, &id).await?;
+    let (id, row) = live_of_team(&state, &team, &id).await?;
     let ctx = CommandContext::new(api_metadata(&state));
+    if row.state == "pausing" {
+        // Resumed once the pause under way has stored the files.
+        wait_until_paused(&state, &id).await?;
+    }
+    if row.is_paused() {
+        let resumed = app::sandbox::resume(&state.events, &ctx, &id, secs, Utc::now()).await;
+        match resumed {
+            Ok(_) => {
+                let row = wait_until_started(&state, &id).await?;
+                return Ok((StatusCode::CREATED, Json(sandbox_json(&state, &row))).into_response());
+            }
+            // Another caller resumed it first: wait for that resume, as a running one.
+            Err(app::Error::Rejected(sandbox::Error::NotPaused)) => {}
+            Err(e) => return Err(command_error(e, sandbox_error)),
+        }
+    }
     app::sandbox::extend(&state.events, &ctx, &id, secs, Utc::now())
         .await
         .map_err(|e| command_error(e, sandbox_error))?;
@@ -334,17 +461,35 @@ pub async fn connect(
     Ok((StatusCode::OK, Json(sandbox_json(&state, &row))).into_response())
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PauseBody {
+    memory: Option<bool>,
+    #[allow(dead_code)]
+    require_healthy_guest: Option<bool>,
+}
+
+/// `sandbox.pause()`: 204 once the node stored the sandbox's filesystem and stopped it; 409
+/// when it is already paused (the SDK answers `False`).
 pub async fn pause(
     State(state): State<AppState>,
     Team(team): Team,
     Path(id): Path<String>,
+    body: bytes::Bytes,
 ) -> Result<StatusCode, ApiError> {
-    live_of_team(&state, &team, &id).await?;
-    Err(ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "pausing a sandbox is not supported by this strata version yet; its files live until \
-         it is killed or times out",
-    ))
+    let body: PauseBody = json_body(&body)?;
+    if body.memory == Some(true) {
+        return Err(ApiError::bad_request(format!(
+            "{FILESYSTEM_ONLY}; pause it with mode=\"filesystem\""
+        )));
+    }
+    let (id, _) = live_of_team(&state, &team, &id).await?;
+    let ctx = CommandContext::new(api_metadata(&state));
+    app::sandbox::pause(&state.events, &ctx, &id, Utc::now())
+        .await
+        .map_err(|e| command_error(e, sandbox_error))?;
+    wait_until_paused(&state, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 pub async fn metrics(
@@ -414,10 +559,15 @@ pub async fn list(
     Team(team): Team,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
-    let wants_running = q
-        .state
-        .as_deref()
-        .is_none_or(|s| s.split(',').any(|s| s.trim() == "running"));
+    let wants = |name: &str| {
+        q.state
+            .as_deref()
+            .is_none_or(|s| s.split(',').any(|s| s.trim() == name))
+    };
+    let wanted = crate::projections::sandboxes::Wanted {
+        running: wants("running"),
+        paused: wants("paused"),
+    };
     let limit = q.limit.unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE);
     let filter = q
         .metadata
@@ -430,10 +580,11 @@ pub async fn list(
         .filter(|t| !t.is_empty())
         .map(parse_cursor)
         .transpose()?;
-    let mut rows = if wants_running {
+    let mut rows = if wanted.running || wanted.paused {
         crate::projections::sandboxes::list_live(
             &state.pool,
             team.as_str(),
+            wanted,
             &filter,
             after,
             limit as i64 + 1,

@@ -331,3 +331,57 @@ fn an_entry_whose_layer_left_the_store_is_broken_and_others_are_not() {
     assert_eq!(broken[0].1, CacheKey(d(101)));
     assert_eq!(broken[0].3, d(2));
 }
+
+#[test]
+fn a_live_sandbox_roots_its_stack_even_when_its_template_is_deleted_and_an_ended_one_does_not() {
+    use crate::domain::sandbox::{EndReason, Phase as SandboxPhase, SandboxRequest, State};
+    let mut w = World::new();
+    w.snapshot(10, 1, &[1, 2]);
+    w.build(1, "web", ready(), Some(10));
+    w.template("web", &[("default", 1)], true);
+    let request = SandboxRequest {
+        team: team(),
+        template: tpl("web"),
+        alias: "web".into(),
+        build: bid(1),
+        snapshot: snap(10),
+        timeout_secs: 60,
+        metadata: BTreeMap::new(),
+        env_vars: BTreeMap::new(),
+        allow_internet: true,
+        cpu_count: 1,
+        memory_mb: 512,
+        envd_token: "t".into(),
+        auto_pause: false,
+    };
+    let sandbox = |n: u8, phase: SandboxPhase, paused: Option<&[u8]>| {
+        let id = SandboxId::parse(&format!("isbx{n}")).unwrap();
+        let state = State {
+            phase,
+            request: Some(request.clone()),
+            paused_layers: paused.map(|p| p.iter().map(|n| d(*n)).collect()),
+            ..State::default()
+        };
+        (id, state)
+    };
+    // A running one boots on the template's snapshot; a paused one on the stack it stored
+    // (the template's layers and its own); an ended one's stored layer is garbage.
+    w.inv.sandboxes.extend([
+        sandbox(1, SandboxPhase::Running, None),
+        sandbox(2, SandboxPhase::Paused, Some(&[1, 2, 3])),
+        sandbox(3, SandboxPhase::Ended(EndReason::Killed), Some(&[1, 2, 4])),
+    ]);
+    let c = w.classify(&[1, 2, 3, 4]);
+    for n in [1, 2, 3] {
+        assert!(
+            matches!(&c[&n].standing, Standing::Rooted(Root::Sandbox { .. })),
+            "layer {n}: {:?}",
+            c[&n].standing
+        );
+    }
+    assert!(matches!(
+        &c[&3].standing,
+        Standing::Rooted(Root::Sandbox { sandbox }) if sandbox.as_str() == "isbx2"
+    ));
+    assert_eq!(c[&4].standing, Standing::Candidate(Tier::Orphan));
+}

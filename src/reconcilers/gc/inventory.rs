@@ -4,15 +4,18 @@
 use crate::domain::cache_key::CacheKey;
 use crate::domain::ids::{self, BuildId, Digest, Scope, SnapshotId, TeamId, TemplateId};
 use crate::domain::reachability::{CacheKeyState, Inventory};
+use crate::domain::sandbox::SandboxId;
 use crate::domain::snapshot;
 use crate::events::{Aggregate, DomainEvent, EventStore, RecordedEvent};
-use crate::streams::{Build, CacheEntry, Files, NodeCatalog, Object, Snapshot, Template};
+use crate::streams::{
+    Build, CacheEntry, Files, NodeCatalog, Object, SandboxStream, Snapshot, Template,
+};
 
 use super::super::ReconcileError;
 
 /// The stream categories whose events reference objects.
-const CATEGORIES: [&str; 7] = [
-    "template", "build", "snapshot", "cachekey", "files", "object", "catalog",
+const CATEGORIES: [&str; 8] = [
+    "template", "build", "snapshot", "cachekey", "files", "object", "catalog", "sandbox",
 ];
 
 pub async fn read(store: &EventStore) -> Result<Inventory, ReconcileError> {
@@ -90,6 +93,10 @@ fn add_stream(
             });
         }
         "files" => inv.files.push(fold::<Files>(events)?),
+        "sandbox" => {
+            let id = SandboxId::parse(&one(&parts)?).map_err(|_| malformed(stream))?;
+            inv.sandboxes.insert(id, fold::<SandboxStream>(events)?);
+        }
         "object" => {
             let digest = Digest::from_hex(&one(&parts)?).map_err(|_| malformed(stream))?;
             inv.objects.insert(digest, fold::<Object>(events)?);

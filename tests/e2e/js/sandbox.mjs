@@ -1,5 +1,6 @@
 // Launches a strata template through the stock E2B JS SDK's Sandbox API and checks what it
-// can do: commands (foreground, failing, background + kill, stdin), files, info, list, kill.
+// can do: commands (foreground, failing, background + kill, stdin), files, info, list, pause,
+// connect (resume), kill.
 // Usage: node sandbox.mjs TEMPLATE (E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL set).
 // Prints one JSON line of results; exits non-zero on the first failed check.
 import { Sandbox, CommandExitError } from 'e2b'
@@ -56,6 +57,15 @@ try {
   const page = await paginator.nextItems()
   check(page.some((s) => s.sandboxId === sbx.sandboxId), 'listed by metadata')
   check(await sbx.isRunning(), 'running')
+
+  // Pause keeps the filesystem; connect resumes it (on whichever node places it).
+  await sbx.files.write('/home/user/js/paused.txt', 'kept through the pause')
+  check((await sbx.pause()) === true, 'pause answers true')
+  check((await sbx.pause()) === false, 'a second pause answers false (already paused)')
+  check(!(await sbx.isRunning()), 'a paused sandbox does not answer')
+  const back = await Sandbox.connect(sbx.sandboxId)
+  check((await back.files.read('/home/user/js/paused.txt')) === 'kept through the pause', 'file kept through the pause')
+  results.resumed = (await back.commands.run('echo resumed')).stdout === 'resumed\n'
 } finally {
   results.killed = await sbx.kill()
 }
