@@ -9,7 +9,8 @@
 //! Points: `worker:before-first-step`, `worker:mid-copy` (archive extracted, checkpoint not yet
 //! sealed), `worker:after-checkpoint-record` (a step's snapshot, progress and cache entry
 //! appended, nothing after), `worker:after-last-step`, `worker:after-publishing`,
-//! `promotion:after-layers-committed`, `promotion:before-visible`, `promotion:after-visible`.
+//! `promotion:after-layers-committed`, `promotion:before-visible`, `promotion:after-visible`,
+//! `sandbox:placed` (a launched sandbox placed on this node, not booted yet).
 //!
 //! Stop points: a process that reaches the point named by `STRATA_FAULT_STOP_AT` stops itself
 //! with SIGSTOP, once, so a test can change the world at exactly that moment (take the database

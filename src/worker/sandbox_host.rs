@@ -226,6 +226,7 @@ impl Hosting {
     async fn host(self, id: SandboxId, epoch: Epoch, state: State, cancel: CancellationToken) {
         let ctx = context(&self.node);
         let started = std::time::Instant::now();
+        crate::fault::crash_point("sandbox:placed");
         let live = match self.boot(&id, &state).await {
             Ok(live) => live,
             Err(reason) => {

@@ -210,3 +210,191 @@ async fn a_create_with_no_node_to_run_it_fails_and_no_node_starts_it_later() {
     builder.signal(libc::SIGTERM);
     builder.wait_exit(Duration::from_secs(30)).await;
 }
+
+/// The agent's file API through the API's routing, as the SDK's `files.read` / `files.write`.
+async fn agent_file(
+    http: &reqwest::Client,
+    base: &str,
+    sandbox: &serde_json::Value,
+    path: &str,
+    write: Option<&'static [u8]>,
+) -> (u16, Vec<u8>) {
+    let url = format!("{base}/files?path={path}");
+    let request = match write {
+        Some(body) => http
+            .post(url)
+            .header("content-type", "application/octet-stream")
+            .body(body),
+        None => http.get(url),
+    };
+    let response = request
+        .header("e2b-sandbox-id", sandbox["sandboxID"].as_str().unwrap())
+        .header(
+            "x-access-token",
+            sandbox["envdAccessToken"].as_str().unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.bytes().await.unwrap().to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sandbox_outlives_its_template_and_node_and_resumes_on_another_from_the_store() {
+    // Two nodes with their own data directories (layer caches) and one blob store, as two
+    // machines sharing a bucket.
+    let a = common::sandbox::private_node(&["busybox"]);
+    let b = common::sandbox::private_node(&["busybox"]);
+    let blob_url = format!("file://{}", a.path().join("blobs").display());
+    let db = common::test_db().await;
+    let api = common::api::serve(
+        db.pool.clone(),
+        a.path(),
+        None,
+        &["--sandbox-start-timeout-secs", "20"],
+    )
+    .await;
+    let node = |name: &str, dir: &std::path::Path, crash: Option<&str>| {
+        let mut env = vec![
+            ("STRATA_DATA_DIR", dir.to_str().unwrap()),
+            ("STRATA_MAX_SANDBOXES", "4"),
+            ("STRATA_BLOB_URL", blob_url.as_str()),
+        ];
+        if let Some(point) = crash {
+            env.push((strata::fault::CRASH_AT_ENV, point));
+        }
+        Proc::worker(&db.url, name, 30, &env)
+    };
+    let mut first = node("pause-a", a.path(), None);
+    let _reconciler = Proc::reconciler(
+        &db.url,
+        "pause-r",
+        &["sandbox-expiry"],
+        &[("STRATA_DATA_DIR", a.path().to_str().unwrap())],
+    );
+    let sdk = SdkClient::new(&api.base, &db.url, "pause-team").await;
+    let spec = json!({"fromImage": "busybox", "force": false, "steps": [
+        {"type": "RUN", "args": ["echo from the template > /tmp/built"], "force": false},
+    ]});
+    let (template, _, built) = sdk.build("pausable", &[], spec).await;
+    assert_eq!(built["status"], "ready", "{built}");
+    let (status, created) = sdk
+        .call(
+            reqwest::Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "pausable"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["sandboxID"].as_str().unwrap().to_owned();
+    let http = reqwest::Client::new();
+    let written = agent_file(&http, &api.base, &created, "/tmp/kept.txt", Some(b"kept")).await;
+    assert_eq!(written.0, 200, "{:?}", String::from_utf8_lossy(&written.1));
+
+    let pause = format!("/sandboxes/{id}/pause");
+    let (status, body) = sdk
+        .call(reqwest::Method::POST, &pause, Some(json!({})))
+        .await;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = sdk
+        .call(reqwest::Method::POST, &pause, Some(json!({})))
+        .await;
+    assert_eq!(status, 409, "already paused: {body}");
+    let store = strata::app::event_store(db.pool.clone());
+    let sandbox_id = strata::domain::sandbox::SandboxId::parse(&id).unwrap();
+    let paused = strata::app::sandbox::state(&store, &sandbox_id)
+        .await
+        .unwrap();
+    let stack = paused
+        .boot_layers()
+        .expect("a paused sandbox has its stack")
+        .to_vec();
+
+    // Its template deleted and a pass with no grace run: the stack a resume boots on stays.
+    let (status, body) = sdk
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/templates/{template}"),
+            None,
+        )
+        .await;
+    assert!(status < 300, "{status} {body}");
+    let blobs: std::sync::Arc<dyn strata::vmm::BlobStore> =
+        std::sync::Arc::new(strata::vmm::LocalBlobStore::open(a.path().join("blobs")).unwrap());
+    let env = strata::reconcilers::ReconcileEnv {
+        store: store.clone(),
+        node: "pause-gc".into(),
+        blobs: blobs.clone(),
+        gc: strata::reconcilers::gc::GcPolicy {
+            budget: None,
+            keep: chrono::Duration::zero(),
+            grace: chrono::Duration::zero(),
+            finals_per_template: 1,
+            ..Default::default()
+        },
+        catalog: Some(a.path().to_path_buf()),
+    };
+    let report = strata::reconcilers::gc::pass(&env, &env.gc, &Default::default())
+        .await
+        .unwrap();
+    let kept: std::collections::BTreeSet<_> =
+        blobs.list().unwrap().iter().map(|b| b.digest).collect();
+    for layer in &stack {
+        assert!(
+            kept.contains(layer),
+            "layer {layer} of the paused sandbox was deleted: {:?}",
+            report.deleted
+        );
+    }
+
+    // Its node goes; a node that dies booting it leaves it paused, its files kept.
+    first.signal(libc::SIGKILL);
+    first.reap();
+    let mut doomed = node("pause-c", b.path(), Some("sandbox:placed"));
+    let connect = format!("/v2/sandboxes/{id}/connect");
+    let (status, body) = sdk
+        .call(reqwest::Method::POST, &connect, Some(json!({})))
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("still paused"),
+        "{body}"
+    );
+    doomed.reap();
+    let row = strata::projections::sandboxes::get(&db.pool, &id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.state, "paused", "{row:?}");
+
+    // Another node, whose cache never held the pause's layer, resumes it from the store.
+    let _second = node("pause-b", b.path(), None);
+    let (status, resumed) = sdk
+        .call(
+            reqwest::Method::POST,
+            &connect,
+            Some(json!({"timeout": 60})),
+        )
+        .await;
+    assert_eq!(status, 201, "{resumed}");
+    let row = strata::projections::sandboxes::get(&db.pool, &id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.node_id.as_deref()),
+        ("running", Some("pause-b"))
+    );
+    let (status, bytes) = agent_file(&http, &api.base, &resumed, "/tmp/kept.txt", None).await;
+    assert_eq!((status, bytes.as_slice()), (200, b"kept".as_slice()));
+    let (status, bytes) = agent_file(&http, &api.base, &resumed, "/tmp/built", None).await;
+    assert_eq!(
+        (status, bytes.as_slice()),
+        (200, b"from the template\n".as_slice())
+    );
+    let (status, _) = sdk
+        .call(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(status, 204);
+}
