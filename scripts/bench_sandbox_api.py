@@ -6,7 +6,8 @@ baseline); usable alone with E2B_API_KEY set:
     .venv/bin/python scripts/bench_sandbox_api.py --url http://127.0.0.1:3000 --runs 50
 
 Builds (once, untimed) a template on --image, then per run: `Sandbox.create`, the first
-`commands.run("true")`, `kill`. Prints the template's name on the first line, then one JSON
+`commands.run("true")`, `kill`; with --pause, between the first run and the kill, a 1 MiB file
+write (untimed), `pause`, `Sandbox.connect` (the resume) and the first command after. Prints the template's name on the first line, then one JSON
 object per run with the seconds each call took.
 """
 
@@ -23,6 +24,7 @@ def main() -> None:
     parser.add_argument("--url", default="http://127.0.0.1:3000")
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--image", default="busybox")
+    parser.add_argument("--pause", action="store_true")
     args = parser.parse_args()
     name = f"bench-launch-{uuid.uuid4().hex[:8]}"
     Template.build(Template().from_image(args.image).run_cmd("true"), name, api_url=args.url)
@@ -34,9 +36,22 @@ def main() -> None:
         t1 = time.perf_counter()
         sbx.commands.run("true")
         t2 = time.perf_counter()
+        timed = {"create": t1 - t0, "first_run": t2 - t1}
+        if args.pause:
+            sbx.files.write("/tmp/payload", b"x" * (1 << 20))
+            p0 = time.perf_counter()
+            assert sbx.pause() is True
+            p1 = time.perf_counter()
+            sbx = Sandbox.connect(sbx.sandbox_id, **opts)
+            p2 = time.perf_counter()
+            sbx.commands.run("true")
+            p3 = time.perf_counter()
+            timed.update({"pause": p1 - p0, "resume": p2 - p1, "resumed_run": p3 - p2})
+        t2 = time.perf_counter()
         sbx.kill()
         t3 = time.perf_counter()
-        print(json.dumps({"create": t1 - t0, "first_run": t2 - t1, "kill": t3 - t2}), flush=True)
+        timed["kill"] = t3 - t2
+        print(json.dumps(timed), flush=True)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,10 @@ pub struct BenchSandboxApiArgs {
     /// Base image of the launched template.
     #[arg(long, default_value = "busybox")]
     image: String,
+    /// Also pause each sandbox after a 1 MiB file write and resume it (`connect`), timing the
+    /// pause, the resume and the first command after it.
+    #[arg(long)]
+    pause: bool,
     #[command(flatten)]
     storage: StorageArgs,
 }
@@ -47,6 +51,10 @@ struct Run {
     create: f64,
     first_run: f64,
     kill: f64,
+    /// With `--pause`: the pause, the `connect` that resumed it, its first command after.
+    pause: Option<f64>,
+    resume: Option<f64>,
+    resumed_run: Option<f64>,
 }
 
 fn percentile(mut values: Vec<f64>, p: f64) -> f64 {
@@ -66,6 +74,7 @@ pub async fn run(args: BenchSandboxApiArgs) -> anyhow::Result<()> {
         .arg(&args.script)
         .args(["--url", &args.url, "--runs", &args.runs.max(1).to_string()])
         .args(["--image", &args.image])
+        .args(args.pause.then_some("--pause"))
         .env("E2B_API_KEY", &key)
         .stderr(Stdio::inherit())
         .output()
@@ -141,6 +150,27 @@ pub async fn run(args: BenchSandboxApiArgs) -> anyhow::Result<()> {
         ),
         baseline.clone(),
     );
+    let paused: Vec<(f64, f64, f64)> = runs
+        .iter()
+        .filter_map(|r| Some((r.pause?, r.resume?, r.resumed_run?)))
+        .collect();
+    if !paused.is_empty() {
+        row(
+            "pause (1 MiB written)",
+            paused.iter().map(|p| p.0).collect(),
+        );
+        row("connect (resume)", paused.iter().map(|p| p.1).collect());
+        row(
+            "first commands.run after resume",
+            paused.iter().map(|p| p.2).collect(),
+        );
+        let resumed: Vec<f64> = paused.iter().map(|p| p.1 + p.2).collect();
+        let create = percentile(to_first.clone(), 0.5);
+        println!(
+            "resume -> first result p50 / create -> first result p50: {:.2}",
+            percentile(resumed, 0.5) / create
+        );
+    }
     let p50 = percentile(to_first, 0.5);
     println!(
         "create -> first result p50 / template exec p50: {:.2}; goal p50 <= 150 ms: {}",

@@ -25,6 +25,8 @@ pub struct LiveSandbox {
     /// `/envs`: the create call's `envVars`.
     pub env_vars: BTreeMap<String, String>,
     pub processes: Arc<Table>,
+    /// Kept directory watches (`CreateWatcher`); their agents end with them.
+    pub watchers: super::watches::Watchers,
 }
 
 impl LiveSandbox {
@@ -42,6 +44,7 @@ impl LiveSandbox {
             default_user,
             env_vars,
             processes: Arc::new(Table::default()),
+            watchers: super::watches::Watchers::default(),
         }
     }
 

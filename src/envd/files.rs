@@ -33,6 +33,22 @@ pub fn routes() -> Router<Arc<Agents>> {
         .route("/filesystem.Filesystem/MakeDir", post(make_dir))
         .route("/filesystem.Filesystem/Remove", post(remove))
         .route("/filesystem.Filesystem/Move", post(move_entry))
+        .route(
+            "/filesystem.Filesystem/WatchDir",
+            post(super::watches::watch_dir),
+        )
+        .route(
+            "/filesystem.Filesystem/CreateWatcher",
+            post(super::watches::create_watcher),
+        )
+        .route(
+            "/filesystem.Filesystem/GetWatcherEvents",
+            post(super::watches::get_watcher_events),
+        )
+        .route(
+            "/filesystem.Filesystem/RemoveWatcher",
+            post(super::watches::remove_watcher),
+        )
 }
 
 fn fs_code(kind: FsErrorKind) -> Code {
@@ -46,7 +62,7 @@ fn fs_code(kind: FsErrorKind) -> Code {
     }
 }
 
-fn op_error(end: &AgentEnd) -> ConnectError {
+pub(super) fn op_error(end: &AgentEnd) -> ConnectError {
     match end.fs_error() {
         Some(FsError { kind, message }) => ConnectError::new(fs_code(kind), message),
         None => super::server::start_error(end),

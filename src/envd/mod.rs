@@ -7,7 +7,8 @@
 //!   protojson maps them (camelCase names, omitted defaults, base64 bytes, enum names).
 //! * [`agent`]: the sandboxes a node's agent answers for; [`server`]: its routes and the
 //!   `process.Process` service; [`files`]: `/files` and `filesystem.Filesystem`;
-//!   [`processes`]: the processes it started, by pid (ADR 0028).
+//!   [`processes`]: the processes it started, by pid; [`watches`]: directory watches
+//!   (ADR 0028).
 
 pub mod agent;
 pub mod connect;
@@ -15,6 +16,7 @@ pub mod files;
 pub mod messages;
 pub mod processes;
 pub mod server;
+pub mod watches;
 
 /// The envd version strata reports as `envdVersion`. The SDK gates features on it: from 0.4.0 it
 /// sends the user (`Authorization: Basic`) only when the caller asks for one, from 0.5.2 it

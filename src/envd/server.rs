@@ -108,7 +108,7 @@ pub fn unauthorized() -> Response {
     (StatusCode::UNAUTHORIZED, Json(body)).into_response()
 }
 
-/// A method strata's agent does not serve (directory watches, for one): Connect's
+/// A method strata's agent does not serve: Connect's
 /// `unimplemented`, naming it, so the SDK raises an error that says what is missing.
 async fn unserved(uri: axum::http::Uri) -> Response {
     ConnectError::new(
@@ -167,12 +167,12 @@ fn vmm_error(e: crate::vmm::VmmError) -> ConnectError {
 }
 
 /// A stream of one error: how a server stream fails (HTTP 200, end-stream envelope).
-fn stream_error(e: ConnectError) -> Response {
+pub(super) fn stream_error(e: ConnectError) -> Response {
     connect::stream_response(Body::from(connect::end_stream_error(&e)))
 }
 
 /// How often an idle stream says it is alive: `Keepalive-Ping-Interval` seconds, else 90.
-fn keepalive_interval(headers: &HeaderMap) -> Duration {
+pub(super) fn keepalive_interval(headers: &HeaderMap) -> Duration {
     let secs = headers
         .get("keepalive-ping-interval")
         .and_then(|v| v.to_str().ok())

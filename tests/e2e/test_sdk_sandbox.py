@@ -444,7 +444,7 @@ def test_a_killed_sandbox_takes_its_processes_with_it_at_once(built):
         time.sleep(0.1)
 
 
-def test_the_agent_acts_inside_the_sandbox_even_for_a_hostile_root(built, tmp_path):
+def test_the_agent_acts_inside_the_sandbox_even_for_a_hostile_root(built, strata, tmp_path):
     """A tenant's root tries to reach the host through the file API: a symlink to a host path,
     a path climbing out, the kernel's tunables, a FIFO that would hang a reader."""
     host_secret = tmp_path / "host-secret.txt"
@@ -473,10 +473,19 @@ def test_the_agent_acts_inside_the_sandbox_even_for_a_hostile_root(built, tmp_pa
 
         with pytest.raises(AuthenticationException):
             sbx.files.read("/etc/passwd", user="nobody-here")
-        # A method the agent does not serve says so.
-        with pytest.raises(SandboxException) as unserved:
-            sbx.files.watch_dir("/home/user")
-        assert "not served" in str(unserved.value), unserved.value
+        # A method the agent does not serve says so, as Connect's unimplemented.
+        import urllib.request
+
+        token = sbx.connection_config.sandbox_headers["X-Access-Token"]
+        req = urllib.request.Request(
+            strata.url + "/filesystem.Filesystem/NoSuchMethod",
+            data=b"{}",
+            headers={"content-type": "application/json", "e2b-sandbox-id": sbx.sandbox_id, "x-access-token": token},
+        )
+        with pytest.raises(urllib.error.HTTPError) as unserved:
+            urllib.request.urlopen(req, timeout=10)
+        assert unserved.value.code == 501
+        assert "not served" in unserved.value.read().decode()
     finally:
         sbx.kill()
 
@@ -619,3 +628,91 @@ def test_a_paused_sandbox_is_killed_and_auto_pause_pauses_at_the_timeout(pausabl
     with pytest.raises(SandboxException) as resume:
         Sandbox.create(pausable["name"], lifecycle={"on_timeout": "pause", "auto_resume": True}, **o)
     assert "Sandbox.connect" in str(resume.value)
+
+
+def _events_until(watch, wanted, limit=10):
+    """The watch's events until every (name, type) in `wanted` came, polling as SDK users do."""
+    seen = []
+    deadline = time.time() + limit
+    while not set(wanted) <= {(e.name, e.type) for e in seen}:
+        assert time.time() < deadline, f"{wanted} not all seen in {seen}"
+        seen.extend(watch.get_new_events())
+        time.sleep(0.05)
+    return seen
+
+
+def test_directory_watches_report_changes_as_the_user_sees_them(built):
+    import asyncio
+
+    from e2b import AsyncSandbox
+    from e2b.sandbox.filesystem.watch_handle import FilesystemEventType as T
+
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    procs = "ls -d /proc/[0-9]* | wc -l"
+    try:
+        idle = int(sbx.commands.run(procs).stdout)
+        sbx.files.make_dir("/home/user/watched/deep")
+        watch = sbx.files.watch_dir("/home/user/watched")
+        sbx.files.write("/home/user/watched/new.txt", "x")
+        sbx.commands.run("cd /home/user/watched && mv new.txt moved.txt && chmod 600 moved.txt && rm moved.txt")
+        sbx.files.write("/home/user/watched/deep/below.txt", "not reported: the watch is not recursive")
+        seen = _events_until(
+            watch,
+            [("new.txt", T.CREATE), ("new.txt", T.RENAME), ("moved.txt", T.CREATE),
+             ("moved.txt", T.CHMOD), ("moved.txt", T.REMOVE)],
+        )
+        assert not [e for e in seen if "below" in e.name], seen
+        assert watch.get_new_events() == [], "events are drained by each call"
+        assert int(sbx.commands.run(procs).stdout) > idle, "the watch runs in the sandbox"
+        watch.stop()
+        deadline = time.time() + 5
+        while int(sbx.commands.run(procs).stdout) != idle:
+            assert time.time() < deadline, "a stopped watch's agent is still running"
+            time.sleep(0.1)
+
+        deep = sbx.files.watch_dir("/home/user/watched", recursive=True)
+        sbx.commands.run("mkdir -p /home/user/watched/made && echo y > /home/user/watched/made/in.txt")
+        sbx.commands.run("echo now reported >> /home/user/watched/deep/below.txt")
+        # files.write replaces a file whole (a cut-off upload leaves the old one): it is created.
+        sbx.files.write("/home/user/watched/deep/replaced.txt", "whole")
+        _events_until(
+            deep,
+            [("made", T.CREATE), ("made/in.txt", T.CREATE), ("deep/below.txt", T.WRITE),
+             ("deep/replaced.txt", T.CREATE)],
+        )
+        assert int(sbx.commands.run(procs).stdout) > idle, "the recursive watch runs"
+        deep.stop()
+        deadline = time.time() + 5
+        while int(sbx.commands.run(procs).stdout) != idle:
+            assert time.time() < deadline, "a stopped watch's agent is still running"
+            time.sleep(0.1)
+
+        # A missing directory, a file, and a directory the user cannot read are refused.
+        from e2b.exceptions import NotFoundException
+
+        with pytest.raises(NotFoundException):
+            sbx.files.watch_dir("/home/user/nope")
+        with pytest.raises(InvalidArgumentException):
+            sbx.files.watch_dir("/home/user/app.txt")
+        with pytest.raises(SandboxException):
+            sbx.files.watch_dir("/root")
+
+        # The async SDK's streamed watch.
+        async def streamed():
+            asbx = await AsyncSandbox.connect(sbx.sandbox_id, **built["opts"])
+            got = asyncio.Queue()
+            handle = await asbx.files.watch_dir("/home/user/watched", on_event=got.put_nowait, recursive=True)
+            await asbx.files.write("/home/user/watched/deep/streamed.txt", "s")
+            names = set()
+            while "deep/streamed.txt" not in names:
+                names.add((await asyncio.wait_for(got.get(), 10)).name)
+            await handle.stop()
+
+        asyncio.run(streamed())
+        # Closing the stream, through the API's forward, ends its agent too.
+        deadline = time.time() + 5
+        while int(sbx.commands.run(procs).stdout) != idle:
+            assert time.time() < deadline, "a closed stream's watch agent is still running"
+            time.sleep(0.1)
+    finally:
+        sbx.kill()

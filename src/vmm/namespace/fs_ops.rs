@@ -36,6 +36,9 @@ pub enum FsRequest {
     Remove { path: String },
     /// envd Move: rename(2), creating the destination's parents; `{"entry": EntryInfo}`.
     Move { source: String, destination: String },
+    /// envd WatchDir / CreateWatcher: [`READY`](super::fs_watch::READY), then one JSON line
+    /// per change, until stdin reaches its end ([`super::fs_watch`]).
+    Watch { path: String, recursive: bool },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -417,6 +420,10 @@ pub fn run(
             let (source, destination) = (resolve(source, home)?, resolve(destination, home)?);
             move_entry(&source, &destination)?;
             answer(out, &destination, &entry(&destination)?)
+        }
+        // Stopped by the end of the agent's stdin, descriptor 0 (the host drops its end).
+        FsRequest::Watch { path, recursive } => {
+            super::fs_watch::watch(&resolve(path, home)?, *recursive, 0, out)
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod confine;
 pub mod control;
 pub mod firewall;
 pub mod fs_ops;
+pub mod fs_watch;
 pub mod init;
 pub mod lifeline;
 pub mod netlink;
