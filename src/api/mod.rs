@@ -1,11 +1,11 @@
 //! HTTP surface: the E2B-compatible API and the operator API.
 
 pub mod admin;
-pub mod build_news;
 pub mod e2b;
 pub mod error;
 pub mod sandbox_proxy;
 pub mod state;
+pub mod stream_news;
 mod ui;
 pub mod upload_ingest;
 

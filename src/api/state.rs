@@ -82,7 +82,7 @@ pub struct AppState {
     /// What a `/metrics` scrape must present, if anything (`STRATA_METRICS_TOKEN`).
     pub metrics_token: Option<Arc<str>>,
     /// Wakes held status requests (`STRATA_STATUS_MAX_HELD` of them at most).
-    pub build_news: crate::api::build_news::BuildNews,
+    pub stream_news: crate::api::stream_news::StreamNews,
 }
 
 impl AppState {
@@ -134,7 +134,10 @@ impl AppState {
                 serve.upload_max_concurrent.max(1),
             )),
             metrics_token: None,
-            build_news: crate::api::build_news::BuildNews::new(pool.clone(), serve.status_max_held),
+            stream_news: crate::api::stream_news::StreamNews::new(
+                pool.clone(),
+                serve.status_max_held,
+            ),
         })
     }
 

@@ -10,7 +10,7 @@ use crate::domain::build::status::{LogEntry, LogLevel};
 use crate::domain::ids::BuildId;
 
 /// The LISTEN/NOTIFY channel the log writer notifies after a batch commits; the payload is the
-/// build's id. Held status requests wake on it (`crate::api::build_news`).
+/// build's id. Held status requests wake on it (`crate::api::stream_news`).
 pub const LOGS_CHANNEL: &str = "strata_build_logs";
 
 /// Tells listeners that `build` has new lines. Sent after the batch committed, in a statement

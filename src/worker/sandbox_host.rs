@@ -239,13 +239,19 @@ impl Hosting {
         };
         let live = Arc::new(live);
         self.agents.insert(live.clone());
+        // Watched from before its `Running`: a kill written right after is not missed.
+        let stream = crate::streams::sandbox_stream(&id).as_str().to_owned();
+        let woken = self.watches.add(stream.clone());
         let ran =
             app::sandbox::running(&self.store, &ctx, &id, epoch, &self.agent_url, Utc::now()).await;
         match ran {
-            Ok(_) => {
+            Ok(running) => {
                 crate::metrics::sandbox_boot(true, started.elapsed());
                 tracing::info!(ms = started.elapsed().as_millis() as u64, "sandbox running");
-                if let Watched::Pause = self.watch(&id, epoch, &cancel).await {
+                let watched = self
+                    .watching(&id, epoch, running.end_at, &cancel, &woken)
+                    .await;
+                if let Watched::Pause = watched {
                     self.agents.remove(id.as_str());
                     if let Err(reason) = self.pause(&id, epoch, &live).await {
                         tracing::warn!(%reason, "pausing the sandbox failed; it ends");
@@ -264,6 +270,7 @@ impl Hosting {
             }
             Err(e) => tracing::warn!(error = %e, "sandbox ended before it ran"),
         }
+        self.watches.remove(&stream);
         self.agents.remove(id.as_str());
         if let Some(sandbox) = live.take_sandbox() {
             if let Err(e) = sandbox.destroy().await {
@@ -404,25 +411,35 @@ impl Hosting {
     }
 
     /// Until the sandbox ends (by anyone's write, at its deadline, or with this node) or is
-    /// asked to pause.
-    async fn watch(&self, id: &SandboxId, epoch: Epoch, cancel: &CancellationToken) -> Watched {
-        let stream = crate::streams::sandbox_stream(id).as_str().to_owned();
-        let woken = self.watches.add(stream.clone());
-        let watched = self.watching(id, epoch, cancel, &woken).await;
-        self.watches.remove(&stream);
-        watched
-    }
-
+    /// asked to pause: looked at when `woken` (a notification named its stream), at its
+    /// deadline, and every [`WATCH_EVERY`]; first when its `Running` (deadline `end_at`) is
+    /// known.
     async fn watching(
         &self,
         id: &SandboxId,
         epoch: Epoch,
+        end_at: Option<chrono::DateTime<Utc>>,
         cancel: &CancellationToken,
         woken: &tokio::sync::Notify,
     ) -> Watched {
         let ctx = context(&self.node);
+        let until = |end: chrono::DateTime<Utc>| {
+            (end - Utc::now())
+                .to_std()
+                .ok()
+                .map(|left| WATCH_EVERY.min(left + Duration::from_millis(5)))
+        };
+        let mut next = end_at.map_or(Some(WATCH_EVERY), until).unwrap_or_default();
         loop {
-            let mut next = WATCH_EVERY;
+            tokio::select! {
+                _ = cancel.cancelled() => {
+                    let _ = app::sandbox::lose(&self.store, &ctx, id, epoch, "its node stopped", Utc::now()).await;
+                    return Watched::Over;
+                }
+                _ = tokio::time::sleep(next) => {}
+                _ = woken.notified() => {}
+            }
+            next = WATCH_EVERY;
             match crate::projections::sandboxes::get(self.store.pool(), id.as_str()).await {
                 Ok(Some(row)) if row.state == "ended" || row.epoch != epoch.0 as i64 => {
                     return Watched::Over
@@ -430,10 +447,10 @@ impl Hosting {
                 Ok(Some(row)) if row.state == "pausing" => return Watched::Pause,
                 Ok(Some(row)) => {
                     if let Some(end) = row.end_at {
-                        match (end - Utc::now()).to_std() {
-                            // Looked at again when its deadline passes, without a notification.
-                            Ok(left) => next = next.min(left + Duration::from_millis(5)),
-                            Err(_) => {
+                        // Looked at again when its deadline passes, without a notification.
+                        match until(end) {
+                            Some(left) => next = left,
+                            None => {
                                 let _ =
                                     app::sandbox::expire(&self.store, &ctx, id, Utc::now()).await;
                                 next = Duration::from_millis(250);
@@ -443,14 +460,6 @@ impl Hosting {
                 }
                 Ok(None) => return Watched::Over,
                 Err(e) => tracing::debug!(error = %e, "reading the sandbox's state failed"),
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => {
-                    let _ = app::sandbox::lose(&self.store, &ctx, id, epoch, "its node stopped", Utc::now()).await;
-                    return Watched::Over;
-                }
-                _ = tokio::time::sleep(next) => {}
-                _ = woken.notified() => {}
             }
         }
     }

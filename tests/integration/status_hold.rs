@@ -36,7 +36,7 @@ async fn setup(extra: &[&str]) -> Setup {
     let api = common::api::serve(db.pool.clone(), data.path(), None, &args).await;
     let client = SdkClient::new(&api.base, &db.url, "holdteam").await;
     let listening = Instant::now();
-    while !api.state.build_news.is_listening() {
+    while !api.state.stream_news.is_listening() {
         assert!(
             listening.elapsed() < Duration::from_secs(10),
             "the API never listened"

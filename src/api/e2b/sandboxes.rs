@@ -186,15 +186,22 @@ async fn create_sandbox(
     Ok((StatusCode::CREATED, Json(sandbox_json(state, &row))).into_response())
 }
 
-/// Polls the read model until `settled` answers for the row (`None`: keep waiting), at most
-/// `limit`; `Err(None)` when the limit passed or the row is gone.
+/// Reads the row until `settled` answers for it (`None`: keep waiting), at most `limit`;
+/// `Err(None)` when the limit passed or the row is gone. Woken by the notifications naming the
+/// sandbox's stream (the watch is taken before the first read, so no write is missed); while
+/// this process cannot listen, it polls.
 async fn wait_on_row<T>(
     state: &AppState,
     id: &SandboxId,
     limit: Duration,
     settled: impl Fn(&SandboxRow) -> Option<Result<T, ApiError>>,
 ) -> Result<T, Option<ApiError>> {
+    /// A read even without news: a notification lost with a reconnect costs at most this.
+    const UNNOTIFIED: Duration = Duration::from_millis(250);
     let deadline = tokio::time::Instant::now() + limit;
+    let mut watch = state
+        .stream_news
+        .watch_stream(crate::streams::sandbox_stream(id).as_str().to_owned());
     let mut pause = Duration::from_millis(2);
     loop {
         let row = crate::projections::sandboxes::get(&state.pool, id.as_str())
@@ -204,11 +211,22 @@ async fn wait_on_row<T>(
         if let Some(answer) = settled(&row) {
             return answer.map_err(Some);
         }
-        if tokio::time::Instant::now() >= deadline {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
             return Err(None);
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(25));
+        match watch.as_mut() {
+            Some(news) => {
+                tokio::select! {
+                    _ = news.news() => {}
+                    _ = tokio::time::sleep(UNNOTIFIED.min(deadline - now)) => {}
+                }
+            }
+            None => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(25));
+            }
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! between calls, so an answer that waits for the news instead of returning "nothing yet" takes
 //! the poll timer out of every build's round trip. Once there is news the request lingers
 //! briefly for more ([`LINGER_QUIET`], [`LINGER_MAX`]) unless the build ends or the page fills. A held request holds no
-//! database connection: it waits on [`BuildNews`](crate::api::build_news), woken by NOTIFY.
+//! database connection: it waits on [`StreamNews`](crate::api::stream_news), woken by NOTIFY.
 
 use axum::extract::{Path, Query, State};
 use axum::Json;
@@ -52,7 +52,7 @@ pub async fn build_status(
     let hold = state.protocol.status_hold;
     // The watch comes before the read: news written after the read wakes it.
     let mut watch = (!hold.is_zero())
-        .then(|| state.build_news.watch(build_id))
+        .then(|| state.stream_news.watch(build_id))
         .flatten();
     let first = page.answer(&state).await?;
     let Some(watch) = watch.as_mut().filter(|_| first.nothing_new()) else {

@@ -1,12 +1,14 @@
-//! News of builds for held status requests: one LISTEN connection per API process, fanned out
-//! to the requests that wait on a build.
+//! News of streams for requests that wait on one: held build status requests, and creates,
+//! resumes and pauses of launched sandboxes. One LISTEN connection per API process, fanned out
+//! to the requests that wait on a stream.
 //!
 //! Two channels carry news: the event store's (`strata_events`, whose payload names the streams
-//! a burst of appends touched, so a phase change wakes only its build's waiters) and the log
-//! writer's (`strata_build_logs`, the build's id). A notification that may concern any build (an
-//! overflowing burst, a reconnect that may have lost some) wakes every waiter; a waiter only
-//! ever reads again on waking, so a spurious wake-up costs one read, and a lost one costs the
-//! request its hold time, never an answer. While the process cannot listen, nobody is held.
+//! a burst of appends touched, so a change wakes only its stream's waiters) and the log
+//! writer's (`strata_build_logs`, the build's id: news of its build stream). A notification that
+//! may concern any stream (an overflowing burst, a reconnect that may have lost some) wakes
+//! every waiter; a waiter only ever reads again on waking, so a spurious wake-up costs one read,
+//! and a lost one costs the request its hold time, never an answer. While the process cannot
+//! listen, nobody is held.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,14 +29,14 @@ const RECONNECT_AFTER: Duration = Duration::from_secs(5);
 
 /// Shared by every handler of one process; cheap to clone.
 #[derive(Clone)]
-pub struct BuildNews {
+pub struct StreamNews {
     inner: Arc<Inner>,
 }
 
 struct Inner {
     pool: PgPool,
-    /// One sender per build somebody waits on; removed with its last waiter.
-    waiters: Mutex<HashMap<BuildId, watch::Sender<()>>>,
+    /// One sender per stream somebody waits on; removed with its last waiter.
+    waiters: Mutex<HashMap<String, watch::Sender<()>>>,
     /// True while the LISTEN connection is up: only then can a waiter count on being woken.
     listening: AtomicBool,
     started: Once,
@@ -44,7 +46,7 @@ struct Inner {
     stop: CancellationToken,
 }
 
-impl BuildNews {
+impl StreamNews {
     /// News for at most `max_held` requests held at once. Starts listening at once when made
     /// inside a runtime, else on the first [`watch`](Self::watch).
     pub fn new(pool: PgPool, max_held: usize) -> Self {
@@ -81,9 +83,15 @@ impl BuildNews {
         self.inner.listening.load(Ordering::Acquire)
     }
 
-    /// A watch on `build`'s news, taken before reading its state so that nothing written after
-    /// the read is missed; `None` while this process is not listening (answer at once).
-    pub fn watch(&self, build: BuildId) -> Option<BuildWatch> {
+    /// A watch on `build`'s news (its stream and its log lines), taken before reading its state
+    /// so that nothing written after the read is missed; `None` while this process is not
+    /// listening (answer at once).
+    pub fn watch(&self, build: BuildId) -> Option<StreamWatch> {
+        self.watch_stream(ids::stream::build(&build))
+    }
+
+    /// A watch on the news of the stream named `stream`, as [`watch`](Self::watch).
+    pub fn watch_stream(&self, stream: String) -> Option<StreamWatch> {
         self.start();
         if !self.is_listening() {
             return None;
@@ -93,31 +101,31 @@ impl BuildNews {
             .waiters
             .lock()
             .expect("build news lock")
-            .entry(build)
+            .entry(stream.clone())
             .or_insert_with(|| watch::channel(()).0)
             .subscribe();
-        Some(BuildWatch {
+        Some(StreamWatch {
             rx: Some(rx),
-            build,
+            stream,
             inner: self.inner.clone(),
         })
     }
 }
 
-/// One request's watch on one build.
-pub struct BuildWatch {
+/// One request's watch on one stream.
+pub struct StreamWatch {
     rx: Option<watch::Receiver<()>>,
-    build: BuildId,
+    stream: String,
     inner: Arc<Inner>,
 }
 
-impl BuildWatch {
+impl StreamWatch {
     /// A place among the held requests; `None` when all are taken (answer at once).
     pub fn hold(&self) -> Option<OwnedSemaphorePermit> {
         self.inner.held.clone().try_acquire_owned().ok()
     }
 
-    /// Resolves on the next news of the build (or of any build) since the watch was taken or
+    /// Resolves on the next news of the stream (or of any stream) since the watch was taken or
     /// since the last call.
     pub async fn news(&mut self) {
         let rx = self
@@ -132,22 +140,22 @@ impl BuildWatch {
     }
 }
 
-impl Drop for BuildWatch {
+impl Drop for StreamWatch {
     fn drop(&mut self) {
         drop(self.rx.take());
         let mut waiters = self.inner.waiters.lock().expect("build news lock");
         if waiters
-            .get(&self.build)
+            .get(&self.stream)
             .is_some_and(|tx| tx.receiver_count() == 0)
         {
-            waiters.remove(&self.build);
+            waiters.remove(&self.stream);
         }
     }
 }
 
 impl Inner {
-    fn wake(&self, build: &BuildId) {
-        if let Some(tx) = self.waiters.lock().expect("build news lock").get(build) {
+    fn wake(&self, stream: &str) {
+        if let Some(tx) = self.waiters.lock().expect("build news lock").get(stream) {
             tx.send_replace(());
         }
     }
@@ -162,28 +170,18 @@ impl Inner {
         let payload = notification.payload();
         match notification.channel() {
             LOGS_CHANNEL => match BuildId::parse(payload) {
-                Ok(build) => self.wake(&build),
+                Ok(build) => self.wake(&ids::stream::build(&build)),
                 Err(_) => self.wake_all(),
             },
             _ => match crate::events::streams_of(payload) {
                 Some(streams) => {
-                    for build in streams.filter_map(build_of_stream) {
-                        self.wake(&build);
+                    for stream in streams {
+                        self.wake(stream);
                     }
                 }
                 None => self.wake_all(),
             },
         }
-    }
-}
-
-/// The build whose stream `stream` is, if it is a build's.
-fn build_of_stream(stream: &str) -> Option<BuildId> {
-    match ids::stream::decode(stream)? {
-        (category, parts) if category == "build" && parts.len() == 1 => {
-            BuildId::parse(&parts[0]).ok()
-        }
-        _ => None,
     }
 }
 
@@ -237,15 +235,37 @@ async fn listen(inner: Weak<Inner>, pool: PgPool, stop: CancellationToken) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_a_builds_own_stream_names_the_build() {
+    #[tokio::test]
+    async fn a_watch_wakes_on_its_own_stream_and_on_news_of_any_and_not_on_others() {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .unwrap();
+        let news = StreamNews::new(pool, 4);
+        news.inner.listening.store(true, Ordering::Release);
         let build = BuildId::parse("0b7e4a52-3a5e-4c52-9a4e-1c1d0f5e8a11").unwrap();
-        assert_eq!(build_of_stream(&ids::stream::build(&build)), Some(build));
-        assert_eq!(
-            build_of_stream("template-0b7e4a52-3a5e-4c52-9a4e-1c1d0f5e8a11"),
-            None
-        );
-        assert_eq!(build_of_stream("build-not-a-uuid"), None);
-        assert_eq!(build_of_stream("nonsense"), None);
+        let mut of_build = news.watch(build).unwrap();
+        let mut of_sandbox = news.watch_stream("sandbox-iabc".into()).unwrap();
+        let woke = |w: &mut StreamWatch| {
+            use std::future::Future;
+            let mut fut = std::pin::pin!(w.news());
+            let waker = futures::task::noop_waker();
+            let mut cx = std::task::Context::from_waker(&waker);
+            fut.as_mut().poll(&mut cx).is_ready()
+        };
+        news.inner.wake("sandbox-iabc");
+        assert!(woke(&mut of_sandbox) && !woke(&mut of_build));
+        news.inner.wake(&ids::stream::build(&build));
+        assert!(woke(&mut of_build) && !woke(&mut of_sandbox));
+        news.inner.wake("template-other");
+        assert!(!woke(&mut of_build) && !woke(&mut of_sandbox));
+        news.inner.wake_all();
+        assert!(woke(&mut of_build) && woke(&mut of_sandbox));
+        drop(of_sandbox);
+        assert!(!news
+            .inner
+            .waiters
+            .lock()
+            .unwrap()
+            .contains_key("sandbox-iabc"));
     }
 }
