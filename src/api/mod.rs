@@ -17,7 +17,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 
 /// The build gauges' reader: the builds read model, queried at each scrape.
-fn build_counts_reader(pool: sqlx::PgPool) -> crate::metrics::scrape::BuildCountsReader {
+fn build_counts_reader(pool: sqlx::PgPool) -> crate::metrics::scrape::ReadModelCountsReader {
     std::sync::Arc::new(move || {
         let pool = pool.clone();
         Box::pin(async move { crate::projections::builds::build_counts(&pool).await })

@@ -16,6 +16,24 @@ static BUILDS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     )
     .expect("metric registers once")
 });
+static SANDBOXES: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register_int_gauge_vec!(
+        "strata_sandboxes",
+        "Launched sandboxes by state (requested, placed, running, pausing, paused, ended), from \
+         the sandboxes read model; ended is cumulative.",
+        &["state"]
+    )
+    .expect("metric registers once")
+});
+const SANDBOX_STATES: [&str; 6] = [
+    "requested",
+    "placed",
+    "running",
+    "pausing",
+    "paused",
+    "ended",
+];
+
 static QUEUE_OLDEST: LazyLock<Gauge> = LazyLock::new(|| {
     register_gauge!(
         "strata_build_queue_oldest_age_seconds",
@@ -52,26 +70,29 @@ const PHASES: [&str; 6] = [
     "error",
 ];
 
-/// What the build gauges show, read from the `builds` read model at scrape time.
+/// What the build and sandbox gauges show, read from the `builds` and `sandboxes` read models
+/// at scrape time.
 #[derive(Clone, Debug, Default)]
-pub struct BuildCounts {
+pub struct ReadModelCounts {
     /// Builds per read-model phase; phases without builds may be left out.
     pub by_phase: Vec<(String, i64)>,
+    /// Sandboxes per read-model state; states without sandboxes may be left out.
+    pub sandboxes_by_state: Vec<(String, i64)>,
     /// Age of the oldest queued build, `None` when nothing is queued.
     pub oldest_queued_seconds: Option<f64>,
 }
 
-/// Reads [`BuildCounts`]. The API supplies one over `projections::builds`: telemetry sits
+/// Reads [`ReadModelCounts`]. The API supplies one over `projections::builds`: telemetry sits
 /// beside the event store, below the read models, so it is handed the query rather than
 /// importing it.
-pub type BuildCountsReader =
-    Arc<dyn Fn() -> BoxFuture<'static, Result<BuildCounts, sqlx::Error>> + Send + Sync>;
+pub type ReadModelCountsReader =
+    Arc<dyn Fn() -> BoxFuture<'static, Result<ReadModelCounts, sqlx::Error>> + Send + Sync>;
 
 /// What this process reports at scrape time besides its own counters.
 #[derive(Clone, Default)]
 pub struct ScrapeSources {
     /// The build gauges' reader (the API reports them; workers need not).
-    pub builds: Option<BuildCountsReader>,
+    pub builds: Option<ReadModelCountsReader>,
     /// The node's data dir, for storage bytes.
     pub data_dir: Option<PathBuf>,
     /// The per-team limits this process holds teams to.
@@ -112,7 +133,7 @@ impl ScrapeSources {
     }
 }
 
-fn set_builds(counts: &BuildCounts) {
+fn set_builds(counts: &ReadModelCounts) {
     for phase in PHASES {
         let n = counts
             .by_phase
@@ -122,4 +143,12 @@ fn set_builds(counts: &BuildCounts) {
         BUILDS.with_label_values(&[phase]).set(n);
     }
     QUEUE_OLDEST.set(counts.oldest_queued_seconds.unwrap_or(0.0).max(0.0));
+    for state in SANDBOX_STATES {
+        let n = counts
+            .sandboxes_by_state
+            .iter()
+            .find(|(s, _)| s == state)
+            .map_or(0, |r| r.1);
+        SANDBOXES.with_label_values(&[state]).set(n);
+    }
 }

@@ -577,11 +577,12 @@ pub async fn list_builds(
     .await
 }
 
-/// What the `strata_builds` and queue-age gauges export: builds per phase over every template,
-/// and the seconds since the oldest queued build's row last changed (by the database's clock).
+/// What the `strata_builds`, queue-age and `strata_sandboxes` gauges export: builds per phase
+/// over every template, the seconds since the oldest queued build's row last changed (by the
+/// database's clock), and launched sandboxes per state.
 pub async fn build_counts(
     pool: &sqlx::PgPool,
-) -> Result<crate::metrics::scrape::BuildCounts, sqlx::Error> {
+) -> Result<crate::metrics::scrape::ReadModelCounts, sqlx::Error> {
     let by_phase = sqlx::query_as("SELECT phase, count(*) FROM builds GROUP BY phase")
         .fetch_all(pool)
         .await?;
@@ -590,9 +591,13 @@ pub async fn build_counts(
     )
     .fetch_one(pool)
     .await?;
-    Ok(crate::metrics::scrape::BuildCounts {
+    let sandboxes_by_state = sqlx::query_as("SELECT state, count(*) FROM sandboxes GROUP BY state")
+        .fetch_all(pool)
+        .await?;
+    Ok(crate::metrics::scrape::ReadModelCounts {
         by_phase,
         oldest_queued_seconds,
+        sandboxes_by_state,
     })
 }
 

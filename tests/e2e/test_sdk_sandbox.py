@@ -352,6 +352,8 @@ def test_operators_see_sandboxes_and_their_history(built, strata):
     created = [l for l in metrics.splitlines() if l.startswith('strata_sandbox_creates_total{outcome="running"}')]
     assert created and float(created[0].split()[-1]) >= 1, created
     assert "strata_sandbox_create_duration_seconds_count" in metrics
+    ended = [l for l in metrics.splitlines() if l.startswith('strata_sandboxes{state="ended"}')]
+    assert ended and float(ended[0].split()[-1]) >= 1, ended
 
 
 def test_stdin_streams_closes_and_a_running_command_can_be_reattached(built):
@@ -544,7 +546,9 @@ def pausable(strata, tmp_path_factory):
     return {"opts": o, "name": name}
 
 
-def test_pause_keeps_the_files_and_connect_resumes_with_the_start_command_run_again(pausable):
+def test_pause_keeps_the_files_and_connect_resumes_with_the_start_command_run_again(pausable, strata):
+    import urllib.request
+
     from e2b.sandbox.sandbox_api import SandboxQuery, SandboxState
 
     o = pausable["opts"]
@@ -570,6 +574,9 @@ def test_pause_keeps_the_files_and_connect_resumes_with_the_start_command_run_ag
             query=SandboxQuery(metadata={"run": marker}, state=[SandboxState.RUNNING]), **o
         ).next_items()
         assert running == []
+        with urllib.request.urlopen(strata.url + "/metrics", timeout=10) as r:
+            gauge = [l for l in r.read().decode().splitlines() if l.startswith('strata_sandboxes{state="paused"}')]
+        assert gauge and float(gauge[0].split()[-1]) >= 1, gauge
         # Memory is not kept, and strata says so instead of pretending.
         with pytest.raises(SandboxException) as refused:
             sbx.pause(mode="full")
@@ -592,6 +599,10 @@ def test_pause_keeps_the_files_and_connect_resumes_with_the_start_command_run_ag
         out = again.commands.run("cat /home/user/notes/kept.txt /home/user/notes/second.txt").stdout
         assert out == "written before the pausesecond"
         assert int(again.commands.run("wc -l < /home/user/starts").stdout) == starts + 2
+        history = strata.cli("history", f"sandbox-{sbx.sandbox_id}").stdout
+        for event in ("SandboxPausing.v1", "SandboxPaused.v1", "SandboxResumed.v1"):
+            assert history.count(event) == 2, history
+        assert history.count("SandboxPlaced.v1") == 3, "every resume is a new placement"
     finally:
         sbx.kill()
     assert Sandbox.kill(sbx.sandbox_id, **o) is False
