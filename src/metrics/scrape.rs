@@ -134,21 +134,15 @@ impl ScrapeSources {
 }
 
 fn set_builds(counts: &ReadModelCounts) {
-    for phase in PHASES {
-        let n = counts
-            .by_phase
-            .iter()
-            .find(|(p, _)| p == phase)
-            .map_or(0, |r| r.1);
-        BUILDS.with_label_values(&[phase]).set(n);
-    }
+    set_each(&BUILDS, &PHASES, &counts.by_phase);
     QUEUE_OLDEST.set(counts.oldest_queued_seconds.unwrap_or(0.0).max(0.0));
-    for state in SANDBOX_STATES {
-        let n = counts
-            .sandboxes_by_state
-            .iter()
-            .find(|(s, _)| s == state)
-            .map_or(0, |r| r.1);
-        SANDBOXES.with_label_values(&[state]).set(n);
+    set_each(&SANDBOXES, &SANDBOX_STATES, &counts.sandboxes_by_state);
+}
+
+/// Sets `gauge` for every one of `labels` from `counts`, 0 for a label it leaves out.
+fn set_each(gauge: &IntGaugeVec, labels: &[&str], counts: &[(String, i64)]) {
+    for label in labels {
+        let n = counts.iter().find(|(l, _)| l == label).map_or(0, |r| r.1);
+        gauge.with_label_values(&[label]).set(n);
     }
 }
