@@ -479,12 +479,11 @@ pub async fn connect(
     Ok((StatusCode::OK, Json(sandbox_json(&state, &row))).into_response())
 }
 
+/// `requireHealthyGuest` is accepted and needs nothing: a filesystem pause always asks the
+/// node, which holds the sandbox, to seal it.
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
 struct PauseBody {
     memory: Option<bool>,
-    #[allow(dead_code)]
-    require_healthy_guest: Option<bool>,
 }
 
 /// `sandbox.pause()`: 204 once the node stored the sandbox's filesystem and stopped it; 409
