@@ -104,18 +104,25 @@ pub async fn recreate(
     backend: &dyn SandboxBackend,
     layers: &[Digest],
 ) -> Result<(Vec<Digest>, Vec<Digest>), WorkerError> {
+    let by = format!("build {}", attempt.build);
+    recreate_for(&attempt.store, &attempt.context(), &by, backend, layers).await
+}
+
+/// [`recreate`] for any writer (`by`, as the objects' history names it): a launched sandbox's
+/// pause record uses it too.
+pub async fn recreate_for(
+    store: &crate::events::EventStore,
+    ctx: &crate::events::CommandContext,
+    by: &str,
+    backend: &dyn SandboxBackend,
+    layers: &[Digest],
+) -> Result<(Vec<Digest>, Vec<Digest>), WorkerError> {
     let mut stored_now = Vec::new();
     let mut missing = Vec::new();
     for digest in layers {
-        app::object::wait_while_deleting(
-            &attempt.store,
-            &attempt.context(),
-            digest,
-            &format!("build {}", attempt.build),
-            WAIT_FOR_DELETION,
-        )
-        .await
-        .map_err(WorkerError::store)?;
+        app::object::wait_while_deleting(store, ctx, digest, by, WAIT_FOR_DELETION)
+            .await
+            .map_err(WorkerError::store)?;
         // Blocking, on a rare path: sealing one cached tree again (the backend is borrowed).
         let stored = backend.republish(digest)?;
         if stored {

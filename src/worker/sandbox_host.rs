@@ -42,8 +42,6 @@ const ROUND: i64 = 16;
 /// How often a running sandbox's read model is looked at when no notification named its
 /// stream (a missed one; the host's own poll tick also wakes every watch).
 const WATCH_EVERY: Duration = Duration::from_secs(5);
-/// How long a pause waits for a garbage-collection pass deleting a layer it stores.
-const WAIT_FOR_DELETION: Duration = Duration::from_secs(120);
 
 /// How a running sandbox's watch ended.
 enum Watched {
@@ -329,21 +327,16 @@ impl Hosting {
                 }
                 Err(e) => return Err(format!("recording the pause: {e}")),
             };
-            app::object::wait_while_deleting(
+            let (stored, _) = super::layer_hold::recreate_for(
                 &self.store,
                 &ctx,
-                &digest,
                 &format!("sandbox {id}"),
-                WAIT_FOR_DELETION,
+                self.backend.as_ref(),
+                &[digest],
             )
             .await
-            .map_err(|e| format!("waiting for the deletion of layer {digest}: {e}"))?;
-            let backend = self.backend.clone();
-            let stored = tokio::task::spawn_blocking(move || backend.republish(&digest))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("storing layer {digest} again: {e}"))?;
-            if !stored {
+            .map_err(|e| format!("storing layer {digest} again: {e}"))?;
+            if stored.is_empty() {
                 return Err(format!(
                     "layer {digest} was deleted by garbage collection and this node has no copy"
                 ));
