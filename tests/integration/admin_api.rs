@@ -157,6 +157,7 @@ async fn history_feed_and_catalog_paginate() {
 
     // The global feed, in pages of 3, following `next`.
     let mut seen = Vec::new();
+    let mut pages = Vec::new();
     let mut after = String::new();
     loop {
         let (status, page) = get_json(
@@ -167,6 +168,7 @@ async fn history_feed_and_catalog_paginate() {
         .await;
         assert_eq!(status, 200);
         let events = page["events"].as_array().unwrap();
+        pages.push((after.clone(), events.len()));
         if events.is_empty() {
             assert_eq!(page["next"].as_str().unwrap(), after, "cursor stays put");
             break;
@@ -189,7 +191,24 @@ async fn history_feed_and_catalog_paginate() {
         .chain((1..=2).map(|v| ("order-t".to_string(), v)))
         .chain((1..=3).map(|v| ("job-b".to_string(), v)))
         .collect();
-    assert_eq!(seen, expected, "every event once, in commit order");
+    if seen != expected {
+        // Say what the table held and where the horizon stood, so that a failure explains itself.
+        let rows: Vec<(String, i64, String, i64)> = sqlx::query_as(
+            "SELECT stream_id, version, tx_id::text, position FROM events ORDER BY position",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        let horizon: String =
+            sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        panic!(
+            "every event once, in commit order: saw {seen:?} in pages {pages:?}; \
+             the table holds (stream, version, tx_id, position) {rows:?}; horizon {horizon}"
+        );
+    }
     let (status, _) = get_json(
         &client,
         &format!("{base}/admin/events?after=nonsense"),
