@@ -7,6 +7,7 @@
 //! * [`app`]: the write side: one function per use case (load, decide, append); the only
 //!   caller of the command loop. Layers and their directions: `layers.rs`, ADR 0016.
 //! * [`reconcilers`]: workers that drive every build to a terminal state.
+//! * [`build_context`]: COPY sources selected, hashed and archived as the E2B Python SDK does.
 //! * [`api`]: the E2B-compatible HTTP API and the operator (audit) API.
 //! * [`vmm`]: sandbox backends, layers and images.
 //! * [`registry`]: pulling base images from OCI registries.
@@ -17,6 +18,7 @@
 
 pub mod api;
 pub mod app;
+pub mod build_context;
 pub mod clock;
 pub mod config;
 pub mod db;

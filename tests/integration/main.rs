@@ -9,6 +9,7 @@ mod common;
 
 mod admin_api;
 mod blob_conformance;
+mod build_context;
 mod cli_history;
 mod commands;
 mod deleted_template;
