@@ -95,6 +95,37 @@ mod tests {
         assert_eq!(eval("$UNSET-x", &[]), "-x");
     }
 
+    /// `strata build` expands ENV values itself, as Docker does, and encodes them so that this
+    /// evaluation hands them back unchanged; only the references it deferred expand here.
+    #[test]
+    fn dockerfile_env_values_survive_the_evaluation() {
+        use crate::domain::dockerfile::plan::encode_env_value;
+        for value in [
+            "plain",
+            "$literal",
+            "a\\b",
+            "ends\\",
+            "$(echo no)",
+            "`echo no`",
+            "say \"hi\"",
+            "\\$(x)",
+            "$$(",
+            "\\\"",
+            "multi\nline",
+        ] {
+            assert_eq!(
+                eval(&encode_env_value(value), &[("X", "x")]),
+                value,
+                "{value:?}"
+            );
+        }
+        let deferred = "/opt:\u{E000}PATH\u{E001}";
+        assert_eq!(
+            eval(&encode_env_value(deferred), &[("PATH", "/bin")]),
+            "/opt:/bin"
+        );
+    }
+
     /// Runs the script; stderr goes to a file, since a killed ready command's own children may
     /// outlive it (in a sandbox they are stopped with the script) and would hold a pipe open.
     fn finalize(start: &str, ready: &str) -> (std::process::ExitStatus, String) {
