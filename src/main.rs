@@ -46,6 +46,9 @@ enum Command {
     Image(cli::image::ImageArgs),
     /// Create, list and revoke API keys; a key maps to a team.
     Keys(cli::keys::KeysArgs),
+    /// Build a template from a Dockerfile and its context, over a strata server's API (as
+    /// `docker build -t NAME .`).
+    Build(cli::build::BuildArgs),
     /// Run a command on a built template, or export it as an OCI image layout.
     Template(cli::template::TemplateArgs),
     /// List launched sandboxes, or end one (`strata history sandbox-<id>` is its history).
@@ -94,6 +97,7 @@ fn main() -> std::process::ExitCode {
             Command::Migrate(args) => cli::migrate::run(args).await,
             Command::Image(args) => cli::image::run(args).await,
             Command::Keys(args) => cli::keys::run(args).await,
+            Command::Build(args) => cli::build::run(args).await,
             Command::Template(args) => cli::template::run(args).await,
             Command::Sandbox(args) => cli::sandboxes::run(args).await,
             Command::History(args) => cli::history::run(args).await,

@@ -15,6 +15,8 @@ pub mod bench_scale;
 pub mod bench_scale_store;
 pub mod bench_sdk;
 pub mod bench_upload;
+pub mod build;
+pub mod build_client;
 pub mod gc;
 pub mod history;
 pub mod image;

@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -37,6 +38,7 @@ BLOCKS = {
     "from e2b import Template": ("python", "python"),
     "from e2b import Sandbox": ("python", "python"),
     "strata template exec --team acme my-template -- cat /home/user/out.txt": ("sh", ["run", "run", "run"]),
+    "cd examples/hello && strata build -t hello .": ("sh", ["run", "run"]),
     "strata history build-<id>": ("sh", ["run", "run", "run", "run", "run", "help"]),
     "strata image build-base": ("sh", ["run", "run", "run", "run", "help"]),
     "strata template export NAME[:TAG] ./out --team TEAM": ("sh", ["run", "run"]),
@@ -101,7 +103,7 @@ class Reader:
     def sh(self, script, cwd, **kw):
         return subprocess.run(
             ["bash", "-euo", "pipefail", "-c", script],
-            cwd=cwd, env=self.env, capture_output=True, text=True, **kw,
+            cwd=cwd, env={**self.env, **self.sdk_env}, capture_output=True, text=True, **kw,
         )
 
 
@@ -169,6 +171,8 @@ def run_python(reader, body, cwd):
 
 def prepare(reader, first, cwd):
     """What a block expects to find in the reader's directory."""
+    if first.startswith("cd examples/hello"):
+        shutil.copytree(ROOT / "examples", cwd / "examples")
     if first == "strata image build-base":
         # `./image.tar`: an image archive, here the example template as an OCI layout tar.
         layout = cwd / "layout"
@@ -193,6 +197,10 @@ def check_results(reader, first):
             reader.tmp,
         )
         assert owners == "root /opt/app\nuser /opt/app/hello.txt\n", owners
+    if first.startswith("cd examples/hello"):
+        built, ran = reader.outputs[-2][1], reader.outputs[-1][1]
+        assert "built hello" in built, built
+        assert ran == "hello from a Dockerfile, built with hello\n", ran
     if first == "STRATA_BUILD_DISK_MAX=1GiB strata up":
         # `df -h /` in the sandbox: the overlay reports its upper's filesystem, the 64 MiB disk.
         size = reader.outputs[-1][1].splitlines()[-1].split()[1]

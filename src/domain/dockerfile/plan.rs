@@ -249,6 +249,9 @@ fn target_stage(file: &Dockerfile, options: &PlanOptions) -> Result<usize, Docke
         })
 }
 
+/// [`expand`] (a word) or [`expand_text`] (a heredoc body).
+type Expander = fn(&str, &dyn Fn(&str) -> Option<String>, char) -> Result<String, String>;
+
 /// A reference the server resolves: a variable this Dockerfile never set, which may come from
 /// the base image's environment (`ENV PATH=/opt/bin:$PATH`). Private-use code points, replaced
 /// by `${NAME}` once the value is encoded.
@@ -301,7 +304,7 @@ impl StagePlanner<'_> {
         &mut self,
         text: &str,
         line: usize,
-        how: fn(&str, &dyn Fn(&str) -> Option<String>, char) -> Result<String, String>,
+        how: Expander,
     ) -> Result<String, String> {
         let unknown = std::cell::RefCell::new(Vec::new());
         let value = how(
@@ -407,8 +410,12 @@ impl StagePlanner<'_> {
                     ));
                 }
                 let script = run_script(command, heredocs);
+                // As written: `RUN <<EOF`, not the first line of the script.
+                let summary = match command {
+                    CommandForm::Shell(text) => format!("RUN {}", first_line(text)),
+                    CommandForm::Exec(_) => format!("RUN {}", first_line(&script)),
+                };
                 let command = format!("{}{script}", self.arg_exports());
-                let summary = format!("RUN {}", first_line(&script));
                 self.step(
                     line,
                     summary,

@@ -1,0 +1,2 @@
+#!/bin/sh
+echo "hello $(cat /srv/hello/greeting.txt), $(cat /srv/hello/built.txt)"

@@ -1,0 +1,378 @@
+//! `strata build`: a Dockerfile and its context to a template, over a strata server's HTTP API
+//! (local or remote), the way `docker build -t name .` is typed.
+//!
+//! Everything that can be refused is refused before the first request: the Dockerfile is parsed
+//! and planned (`domain::dockerfile`), every COPY's files are selected and hashed exactly as the
+//! SDK selects and hashes them (`build_context`). Then the SDK's calls, in the SDK's order:
+//! register, one upload link per COPY (uploading only what the server lacks), start, and the
+//! status log followed to its end.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde_json::{json, Value};
+use strata::build_context::{
+    files_hash, load_ignore, select_files, validate_source, write_archive,
+};
+use strata::domain::dockerfile::{self, BuildPlan, PlanOptions, StepKind};
+
+use super::build_client::{BuildClient, Registered};
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// The build context: the directory COPY sources are relative to, and where .dockerignore
+    /// is read.
+    context: PathBuf,
+    /// The Dockerfile (default: CONTEXT/Dockerfile).
+    #[arg(short = 'f', long = "file")]
+    file: Option<PathBuf>,
+    /// The template's name, optionally with a tag (NAME:TAG). Repeat to add tags to the same
+    /// name. Default: the context directory's name.
+    #[arg(short = 't', long = "tag")]
+    tags: Vec<String>,
+    /// Sets an ARG the Dockerfile declares (K=V). Repeatable.
+    #[arg(long = "build-arg", value_parser = parse_build_arg)]
+    build_args: Vec<(String, String)>,
+    /// The stage to build (FROM … AS STAGE); default the last.
+    #[arg(long)]
+    target: Option<String>,
+    /// Run every step again instead of resuming from the cache.
+    #[arg(long)]
+    no_cache: bool,
+    /// vCPUs for the template's sandboxes.
+    #[arg(long)]
+    cpu: Option<u32>,
+    /// Memory for the template's sandboxes, in MiB.
+    #[arg(long)]
+    memory_mb: Option<u32>,
+    /// `plain`: every log line; `quiet`: only the template id on success; `auto` is `plain`.
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    progress: ProgressMode,
+    /// The strata server (else E2B_API_URL, as the SDK reads it, else http://127.0.0.1:3000).
+    #[arg(long, env = "STRATA_URL")]
+    url: Option<String>,
+    /// A team's API key (`strata keys create`).
+    #[arg(long, env = "E2B_API_KEY", hide_env_values = true)]
+    api_key: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ProgressMode {
+    Auto,
+    Plain,
+    Quiet,
+}
+
+fn parse_build_arg(text: &str) -> Result<(String, String), String> {
+    let (k, v) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not K=V"))?;
+    if k.is_empty() {
+        return Err(format!("{text:?} names no ARG"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+/// A planned COPY with the hash of what it selects.
+struct CopyStep {
+    index: usize,
+    src: String,
+    hash: String,
+}
+
+pub async fn run(args: BuildArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let quiet = args.progress == ProgressMode::Quiet;
+    let say = |line: &str| {
+        if !quiet {
+            println!("{line}");
+        }
+    };
+    let context = args.context.as_path();
+    if !context.is_dir() {
+        bail!("the build context {} is not a directory", context.display());
+    }
+    let dockerfile_path = args
+        .file
+        .clone()
+        .unwrap_or_else(|| context.join("Dockerfile"));
+    let text = std::fs::read_to_string(&dockerfile_path)
+        .with_context(|| format!("reading {}", dockerfile_path.display()))?;
+    let (name, tags) = template_name(&args.tags, context)?;
+    let plan = plan_dockerfile(&text, &args)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", dockerfile_path.display()))?;
+    for warning in &plan.warnings {
+        eprintln!("warning: {warning}");
+    }
+    let copies = hash_copies(context, &plan)?;
+
+    let url = args
+        .url
+        .clone()
+        .or_else(|| std::env::var("E2B_API_URL").ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "http://127.0.0.1:3000".to_string());
+    let client = BuildClient::new(&url, &args.api_key)?;
+    let registered = client
+        .register(&name, &tags, args.cpu, args.memory_mb)
+        .await?;
+    say(&format!(
+        "building {name} (template {}, build {}) from {}",
+        registered.template_id, registered.build_id, plan.from_image
+    ));
+    for copy in &copies {
+        let link = client
+            .upload_link(&registered.template_id, &copy.hash)
+            .await?;
+        if link.present {
+            continue;
+        }
+        let files = select_files(context, &copy.src, &load_ignore(context, &[])?)?;
+        let archive = tempfile::NamedTempFile::new().context("creating a temporary archive")?;
+        let bytes = {
+            let (context, out) = (context.to_path_buf(), archive.reopen()?);
+            tokio::task::spawn_blocking(move || write_archive(&context, &files, out)).await??
+        };
+        say(&format!("uploading {} ({})", copy.src, human_bytes(bytes)));
+        client.upload(&link, archive.path()).await?;
+    }
+    client
+        .start(&registered, start_request(&plan, &copies, args.no_cache))
+        .await?;
+    let failure = follow(&client, &registered, &plan, quiet).await?;
+    if let Some((message, step)) = failure {
+        bail!(
+            "{}",
+            failure_text(&plan, &dockerfile_path, &message, step.as_deref())
+        );
+    }
+    for recorded in &plan.recorded {
+        say(&format!(
+            "note: {} {} (line {}) is recorded, not applied",
+            recorded.instruction,
+            recorded.values.join(" "),
+            recorded.line
+        ));
+    }
+    if quiet {
+        println!("{}", registered.template_id);
+    } else {
+        say(&format!(
+            "built {name} (template {}) in {:.1}s",
+            registered.template_id,
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    Ok(())
+}
+
+fn plan_dockerfile(text: &str, args: &BuildArgs) -> Result<BuildPlan, dockerfile::DockerfileError> {
+    let file = dockerfile::parse(text)?;
+    let options = PlanOptions {
+        build_args: args.build_args.iter().cloned().collect::<BTreeMap<_, _>>(),
+        target: args.target.clone(),
+    };
+    dockerfile::plan(&file, &options)
+}
+
+/// `-t a:1 -t a:2` is template `a:1` with the extra tag `2`. strata names one template per
+/// build, so every `-t` must share the name.
+fn template_name(tags: &[String], context: &Path) -> anyhow::Result<(String, Vec<String>)> {
+    let Some(first) = tags.first() else {
+        let dir = std::fs::canonicalize(context)?;
+        let name = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(|n| n.to_ascii_lowercase())
+            .context("the context directory has no name to use: give one with -t NAME")?;
+        return Ok((name, Vec::new()));
+    };
+    let base = |t: &str| {
+        t.split_once(':')
+            .map_or(t.to_string(), |(n, _)| n.to_string())
+    };
+    let name = base(first);
+    let mut extra = Vec::new();
+    for tag in &tags[1..] {
+        if base(tag) != name {
+            bail!("-t {tag}: every -t must name the same template as the first ({name}); build once per name");
+        }
+        match tag.split_once(':') {
+            Some((_, t)) => extra.push(t.to_string()),
+            None => extra.push("default".into()),
+        }
+    }
+    Ok((first.clone(), extra))
+}
+
+/// Selects and hashes every COPY's files, as the SDK does before its first request.
+fn hash_copies(context: &Path, plan: &BuildPlan) -> anyhow::Result<Vec<CopyStep>> {
+    let ignore = load_ignore(context, &[])?;
+    let mut copies = Vec::new();
+    for (index, step) in plan.steps.iter().enumerate() {
+        if let StepKind::Copy { src, dest, .. } = &step.kind {
+            let line = step.line.unwrap_or_default();
+            validate_source(src).with_context(|| format!("Dockerfile line {line}"))?;
+            let hash = files_hash(context, src, dest, &ignore)
+                .with_context(|| format!("Dockerfile line {line}"))?;
+            copies.push(CopyStep {
+                index,
+                src: src.clone(),
+                hash,
+            });
+        }
+    }
+    Ok(copies)
+}
+
+/// The start request's body (PROTOCOL.md §1.4).
+fn start_request(plan: &BuildPlan, copies: &[CopyStep], force: bool) -> Value {
+    let steps: Vec<Value> = plan
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(index, step)| {
+            let (kind, args): (&str, Vec<String>) = match &step.kind {
+                StepKind::Run { command, user } => (
+                    "RUN",
+                    std::iter::once(command.clone())
+                        .chain(user.clone())
+                        .collect(),
+                ),
+                StepKind::Copy {
+                    src,
+                    dest,
+                    chown,
+                    chmod,
+                } => (
+                    "COPY",
+                    vec![src.clone(), dest.clone(), chown.clone(), chmod.clone()],
+                ),
+                StepKind::Env(pairs) => (
+                    "ENV",
+                    pairs
+                        .iter()
+                        .flat_map(|(k, v)| [k.clone(), v.clone()])
+                        .collect(),
+                ),
+                StepKind::Workdir(path) => ("WORKDIR", vec![path.clone()]),
+                StepKind::User(user) => ("USER", vec![user.clone()]),
+            };
+            let mut value = json!({ "type": kind, "args": args, "force": force });
+            if let Some(copy) = copies.iter().find(|c| c.index == index) {
+                value["filesHash"] = json!(copy.hash);
+            }
+            value
+        })
+        .collect();
+    let mut body = json!({ "fromImage": plan.from_image, "force": force, "steps": steps });
+    if let Some(start) = &plan.start_cmd {
+        body["startCmd"] = json!(start);
+    }
+    if let Some(ready) = &plan.ready_cmd {
+        body["readyCmd"] = json!(ready);
+    }
+    body
+}
+
+/// Follows the log to the end (draining after the terminal status, as the SDK does); returns
+/// the failure's reason and step when the build failed.
+async fn follow(
+    client: &BuildClient,
+    registered: &Registered,
+    plan: &BuildPlan,
+    quiet: bool,
+) -> anyhow::Result<Option<(String, Option<String>)>> {
+    let mut offset = 0;
+    loop {
+        let page = client.status(registered, offset).await?;
+        offset += page.entries.len();
+        if !quiet {
+            for entry in &page.entries {
+                println!(
+                    "{}",
+                    display_line(plan, &entry.message, entry.step.as_deref())
+                );
+            }
+        }
+        match page.status.as_str() {
+            "ready" | "error" => {
+                let mut last = page.entries.len();
+                while last > 0 {
+                    let more = client.status(registered, offset).await?;
+                    offset += more.entries.len();
+                    last = more.entries.len();
+                    if !quiet {
+                        for entry in &more.entries {
+                            println!(
+                                "{}",
+                                display_line(plan, &entry.message, entry.step.as_deref())
+                            );
+                        }
+                    }
+                }
+                return Ok((page.status == "error").then(|| {
+                    page.reason
+                        .unwrap_or_else(|| ("the build failed".to_string(), None))
+                }));
+            }
+            _ if page.entries.is_empty() => {
+                // The server holds a status request until there is news; one that answers at
+                // once with nothing new is polled at the SDK's pace.
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The server's `[n/N] RUN <args>` header shows the step as sent (ARGs exported, heredocs
+/// inlined); the user wrote the Dockerfile's line, so that is what is shown.
+fn display_line(plan: &BuildPlan, message: &str, step: Option<&str>) -> String {
+    let Some(step) = step.and_then(|s| s.parse::<usize>().ok()) else {
+        return message.to_string();
+    };
+    let Some(planned) = plan.steps.get(step.wrapping_sub(1)) else {
+        return message.to_string();
+    };
+    let prefix = format!("[{step}/{}] ", plan.steps.len());
+    match message.strip_prefix(&prefix) {
+        Some(rest) if rest.starts_with("CACHED ") => format!("{prefix}CACHED {}", planned.summary),
+        Some(_) => format!("{prefix}{}", planned.summary),
+        None => message.to_string(),
+    }
+}
+
+/// `Dockerfile:7: RUN make: <the server's reason>`.
+fn failure_text(plan: &BuildPlan, path: &Path, message: &str, step: Option<&str>) -> String {
+    let located = step
+        .and_then(|s| s.parse::<usize>().ok())
+        .and_then(|n| plan.steps.get(n.wrapping_sub(1)));
+    match (located, step) {
+        (Some(planned), _) => match planned.line {
+            Some(line) => format!(
+                "{}:{line}: {} failed: {message}",
+                path.display(),
+                planned.summary
+            ),
+            None => format!("{} failed: {message}", planned.summary),
+        },
+        (None, Some("base")) => format!("FROM {} failed: {message}", plan.from_image),
+        (None, Some("finalize")) => format!(
+            "the start command ({}) or ready command ({}) failed: {message}",
+            plan.start_cmd.as_deref().unwrap_or("none"),
+            plan.ready_cmd.as_deref().unwrap_or("none")
+        ),
+        _ => format!("the build failed: {message}"),
+    }
+}
+
+fn human_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}

@@ -1,0 +1,196 @@
+"""`strata build`: a Dockerfile and its context, built over the HTTP API of a running strata.
+
+Each built result is checked inside a sandbox booted on the template (`strata template exec`);
+refusals are checked to happen before anything reaches the server.
+"""
+
+import json
+import os
+import subprocess
+import textwrap
+import urllib.error
+import urllib.request
+
+from conftest import BIN
+
+
+def build(strata, key, *args, cwd=None):
+    env = {**strata.env, "E2B_API_KEY": key, "STRATA_URL": strata.url}
+    return subprocess.run(
+        [BIN, "build", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+    )
+
+
+def exec_in(strata, team_name, template, script):
+    out = strata.cli("template", "exec", "--team", team_name, template, "--", "/bin/sh", "-c", script, check=False)
+    assert out.returncode == 0, f"exec failed ({out.returncode}): {out.stderr}"
+    return out.stdout
+
+
+def alias_exists(strata, key, name):
+    req = urllib.request.Request(f"{strata.url}/templates/aliases/{name}", headers={"X-API-Key": key})
+    try:
+        with urllib.request.urlopen(req, timeout=10):
+            return True
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return False
+        raise
+
+
+def write(root, files):
+    for path, text in files.items():
+        p = root / path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text).lstrip("\n") if path == "Dockerfile" else text)
+
+
+DOCKERFILE = r"""
+# syntax=docker/dockerfile:1
+ARG BASE=busybox
+FROM ${BASE} AS final
+ARG GREETING=hello
+ARG WHO
+ENV APP_HOME=/opt/app \
+    MESSAGE="${GREETING}, ${WHO:-nobody}"
+WORKDIR $APP_HOME
+COPY app/ ./
+COPY --chmod=755 tools/run.sh /usr/local/bin/run-app
+RUN echo "arg=$GREETING env=$MESSAGE" > build-info.txt
+RUN <<EOF
+set -e
+mkdir -p /opt/heredoc
+echo "from a heredoc" > /opt/heredoc/out.txt
+EOF
+COPY <<EOF /etc/app.conf
+greeting=${GREETING}
+EOF
+LABEL org.example.team=builders
+EXPOSE 8080
+CMD ["run-app"]
+"""
+
+
+def test_a_dockerfile_builds_with_args_env_ignores_and_heredocs(strata, team, tmp_path):
+    team_name, opts = team
+    ctx = tmp_path / "ctx"
+    write(ctx, {
+        "Dockerfile": DOCKERFILE,
+        ".dockerignore": "app/*.log\n!app/keep.log\nsecret/\n",
+        "app/main.txt": "main\n",
+        "app/debug.log": "noise\n",
+        "app/keep.log": "kept\n",
+        "secret/token": "do-not-ship\n",
+        "tools/run.sh": "#!/bin/sh\necho running\n",
+    })
+    out = build(strata, opts["api_key"], "-t", "dockerfile-app:v1", "--build-arg", "WHO=world", str(ctx))
+    assert out.returncode == 0, out.stdout + out.stderr
+    # Progress names the Dockerfile's own instructions, with the server's step numbers.
+    assert "RUN echo \"arg=$GREETING env=$MESSAGE\" > build-info.txt" in out.stdout, out.stdout
+    assert "] RUN <<EOF\n" in out.stdout, out.stdout
+    assert "EXPOSE 8080 (line 21) is recorded, not applied" in out.stdout, out.stdout
+    assert "built dockerfile-app:v1" in out.stdout
+
+    got = exec_in(strata, team_name, "dockerfile-app:v1", """
+        cat /opt/app/build-info.txt
+        ls -a /opt/app | tr '\\n' ' '; echo
+        stat -c '%a %U' /usr/local/bin/run-app /opt/app/main.txt
+        cat /opt/heredoc/out.txt /etc/app.conf
+        stat -c '%a %U' /etc/app.conf
+        echo "MESSAGE=$MESSAGE GREETING=${GREETING-unset}"
+        test ! -e /opt/app/secret
+    """)
+    lines = got.splitlines()
+    assert lines[0] == "arg=hello env=hello, world"
+    assert lines[1].split() == [".", "..", "build-info.txt", "keep.log", "main.txt"]
+    assert lines[2:4] == ["755 root", "644 root"]
+    assert lines[4:6] == ["from a heredoc", "greeting=hello"]
+    assert lines[6] == "644 root"
+    # The RUN above saw both; a sandbox's commands see neither: on E2B, and so in strata, ENV is
+    # build-time only (ADR 0029), and an ARG never outlives its stage's RUNs.
+    assert lines[7] == "MESSAGE= GREETING=unset"
+
+    # Unchanged: every step is a cache hit and nothing is uploaded again.
+    again = build(strata, opts["api_key"], "-t", "dockerfile-app:v1", "--build-arg", "WHO=world", str(ctx))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "uploading" not in again.stdout, again.stdout
+    assert "CACHED RUN echo \"arg=$GREETING env=$MESSAGE\" > build-info.txt" in again.stdout, again.stdout
+
+    # --quiet prints only the template id, which the name resolves to.
+    quiet = build(strata, opts["api_key"], "-t", "dockerfile-app:v1", "--progress", "quiet",
+                  "--build-arg", "WHO=world", str(ctx))
+    assert quiet.returncode == 0, quiet.stderr
+    req = urllib.request.Request(f"{strata.url}/templates/aliases/dockerfile-app",
+                                 headers={"X-API-Key": opts["api_key"]})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert quiet.stdout.strip() == json.load(r)["templateID"]
+
+
+def test_a_target_stage_builds_alone(strata, team, tmp_path):
+    team_name, opts = team
+    ctx = tmp_path / "ctx"
+    write(ctx, {"Dockerfile": """
+        FROM busybox AS tools
+        RUN echo tools > /stage
+        FROM busybox AS app
+        RUN echo app > /stage
+    """})
+    out = build(strata, opts["api_key"], "-t", "staged", "--target", "tools", str(ctx))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "stage app (line 3) is not needed for the target" in out.stderr
+    assert exec_in(strata, team_name, "staged", "cat /stage") == "tools\n"
+
+
+def test_unsupported_instructions_are_refused_before_anything_is_sent(strata, team, tmp_path):
+    _, opts = team
+    ctx = tmp_path / "ctx"
+    write(ctx, {"Dockerfile": """
+        FROM busybox
+        RUN true
+        SHELL ["/bin/ash", "-c"]
+    """})
+    out = build(strata, opts["api_key"], "-t", "refused", str(ctx))
+    assert out.returncode != 0
+    assert "line 3: SHELL is not supported" in out.stderr, out.stderr
+    assert not alias_exists(strata, opts["api_key"], "refused")
+
+    # A COPY of nothing is refused the same way, naming its line and the SDK's words.
+    write(ctx, {"Dockerfile": "FROM busybox\nCOPY missing/ /x/\n"})
+    out = build(strata, opts["api_key"], "-t", "refused", str(ctx))
+    assert out.returncode != 0
+    assert "Dockerfile line 2" in out.stderr and "No files found" in out.stderr, out.stderr
+    assert not alias_exists(strata, opts["api_key"], "refused")
+
+
+def test_a_failing_run_reports_its_line_and_exit_code(strata, team, tmp_path):
+    _, opts = team
+    ctx = tmp_path / "ctx"
+    write(ctx, {"Dockerfile": """
+        FROM busybox
+        RUN echo fine
+        RUN echo about to fail && exit 7
+        RUN echo never
+    """})
+    dockerfile = ctx / "Dockerfile"
+    out = build(strata, opts["api_key"], "-t", "failing", "-f", str(dockerfile), str(ctx))
+    assert out.returncode != 0
+    assert f"{dockerfile}:3: RUN echo about to fail && exit 7 failed" in out.stderr, out.stderr
+    assert "exit code 7" in out.stderr, out.stderr
+    assert "about to fail" in out.stdout
+
+
+def test_bad_credentials_and_servers_say_what_failed(strata, tmp_path):
+    ctx = tmp_path / "ctx"
+    write(ctx, {"Dockerfile": "FROM busybox\n"})
+    out = build(strata, "e2b_not_a_key", "-t", "x", str(ctx))
+    assert out.returncode != 0
+    assert "registering the build: 401" in out.stderr, out.stderr
+    env = {**strata.env, "E2B_API_KEY": "k", "STRATA_URL": "http://127.0.0.1:9"}
+    out = subprocess.run([BIN, "build", str(ctx)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "cannot reach http://127.0.0.1:9" in out.stderr, out.stderr
