@@ -479,6 +479,18 @@ pub enum Step {
         sudo: Option<bool>,
         force: bool,
     },
+    /// strata's extension, which the SDK never sends: `COPY_FROM [template, src, dest,
+    /// owner_or_"", mode_or_""]` copies `src` out of another template of the team (its
+    /// filesystem before finalization), with COPY's semantics, on the node: a multi-stage
+    /// Dockerfile's `COPY --from=<stage>` (ADR 0029). `src` is a literal absolute path.
+    CopyFrom {
+        template: String,
+        src: String,
+        dest: String,
+        owner: Option<String>,
+        mode: Option<String>,
+        force: bool,
+    },
 }
 
 impl Step {
@@ -490,6 +502,7 @@ impl Step {
             Step::Env { .. } => "ENV",
             Step::Workdir { .. } => "WORKDIR",
             Step::User { .. } => "USER",
+            Step::CopyFrom { .. } => "COPY_FROM",
         }
     }
     pub fn force(&self) -> bool {
@@ -498,7 +511,8 @@ impl Step {
             | Step::Copy { force, .. }
             | Step::Env { force, .. }
             | Step::Workdir { force, .. }
-            | Step::User { force, .. } => *force,
+            | Step::User { force, .. }
+            | Step::CopyFrom { force, .. } => *force,
         }
     }
     /// Whether the step changes the filesystem and so gets a checkpoint (RUN, COPY, and WORKDIR,
@@ -506,7 +520,7 @@ impl Step {
     pub fn is_mutating(&self) -> bool {
         matches!(
             self,
-            Step::Run { .. } | Step::Copy { .. } | Step::Workdir { .. }
+            Step::Run { .. } | Step::Copy { .. } | Step::CopyFrom { .. } | Step::Workdir { .. }
         )
     }
     /// The step's `args` exactly as the SDK sends them.
@@ -539,6 +553,20 @@ impl Step {
                 args.extend(sudo.map(|s| s.to_string()));
                 args
             }
+            Step::CopyFrom {
+                template,
+                src,
+                dest,
+                owner,
+                mode,
+                ..
+            } => vec![
+                template.clone(),
+                src.clone(),
+                dest.clone(),
+                owner.clone().unwrap_or_default(),
+                mode.clone().unwrap_or_default(),
+            ],
         }
     }
 }
@@ -587,6 +615,7 @@ impl Step {
             "ENV" => "ENV",
             "WORKDIR" => "WORKDIR",
             "USER" => "USER",
+            "COPY_FROM" => "COPY_FROM",
             _ => return Err(SpecError::UnknownStepType { step, kind }),
         };
         if kind != "COPY" && (files_hash.is_some() || force_upload) {
@@ -680,6 +709,38 @@ impl Step {
                     vars.push((key, value));
                 }
                 Ok(Step::Env { vars, force })
+            }
+            "COPY_FROM" => {
+                let Ok([template, src, dest, owner, mode]) = <[String; 5]>::try_from(args) else {
+                    return Err(bad(
+                        kind,
+                        "expected exactly 5 args [template, src, dest, owner or \"\", mode or \"\"]"
+                            .into(),
+                    ));
+                };
+                if template.is_empty() || dest.is_empty() {
+                    return Err(bad(kind, "template and dest must not be empty".into()));
+                }
+                if !src.starts_with('/') || src.contains(['*', '?', '[']) || src.contains('\0') {
+                    return Err(bad(
+                        kind,
+                        format!("src {src:?} must be a literal absolute path (no globs)"),
+                    ));
+                }
+                if !mode.is_empty() && !is_mode(&mode) {
+                    return Err(bad(
+                        kind,
+                        format!("mode {mode:?} must be 3 or 4 octal digits, e.g. \"0644\""),
+                    ));
+                }
+                Ok(Step::CopyFrom {
+                    template,
+                    src,
+                    dest,
+                    owner: Some(owner).filter(|o| !o.is_empty()),
+                    mode: Some(mode).filter(|m| !m.is_empty()),
+                    force,
+                })
             }
             "WORKDIR" => match <[String; 1]>::try_from(args) {
                 Ok([path]) if !path.is_empty() => Ok(Step::Workdir { path, force }),
@@ -1034,7 +1095,7 @@ pub fn fold_contexts(base: &StepContext, steps: &[Step]) -> Vec<EffectiveStep> {
                 user: Some(over), ..
             } => user = over.clone(),
             Step::Run { user: None, .. } => {}
-            Step::Copy { dest, owner, .. } => {
+            Step::Copy { dest, owner, .. } | Step::CopyFrom { dest, owner, .. } => {
                 let owner = match owner.as_deref() {
                     None => format!("{0}:{0}", ctx.user),
                     Some(o) if o.contains(':') => o.to_owned(),
@@ -1233,6 +1294,44 @@ mod tests {
                 reference: "extras-one:v1".into()
             }
         );
+    }
+
+    #[test]
+    fn copy_from_is_strata_s_extension_with_literal_absolute_sources() {
+        let s = start(json!({"fromImage": "busybox", "steps": [
+            {"type": "COPY_FROM", "args": ["app-build:v1", "/out/app", "/usr/local/bin/", "", "0755"]}
+        ]}))
+        .unwrap();
+        assert_eq!(
+            s.steps[0],
+            Step::CopyFrom {
+                template: "app-build:v1".into(),
+                src: "/out/app".into(),
+                dest: "/usr/local/bin/".into(),
+                owner: None,
+                mode: Some("0755".into()),
+                force: false,
+            }
+        );
+        assert!(s.steps[0].is_mutating());
+        // Stored and read back unchanged.
+        let back = Step::from_raw(1, s.steps[0].to_raw()).unwrap();
+        assert_eq!(back, s.steps[0]);
+        for (args, says) in [
+            (
+                json!(["t", "out/app", "/d", "", ""]),
+                "literal absolute path",
+            ),
+            (json!(["t", "/out/*.so", "/d", "", ""]), "no globs"),
+            (json!(["", "/out", "/d", "", ""]), "must not be empty"),
+            (json!(["t", "/out", "/d", ""]), "exactly 5 args"),
+            (json!(["t", "/out", "/d", "", "rwx"]), "octal"),
+        ] {
+            let err =
+                start(json!({"fromImage": "a", "steps": [{"type": "COPY_FROM", "args": args}]}))
+                    .unwrap_err();
+            assert!(err.contains(says), "{args}: {err}");
+        }
     }
 
     #[test]

@@ -94,6 +94,8 @@ pub struct CacheKey(pub Digest);
 pub enum KeyError {
     #[error("step {step} copies filesHash {hash}, which has no frozen binding; keys are computed only for frozen builds")]
     UnboundCopy { step: usize, hash: FilesHash },
+    #[error("step {step} copies from template {template:?}, which was not resolved; resolve every COPY_FROM source before computing keys")]
+    UnresolvedSource { step: usize, template: String },
 }
 
 pub fn base_key(fingerprint: &Fingerprint, base: &BaseIdentity) -> CacheKey {
@@ -127,7 +129,8 @@ fn unforce(step: &Step) -> Step {
         Step::Run { force, .. }
         | Step::Env { force, .. }
         | Step::Workdir { force, .. }
-        | Step::User { force, .. } => *force = false,
+        | Step::User { force, .. }
+        | Step::CopyFrom { force, .. } => *force = false,
         Step::Copy {
             force,
             force_upload,
@@ -194,7 +197,8 @@ impl KeyChain {
 }
 
 /// Computes the whole chain from the frozen request. `finalization.context` is the context after
-/// the last step (see [`crate::domain::build_spec::fold_contexts`]).
+/// the last step (see [`crate::domain::build_spec::fold_contexts`]). For a build without
+/// COPY_FROM steps; see [`key_chain_with_sources`].
 pub fn key_chain(
     fingerprint: &Fingerprint,
     base: &BaseIdentity,
@@ -202,22 +206,50 @@ pub fn key_chain(
     frozen: &BTreeMap<FilesHash, Binding>,
     finalization: &Finalization,
 ) -> Result<KeyChain, KeyError> {
+    key_chain_with_sources(
+        fingerprint,
+        base,
+        steps,
+        frozen,
+        &BTreeMap::new(),
+        finalization,
+    )
+}
+
+/// [`key_chain`] where COPY_FROM steps take `sources[template]`: the content identity of the
+/// stack the step copies out of (as a `fromTemplate` base is keyed), so a source rebuilt with
+/// other contents misses and one rebuilt unchanged hits.
+pub fn key_chain_with_sources(
+    fingerprint: &Fingerprint,
+    base: &BaseIdentity,
+    steps: &[Step],
+    frozen: &BTreeMap<FilesHash, Binding>,
+    sources: &BTreeMap<String, Digest>,
+    finalization: &Finalization,
+) -> Result<KeyChain, KeyError> {
     let base_key = base_key(fingerprint, base);
     let mut keys = Vec::with_capacity(steps.len());
     let mut parent = base_key;
     for (i, step) in steps.iter().enumerate() {
-        let blob = match step {
-            Step::Copy { files_hash, .. } => Some(
-                frozen
-                    .get(files_hash)
-                    .ok_or_else(|| KeyError::UnboundCopy {
+        let blob =
+            match step {
+                Step::Copy { files_hash, .. } => Some(
+                    frozen
+                        .get(files_hash)
+                        .ok_or_else(|| KeyError::UnboundCopy {
+                            step: i + 1,
+                            hash: files_hash.clone(),
+                        })?
+                        .blob_digest,
+                ),
+                Step::CopyFrom { template, .. } => Some(*sources.get(template).ok_or_else(
+                    || KeyError::UnresolvedSource {
                         step: i + 1,
-                        hash: files_hash.clone(),
-                    })?
-                    .blob_digest,
-            ),
-            _ => None,
-        };
+                        template: template.clone(),
+                    },
+                )?),
+                _ => None,
+            };
         parent = step_key(&parent, step, blob.as_ref());
         keys.push(parent);
     }
@@ -458,5 +490,45 @@ mod tests {
             let eb = step_encoding(&parent, &b, db.as_ref());
             prop_assert!(!ea.starts_with(&eb) && !eb.starts_with(&ea));
         }
+    }
+
+    #[test]
+    fn a_copy_from_step_is_keyed_by_its_source_stack() {
+        let step = Step::CopyFrom {
+            template: "build".into(),
+            src: "/out".into(),
+            dest: "/srv/".into(),
+            owner: None,
+            mode: None,
+            force: false,
+        };
+        let steps = vec![step];
+        let chain = |identity: &str| {
+            let sources = BTreeMap::from([("build".to_string(), Digest::of(identity.as_bytes()))]);
+            key_chain_with_sources(
+                &fingerprint(),
+                &image(),
+                &steps,
+                &BTreeMap::new(),
+                &sources,
+                &finalization(),
+            )
+            .unwrap()
+        };
+        assert_eq!(chain("stack-a"), chain("stack-a"));
+        assert_ne!(chain("stack-a").steps[0], chain("stack-b").steps[0]);
+        assert_eq!(
+            key_chain(
+                &fingerprint(),
+                &image(),
+                &steps,
+                &BTreeMap::new(),
+                &finalization()
+            ),
+            Err(KeyError::UnresolvedSource {
+                step: 1,
+                template: "build".into()
+            })
+        );
     }
 }

@@ -30,10 +30,10 @@ use crate::domain::cache_entry::{
     self, Entry, EntryKind, Invalid, ParentEdge, Target, Validity, CACHE_FORMAT_VERSION,
 };
 use crate::domain::cache_key::{
-    key_chain, stack_identity, BaseIdentity, CacheKey, Finalization, Fingerprint, KeyChain,
-    HASHING_VERSION,
+    key_chain_with_sources, stack_identity, BaseIdentity, CacheKey, Finalization, Fingerprint,
+    KeyChain, HASHING_VERSION,
 };
-use crate::domain::ids::{self, Scope, SnapshotId};
+use crate::domain::ids::{self, Digest, Scope, SnapshotId};
 use crate::domain::snapshot::{Purpose, SnapshotRecord};
 use crate::events::command::load;
 use crate::events::EventStore;
@@ -63,6 +63,7 @@ impl Plan {
     pub fn new(
         job: &BuildJob,
         resolved: &ResolvedBase,
+        sources: &BTreeMap<String, Digest>,
         backend: &str,
     ) -> Result<Plan, crate::domain::cache_key::KeyError> {
         // Images by manifest digest; a `fromTemplate` base by content (layers and context), so
@@ -111,11 +112,12 @@ impl Plan {
             context,
             semantics_version: FINALIZATION_SEMANTICS_VERSION,
         };
-        let chain = key_chain(
+        let chain = key_chain_with_sources(
             &fingerprint,
             &base,
             &job.spec.steps,
             &job.bindings,
+            sources,
             &finalization,
         )?;
         let force_from = if job.spec.force {
@@ -147,7 +149,8 @@ fn is_forced(step: &Step) -> bool {
         Step::Run { force, .. }
         | Step::Env { force, .. }
         | Step::Workdir { force, .. }
-        | Step::User { force, .. } => *force,
+        | Step::User { force, .. }
+        | Step::CopyFrom { force, .. } => *force,
         Step::Copy {
             force,
             force_upload,

@@ -25,6 +25,7 @@ use super::attempt::Attempt;
 use super::base::{self, BaseError, ResolvedBase};
 use super::build_log::{BuildLog, LogLine};
 use super::cache::{self, Flights, Found};
+use super::copy_from;
 use super::error::{Fence, WorkerError};
 use super::job::BuildJob;
 use super::layer_hold::{self, Held};
@@ -115,6 +116,8 @@ struct Run {
     dirty: bool,
     /// Publishes this build's cache entries; `None` when the build bypasses the cache.
     cache: Option<cache::Writer>,
+    /// The templates COPY_FROM steps copy out of, resolved once per attempt.
+    sources: std::collections::BTreeMap<String, copy_from::CopySource>,
 }
 
 impl Executor<'_> {
@@ -157,7 +160,12 @@ impl Executor<'_> {
         if let (Some(pin), None) = (&resolved.pin, &job.base_pin) {
             self.attempt.pin_base_image(pin).await?;
         }
-        let (mut writer, found, flight) = self.consult_cache(job, &resolved).await?;
+        let sources =
+            match copy_from::resolve_all(&self.attempt.store, &job.team, &job.spec.steps).await? {
+                Ok(sources) => sources,
+                Err(failure) => return Ok(Outcome::Failed(failure)),
+            };
+        let (mut writer, found, flight) = self.consult_cache(job, &resolved, &sources).await?;
         let hit = !matches!(found, Found::Nothing);
         let found = match self.hold_layers(&resolved, found).await? {
             Ok(found) => found,
@@ -218,6 +226,7 @@ impl Executor<'_> {
             has_bash: false,
             dirty: false,
             cache: writer,
+            sources,
         };
         let result = self.steps(job, &resolved, &mut run, start).await;
         if let Err(e) = run.sandbox.destroy().await {
@@ -322,6 +331,7 @@ impl Executor<'_> {
         &self,
         job: &BuildJob,
         resolved: &ResolvedBase,
+        sources: &std::collections::BTreeMap<String, copy_from::CopySource>,
     ) -> Result<
         (
             Option<cache::Writer>,
@@ -330,7 +340,8 @@ impl Executor<'_> {
         ),
         WorkerError,
     > {
-        let plan = match cache::Plan::new(job, resolved, self.backend.name()) {
+        let identities = copy_from::identities(sources);
+        let plan = match cache::Plan::new(job, resolved, &identities, self.backend.name()) {
             Ok(p) => p,
             Err(e) => {
                 self.log.info(
@@ -744,6 +755,58 @@ impl Executor<'_> {
                     return Err(fail(at, reason));
                 }
                 crate::fault::crash_point("worker:mid-copy");
+            }
+            Step::CopyFrom {
+                template,
+                src,
+                dest,
+                owner,
+                mode,
+                ..
+            } => {
+                let source = run.sources.get(template).cloned().ok_or_else(|| {
+                    fail(
+                        at,
+                        format!("COPY_FROM {template}: the source was not resolved"),
+                    )
+                })?;
+                let max = self
+                    .settings
+                    .sandbox_disk
+                    .max
+                    .unwrap_or(crate::vmm::namespace::scratch::DiskConfig::DEFAULT_MAX);
+                let tmp_dir = self.settings.data_dir.join("tmp");
+                let archived = copy_from::archive(
+                    self.backend,
+                    self.attempt,
+                    template,
+                    &source,
+                    src,
+                    &tmp_dir,
+                    max,
+                );
+                let archive = match self.guarded(archived).await?.map_err(Stop::Abandon)? {
+                    Ok(archive) => archive,
+                    Err(m) => return Err(fail(at, format!("COPY_FROM {template} {src}: {m}"))),
+                };
+                // The archive's top entry is named after the source's last component.
+                let name = std::path::Path::new(src)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let mut request = CopyRequest::new(name, dest.clone());
+                request.owner = owner.clone();
+                request.mode = mode.clone();
+                let copied = self
+                    .guarded(run.sandbox.copy_in(archive.path(), request))
+                    .await?;
+                if let Err(e) = copied {
+                    let mut reason = format!("COPY_FROM {template} {src} {dest}: {e}");
+                    if let Some(note) = run.sandbox.disk_note() {
+                        reason = format!("{reason} ({note})");
+                    }
+                    return Err(fail(at, reason));
+                }
             }
         }
         Ok(())

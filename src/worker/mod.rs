@@ -25,6 +25,7 @@ pub mod build_log;
 pub mod cache;
 pub mod cache_consultation;
 pub mod catalog_publisher;
+pub mod copy_from;
 pub mod error;
 pub mod executor;
 pub mod export;

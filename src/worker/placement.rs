@@ -177,7 +177,8 @@ async fn wants_of(
             Ok(None) | Err(base::BaseError::Unavailable(_)) => return Ok(None),
             Err(base::BaseError::Worker(e)) => return Err(e),
         };
-    let Ok(plan) = cache::Plan::new(&job, &resolved, node.backend) else {
+    // A build that copies from other templates resolves them when it runs; placement does not.
+    let Ok(plan) = cache::Plan::new(&job, &resolved, &Default::default(), node.backend) else {
         return Ok(None);
     };
     cache::resume_stack(node.store, &plan, &resolved.layers)

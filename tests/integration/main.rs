@@ -12,6 +12,7 @@ mod blob_conformance;
 mod build_context;
 mod cli_history;
 mod commands;
+mod copy_from;
 mod deleted_template;
 mod e2b_api;
 mod event_feed;

@@ -39,6 +39,9 @@ pub enum FsRequest {
     /// envd WatchDir / CreateWatcher: [`READY`](super::fs_watch::READY), then one JSON line
     /// per change, until stdin reaches its end ([`super::fs_watch`]).
     Watch { path: String, recursive: bool },
+    /// A tar of the path (followed if it is a symlink) on `out`, its top entry named after the
+    /// path's last component ([`super::fs_archive`]): a multi-stage build's `COPY --from`.
+    Archive { path: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -425,6 +428,7 @@ pub fn run(
         FsRequest::Watch { path, recursive } => {
             super::fs_watch::watch(&resolve(path, home)?, *recursive, 0, out)
         }
+        FsRequest::Archive { path } => super::fs_archive::archive(&resolve(path, home)?, out),
     }
 }
 
