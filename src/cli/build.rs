@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use strata::build_context::{
     files_hash, load_ignore, select_files, validate_source, write_archive,
 };
-use strata::domain::dockerfile::{self, BuildPlan, PlanOptions, StepKind};
+use strata::domain::dockerfile::{self, BuildPlan, PlanOptions, StagePlan, StepKind};
 
 use super::build_client::{BuildClient, Registered};
 
@@ -86,11 +86,6 @@ struct CopyStep {
 pub async fn run(args: BuildArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let quiet = args.progress == ProgressMode::Quiet;
-    let say = |line: &str| {
-        if !quiet {
-            println!("{line}");
-        }
-    };
     let context = args.context.as_path();
     if !context.is_dir() {
         bail!("the build context {} is not a directory", context.display());
@@ -102,12 +97,30 @@ pub async fn run(args: BuildArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&dockerfile_path)
         .with_context(|| format!("reading {}", dockerfile_path.display()))?;
     let (name, tags) = template_name(&args.tags, context)?;
-    let plan = plan_dockerfile(&text, &args)
+    let plans = plan_dockerfile(&text, &args)
         .map_err(|e| anyhow::anyhow!("{}: {e}", dockerfile_path.display()))?;
-    for warning in &plan.warnings {
+    for warning in plans.iter().flat_map(|p| &p.plan.warnings) {
         eprintln!("warning: {warning}");
     }
-    let copies = hash_copies(context, &plan)?;
+    let mut builds = Vec::new();
+    for (position, stage) in plans.iter().enumerate() {
+        let last = position + 1 == plans.len();
+        builds.push(StageBuild {
+            stage,
+            copies: hash_copies(context, &stage.plan)?,
+            template: if last {
+                name.clone()
+            } else {
+                stage_template(&name, stage)
+            },
+            tags: if last { tags.clone() } else { Vec::new() },
+            label: (plans.len() > 1 && !last).then(|| format!("[{}] ", stage_label(stage))),
+        });
+    }
+    let templates: BTreeMap<usize, String> = builds
+        .iter()
+        .map(|b| (b.stage.index, b.template.clone()))
+        .collect();
 
     let url = args
         .url
@@ -115,60 +128,167 @@ pub async fn run(args: BuildArgs) -> anyhow::Result<()> {
         .or_else(|| std::env::var("E2B_API_URL").ok().filter(|u| !u.is_empty()))
         .unwrap_or_else(|| "http://127.0.0.1:3000".to_string());
     let client = BuildClient::new(&url, &args.api_key)?;
-    let registered = client
-        .register(&name, &tags, args.cpu, args.memory_mb)
-        .await?;
-    say(&format!(
-        "building {name} (template {}, build {}) from {}",
-        registered.template_id, registered.build_id, plan.from_image
-    ));
-    for copy in &copies {
-        let link = client
-            .upload_link(&registered.template_id, &copy.hash)
-            .await?;
-        if link.present {
-            continue;
+    let shared = Shared {
+        client: &client,
+        context,
+        dockerfile: &dockerfile_path,
+        templates: &templates,
+        args: &args,
+        quiet,
+    };
+    // Stages that need nothing from each other build at once; a stage starts once every stage
+    // it builds on or copies from is ready.
+    let mut done: Vec<usize> = Vec::new();
+    let mut final_id = None;
+    while done.len() < builds.len() {
+        let ready: Vec<&StageBuild> = builds
+            .iter()
+            .filter(|b| !done.contains(&b.stage.index))
+            .filter(|b| needs(&b.stage.plan).iter().all(|n| done.contains(n)))
+            .collect();
+        if ready.is_empty() {
+            bail!(
+                "the stages of {} wait on each other",
+                dockerfile_path.display()
+            );
         }
-        let files = select_files(context, &copy.src, &load_ignore(context, &[])?)?;
-        let archive = tempfile::NamedTempFile::new().context("creating a temporary archive")?;
-        let bytes = {
-            let (context, out) = (context.to_path_buf(), archive.reopen()?);
-            tokio::task::spawn_blocking(move || write_archive(&context, &files, out)).await??
-        };
-        say(&format!("uploading {} ({})", copy.src, human_bytes(bytes)));
-        client.upload(&link, archive.path()).await?;
+        let registered =
+            futures::future::try_join_all(ready.iter().map(|b| shared.build(b))).await?;
+        done.extend(ready.iter().map(|b| b.stage.index));
+        if done.len() == builds.len() {
+            final_id = registered.last().map(|r| r.template_id.clone());
+        }
     }
-    client
-        .start(&registered, start_request(&plan, &copies, args.no_cache))
-        .await?;
-    let failure = follow(&client, &registered, &plan, quiet).await?;
-    if let Some((message, step)) = failure {
-        bail!(
-            "{}",
-            failure_text(&plan, &dockerfile_path, &message, step.as_deref())
-        );
+    let target = &plans.last().expect("a plan per target").plan;
+    let final_id = final_id.expect("the target built");
+    if quiet {
+        println!("{final_id}");
+        return Ok(());
     }
-    for recorded in &plan.recorded {
-        say(&format!(
+    for recorded in &target.recorded {
+        println!(
             "note: {} {} (line {}) is recorded, not applied",
             recorded.instruction,
             recorded.values.join(" "),
             recorded.line
-        ));
+        );
     }
-    if quiet {
-        println!("{}", registered.template_id);
-    } else {
-        say(&format!(
-            "built {name} (template {}) in {:.1}s",
-            registered.template_id,
-            started.elapsed().as_secs_f64()
-        ));
-    }
+    println!(
+        "built {name} (template {final_id}) in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
-fn plan_dockerfile(text: &str, args: &BuildArgs) -> Result<BuildPlan, dockerfile::DockerfileError> {
+/// One stage's build: its plan, its hashed COPYs, and the template it becomes.
+struct StageBuild<'a> {
+    stage: &'a StagePlan,
+    copies: Vec<CopyStep>,
+    template: String,
+    tags: Vec<String>,
+    /// `[build] ` before each line of a stage other than the target, when there are several.
+    label: Option<String>,
+}
+
+/// What every stage's build shares.
+struct Shared<'a> {
+    client: &'a BuildClient,
+    context: &'a Path,
+    dockerfile: &'a Path,
+    /// Each stage's template, by stage index.
+    templates: &'a BTreeMap<usize, String>,
+    args: &'a BuildArgs,
+    quiet: bool,
+}
+
+impl Shared<'_> {
+    /// Registers, uploads what the server lacks, starts and follows one stage's build.
+    async fn build(&self, build: &StageBuild<'_>) -> anyhow::Result<Registered> {
+        let (client, context, plan) = (self.client, self.context, &build.stage.plan);
+        let label = build.label.as_deref().unwrap_or("");
+        let say = |line: &str| {
+            if !self.quiet {
+                println!("{label}{line}");
+            }
+        };
+        let registered = client
+            .register(
+                &build.template,
+                &build.tags,
+                self.args.cpu,
+                self.args.memory_mb,
+            )
+            .await?;
+        let base = match plan.from_stage {
+            Some(stage) => &self.templates[&stage],
+            None => &plan.from_image,
+        };
+        say(&format!(
+            "building {} (template {}, build {}) from {base}",
+            build.template, registered.template_id, registered.build_id
+        ));
+        for copy in &build.copies {
+            let link = client
+                .upload_link(&registered.template_id, &copy.hash)
+                .await?;
+            if link.present {
+                continue;
+            }
+            let files = select_files(context, &copy.src, &load_ignore(context, &[])?)?;
+            let archive = tempfile::NamedTempFile::new().context("creating a temporary archive")?;
+            let bytes = {
+                let (context, out) = (context.to_path_buf(), archive.reopen()?);
+                tokio::task::spawn_blocking(move || write_archive(&context, &files, out)).await??
+            };
+            say(&format!("uploading {} ({})", copy.src, human_bytes(bytes)));
+            client.upload(&link, archive.path()).await?;
+        }
+        let spec = start_request(plan, &build.copies, self.templates, self.args.no_cache);
+        client.start(&registered, spec).await?;
+        let failure = follow(client, &registered, plan, label, self.quiet).await?;
+        if let Some((message, step)) = failure {
+            bail!(
+                "{label}{}",
+                failure_text(plan, self.dockerfile, &message, step.as_deref())
+            );
+        }
+        Ok(registered)
+    }
+}
+
+/// The stages a stage's build waits for: the one it builds on and those it copies from.
+fn needs(plan: &BuildPlan) -> Vec<usize> {
+    plan.from_stage
+        .into_iter()
+        .chain(plan.steps.iter().filter_map(|s| match s.kind {
+            StepKind::CopyFrom { stage, .. } => Some(stage),
+            _ => None,
+        }))
+        .collect()
+}
+
+fn stage_label(stage: &StagePlan) -> String {
+    stage
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("stage {}", stage.index))
+}
+
+/// `app:v1`'s stage `build` is the template `app.stage-build`: built and cached as its own
+/// template, in the same team, so a later build of the same Dockerfile finds it unchanged.
+fn stage_template(name: &str, stage: &StagePlan) -> String {
+    let base = name.split_once(':').map_or(name, |(n, _)| n);
+    let stage_name = stage
+        .name
+        .clone()
+        .unwrap_or_else(|| stage.index.to_string());
+    format!("{base}.stage-{stage_name}")
+}
+
+fn plan_dockerfile(
+    text: &str,
+    args: &BuildArgs,
+) -> Result<Vec<StagePlan>, dockerfile::DockerfileError> {
     let file = dockerfile::parse(text)?;
     let options = PlanOptions {
         build_args: args.build_args.iter().cloned().collect::<BTreeMap<_, _>>(),
@@ -228,7 +348,12 @@ fn hash_copies(context: &Path, plan: &BuildPlan) -> anyhow::Result<Vec<CopyStep>
 }
 
 /// The start request's body (PROTOCOL.md §1.4).
-fn start_request(plan: &BuildPlan, copies: &[CopyStep], force: bool) -> Value {
+fn start_request(
+    plan: &BuildPlan,
+    copies: &[CopyStep],
+    templates: &BTreeMap<usize, String>,
+    force: bool,
+) -> Value {
     let steps: Vec<Value> = plan
         .steps
         .iter()
@@ -259,6 +384,23 @@ fn start_request(plan: &BuildPlan, copies: &[CopyStep], force: bool) -> Value {
                 ),
                 StepKind::Workdir(path) => ("WORKDIR", vec![path.clone()]),
                 StepKind::User(user) => ("USER", vec![user.clone()]),
+                // strata's extension of the start request (ADR 0029).
+                StepKind::CopyFrom {
+                    stage,
+                    src,
+                    dest,
+                    chown,
+                    chmod,
+                } => (
+                    "COPY_FROM",
+                    vec![
+                        templates[stage].clone(),
+                        src.clone(),
+                        dest.clone(),
+                        chown.clone(),
+                        chmod.clone(),
+                    ],
+                ),
             };
             let mut value = json!({ "type": kind, "args": args, "force": force });
             if let Some(copy) = copies.iter().find(|c| c.index == index) {
@@ -267,7 +409,10 @@ fn start_request(plan: &BuildPlan, copies: &[CopyStep], force: bool) -> Value {
             value
         })
         .collect();
-    let mut body = json!({ "fromImage": plan.from_image, "force": force, "steps": steps });
+    let mut body = match plan.from_stage {
+        Some(stage) => json!({ "fromTemplate": templates[&stage], "force": force, "steps": steps }),
+        None => json!({ "fromImage": plan.from_image, "force": force, "steps": steps }),
+    };
     if let Some(start) = &plan.start_cmd {
         body["startCmd"] = json!(start);
     }
@@ -283,6 +428,7 @@ async fn follow(
     client: &BuildClient,
     registered: &Registered,
     plan: &BuildPlan,
+    label: &str,
     quiet: bool,
 ) -> anyhow::Result<Option<(String, Option<String>)>> {
     let mut offset = 0;
@@ -292,7 +438,7 @@ async fn follow(
         if !quiet {
             for entry in &page.entries {
                 println!(
-                    "{}",
+                    "{label}{}",
                     display_line(plan, &entry.message, entry.step.as_deref())
                 );
             }
@@ -307,7 +453,7 @@ async fn follow(
                     if !quiet {
                         for entry in &more.entries {
                             println!(
-                                "{}",
+                                "{label}{}",
                                 display_line(plan, &entry.message, entry.step.as_deref())
                             );
                         }

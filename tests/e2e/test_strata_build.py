@@ -146,6 +146,53 @@ def test_a_target_stage_builds_alone(strata, team, tmp_path):
     assert exec_in(strata, team_name, "staged", "cat /stage") == "tools\n"
 
 
+MULTI_STAGE = """
+FROM busybox AS build
+WORKDIR /src
+COPY main.sh .
+RUN mkdir -p /out/bin && sed 's/VERSION/1.2/' main.sh > /out/bin/app && chmod 755 /out/bin/app
+
+FROM busybox AS docs
+RUN mkdir -p /out/doc && echo manual > /out/doc/README
+
+FROM build AS test
+RUN /out/bin/app | grep -q 1.2 && echo tested > /tested
+
+FROM busybox
+COPY --from=build /out/bin/app /usr/local/bin/app
+COPY --from=docs /out/doc /usr/share/doc/app/
+RUN app > /built-with.txt
+"""
+
+
+def test_a_multi_stage_build_copies_between_stages_on_the_server(strata, team, tmp_path):
+    team_name, opts = team
+    ctx = tmp_path / "ctx"
+    write(ctx, {"Dockerfile": MULTI_STAGE, "main.sh": "#!/bin/sh\necho app VERSION\n"})
+    out = build(strata, opts["api_key"], "-t", "multi", str(ctx))
+    assert out.returncode == 0, out.stdout + out.stderr
+    # The stages the target copies from are built as templates of their own, each line labelled.
+    assert "[build] building multi.stage-build" in out.stdout, out.stdout
+    assert "[docs] building multi.stage-docs" in out.stdout, out.stdout
+    assert "stage test (line 9) is not needed" in out.stderr, out.stderr
+    assert "COPY --from=build /out/bin/app /usr/local/bin/app" in out.stdout, out.stdout
+    got = exec_in(strata, team_name, "multi", "app; cat /usr/share/doc/app/README /built-with.txt; "
+                  "test ! -e /src && echo no-build-tree")
+    assert got == "app 1.2\nmanual\napp 1.2\nno-build-tree\n", got
+
+    # --target builds a stage on another (FROM build) and leaves the rest.
+    out = build(strata, opts["api_key"], "-t", "multi-test", "--target", "test", str(ctx))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[build] building multi-test.stage-build" in out.stdout, out.stdout
+    assert "from multi-test.stage-build" in out.stdout, out.stdout
+    assert exec_in(strata, team_name, "multi-test", "cat /tested; ls /out/bin") == "tested\napp\n"
+
+    # Unchanged: every stage is served from the cache.
+    again = build(strata, opts["api_key"], "-t", "multi", str(ctx))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "CACHED COPY --from=build /out/bin/app /usr/local/bin/app" in again.stdout, again.stdout
+
+
 def test_unsupported_instructions_are_refused_before_anything_is_sent(strata, team, tmp_path):
     _, opts = team
     ctx = tmp_path / "ctx"

@@ -13,7 +13,7 @@ pub mod plan;
 pub mod words;
 
 pub use instruction::{CommandForm, Instruction};
-pub use plan::{plan, BuildPlan, PlanOptions, PlannedStep, Recorded, StepKind};
+pub use plan::{plan, BuildPlan, PlanOptions, PlannedStep, Recorded, StagePlan, StepKind};
 
 use std::fmt;
 

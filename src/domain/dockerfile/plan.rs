@@ -19,10 +19,24 @@ pub struct PlanOptions {
     pub target: Option<String>,
 }
 
+/// One stage's build, and which stage it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagePlan {
+    /// The stage's position in the file (0-based), which `COPY --from=<n>` may name.
+    pub index: usize,
+    pub name: Option<String>,
+    /// Its FROM line.
+    pub line: usize,
+    pub plan: BuildPlan,
+}
+
 /// One template build.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuildPlan {
+    /// The FROM image, or the name of the earlier stage in `from_stage`.
     pub from_image: String,
+    /// `FROM <stage>`: this build extends that stage's template (`fromTemplate`).
+    pub from_stage: Option<usize>,
     pub steps: Vec<PlannedStep>,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
@@ -61,6 +75,15 @@ pub enum StepKind {
     Env(Vec<(String, String)>),
     Workdir(String),
     User(String),
+    /// `COPY --from=<stage>`: a literal absolute path of an earlier stage's filesystem
+    /// (strata's COPY_FROM step).
+    CopyFrom {
+        stage: usize,
+        src: String,
+        dest: String,
+        chown: String,
+        chmod: String,
+    },
 }
 
 /// A metadata instruction strata records but does not apply.
@@ -77,7 +100,9 @@ pub struct Recorded {
 pub const DEFAULT_READY_CMD: &str = "sleep 1";
 
 /// Plans the build of the target stage.
-pub fn plan(file: &Dockerfile, options: &PlanOptions) -> Result<BuildPlan, DockerfileError> {
+/// Plans the builds of the target stage and of every stage it needs, each after the stages it
+/// needs; the target's plan is last and carries the warnings that concern the whole file.
+pub fn plan(file: &Dockerfile, options: &PlanOptions) -> Result<Vec<StagePlan>, DockerfileError> {
     let escape = file.directives.escape;
     let mut warnings = Vec::new();
     let mut used_build_args = std::collections::BTreeSet::new();
@@ -107,8 +132,9 @@ pub fn plan(file: &Dockerfile, options: &PlanOptions) -> Result<BuildPlan, Docke
     }
 
     let target = target_stage(file, options)?;
+    let needed = needed_stages(file, target, &global)?;
     for (i, stage) in file.stages.iter().enumerate() {
-        if i != target {
+        if !needed.contains(&i) {
             warnings.push(format!(
                 "stage {} (line {}) is not needed for the target and is not built",
                 stage.name.as_deref().unwrap_or("without a name"),
@@ -116,42 +142,136 @@ pub fn plan(file: &Dockerfile, options: &PlanOptions) -> Result<BuildPlan, Docke
             ));
         }
     }
-    let stage = &file.stages[target];
-    let from_image = expand(&stage.image, &|n| global.get(n).cloned().flatten(), escape)
-        .map_err(|e| DockerfileError::at(stage.line, e))?;
-    if from_image.is_empty() {
+    let mut plans = Vec::new();
+    for &index in &needed {
+        let mut stage_warnings = Vec::new();
+        let plan = plan_stage(
+            file,
+            index,
+            &global,
+            options,
+            &mut used_build_args,
+            &mut stage_warnings,
+        )?;
+        plans.push(StagePlan {
+            index,
+            name: file.stages[index].name.clone(),
+            line: file.stages[index].line,
+            plan: BuildPlan {
+                warnings: stage_warnings,
+                ..plan
+            },
+        });
+    }
+    for name in options.build_args.keys() {
+        if !used_build_args.contains(name) {
+            warnings.push(format!(
+                "--build-arg {name} is not declared by an ARG the target stage sees, and is unused"
+            ));
+        }
+    }
+    let last = plans.last_mut().expect("the target is needed");
+    last.plan.warnings.splice(0..0, warnings);
+    Ok(plans)
+}
+
+/// The stage `reference` names among those before `before`: by `AS` name, or by index.
+fn stage_named(file: &Dockerfile, reference: &str, before: usize) -> Option<usize> {
+    let wanted = reference.to_ascii_lowercase();
+    file.stages[..before]
+        .iter()
+        .position(|s| s.name.as_deref() == Some(wanted.as_str()))
+        .or_else(|| reference.parse::<usize>().ok().filter(|i| *i < before))
+}
+
+/// The FROM image of stage `index`, ARGs expanded, and the earlier stage it names if it does.
+fn stage_base(
+    file: &Dockerfile,
+    index: usize,
+    global: &BTreeMap<String, Option<String>>,
+) -> Result<(String, Option<usize>), DockerfileError> {
+    let stage = &file.stages[index];
+    let image = expand(
+        &stage.image,
+        &|n| global.get(n).cloned().flatten(),
+        file.directives.escape,
+    )
+    .map_err(|e| DockerfileError::at(stage.line, e))?;
+    if image.is_empty() {
         return Err(DockerfileError::at(stage.line, "FROM names no image"));
     }
-    if from_image.eq_ignore_ascii_case("scratch") {
+    if image.eq_ignore_ascii_case("scratch") {
         return Err(DockerfileError::at(
             stage.line,
             "FROM scratch is not supported: a template needs a root filesystem with a shell",
         ));
     }
-    if let Some(earlier) = file.stages[..target]
+    let earlier = file.stages[..index]
         .iter()
-        .find(|s| s.name.as_deref() == Some(from_image.to_ascii_lowercase().as_str()))
-    {
-        return Err(DockerfileError::at(
-            stage.line,
-            format!(
-                "FROM {from_image} builds on the stage of line {}: strata build does not build one stage on another yet; build that stage's steps in this one",
-                earlier.line
-            ),
-        ));
+        .position(|s| s.name.as_deref() == Some(image.to_ascii_lowercase().as_str()));
+    Ok((image, earlier))
+}
+
+/// The stages the target needs, each after the stages it needs (BuildKit builds no other).
+fn needed_stages(
+    file: &Dockerfile,
+    target: usize,
+    global: &BTreeMap<String, Option<String>>,
+) -> Result<Vec<usize>, DockerfileError> {
+    fn visit(
+        file: &Dockerfile,
+        index: usize,
+        global: &BTreeMap<String, Option<String>>,
+        order: &mut Vec<usize>,
+    ) -> Result<(), DockerfileError> {
+        if order.contains(&index) {
+            return Ok(());
+        }
+        if let (_, Some(base)) = stage_base(file, index, global)? {
+            visit(file, base, global, order)?;
+        }
+        for located in &file.stages[index].instructions {
+            if let Instruction::Copy {
+                from: Some(from), ..
+            } = &located.instruction
+            {
+                if let Some(source) = stage_named(file, from, index) {
+                    visit(file, source, global, order)?;
+                }
+            }
+        }
+        order.push(index);
+        Ok(())
     }
+    let mut order = Vec::new();
+    visit(file, target, global, &mut order)?;
+    Ok(order)
+}
+
+/// Plans one stage: its own ARGs, ENVs and steps.
+fn plan_stage(
+    file: &Dockerfile,
+    index: usize,
+    global: &BTreeMap<String, Option<String>>,
+    options: &PlanOptions,
+    used_build_args: &mut std::collections::BTreeSet<String>,
+    warnings: &mut Vec<String>,
+) -> Result<BuildPlan, DockerfileError> {
+    let stage = &file.stages[index];
+    let (from_image, from_stage) = stage_base(file, index, global)?;
     if let Some(platform) = &stage.platform {
         warnings.push(format!(
             "line {}: --platform={platform} is not applied: strata builds for the node's platform",
             stage.line
         ));
     }
-
     let mut planner = StagePlanner {
-        escape,
-        global: &global,
+        escape: file.directives.escape,
+        file,
+        index,
+        global,
         build_args: &options.build_args,
-        used_build_args: &mut used_build_args,
+        used_build_args,
         args: Vec::new(),
         env: Vec::new(),
         workdir: "/".into(),
@@ -165,7 +285,7 @@ pub fn plan(file: &Dockerfile, options: &PlanOptions) -> Result<BuildPlan, Docke
         entrypoint: None,
         healthcheck: None,
         recorded: Vec::new(),
-        warnings: &mut warnings,
+        warnings,
     };
     for located in &stage.instructions {
         planner
@@ -199,20 +319,14 @@ pub fn plan(file: &Dockerfile, options: &PlanOptions) -> Result<BuildPlan, Docke
         _ if start_cmd.is_some() => Some(DEFAULT_READY_CMD.to_string()),
         _ => None,
     };
-    for name in options.build_args.keys() {
-        if !used_build_args.contains(name) {
-            warnings.push(format!(
-                "--build-arg {name} is not declared by an ARG the target stage sees, and is unused"
-            ));
-        }
-    }
     Ok(BuildPlan {
         from_image,
+        from_stage,
         steps,
         start_cmd,
         ready_cmd,
         recorded,
-        warnings,
+        warnings: Vec::new(),
     })
 }
 
@@ -260,6 +374,9 @@ const DEFER_CLOSE: char = '\u{E001}';
 
 struct StagePlanner<'a> {
     escape: char,
+    file: &'a Dockerfile,
+    /// This stage's index: `COPY --from` may name only stages before it.
+    index: usize,
     global: &'a BTreeMap<String, Option<String>>,
     build_args: &'a BTreeMap<String, String>,
     used_build_args: &'a mut std::collections::BTreeSet<String>,
@@ -300,12 +417,7 @@ impl StagePlanner<'_> {
         self.expand_warning(word, line, expand)
     }
 
-    fn expand_warning(
-        &mut self,
-        text: &str,
-        line: usize,
-        how: Expander,
-    ) -> Result<String, String> {
+    fn expand_warning(&mut self, text: &str, line: usize, how: Expander) -> Result<String, String> {
         let unknown = std::cell::RefCell::new(Vec::new());
         let value = how(
             text,
@@ -503,11 +615,14 @@ impl StagePlanner<'_> {
         from: &Option<String>,
     ) -> Result<(), String> {
         let keyword = if add { "ADD" } else { "COPY" };
-        if let Some(from) = from {
-            return Err(format!(
-                "COPY --from={from} is not supported by strata build yet: copy between stages by building that stage's steps in this one"
-            ));
-        }
+        let from_stage = match from {
+            Some(from) => Some(stage_named(self.file, from, self.index).ok_or_else(|| {
+                format!(
+                    "COPY --from={from}: no earlier stage is named {from}; to copy out of an image, add `FROM {from} AS <name>` before this stage and copy --from=<name>"
+                )
+            })?),
+            None => None,
+        };
         let dest = self.word(dest, line)?;
         if dest.is_empty() {
             return Err(format!("{keyword}'s destination expands to an empty path"));
@@ -533,6 +648,36 @@ impl StagePlanner<'_> {
         };
         for source in sources {
             match source {
+                CopySource::Path(raw) if from_stage.is_some() => {
+                    let src = self.word(raw, line)?;
+                    if src.contains(['*', '?', '[']) {
+                        return Err(format!(
+                            "COPY --from {src}: globs are not supported in a copy between stages; name the file or directory"
+                        ));
+                    }
+                    let src = resolve("/", &src);
+                    let stage = from_stage.expect("matched");
+                    self.step(
+                        line,
+                        format!(
+                            "COPY --from={} {src} {dest}",
+                            self.file.stages[stage]
+                                .name
+                                .clone()
+                                .unwrap_or_else(|| stage.to_string())
+                        ),
+                        StepKind::CopyFrom {
+                            stage,
+                            src,
+                            dest: dest.clone(),
+                            chown: chown.clone(),
+                            chmod: chmod.clone(),
+                        },
+                    );
+                }
+                CopySource::Heredoc(_) if from_stage.is_some() => {
+                    return Err("COPY --from cannot copy a heredoc".into())
+                }
                 CopySource::Path(raw) => {
                     let src = self.word(raw, line)?;
                     if add {
@@ -760,7 +905,7 @@ mod tests {
                 .collect(),
             target: None,
         };
-        plan(&parse(text)?, &options)
+        plan(&parse(text)?, &options).map(|mut plans| plans.pop().unwrap().plan)
     }
 
     fn kinds(plan: &BuildPlan) -> Vec<&StepKind> {
@@ -911,7 +1056,7 @@ mod tests {
     }
 
     #[test]
-    fn targets_pick_a_stage_and_stage_chains_are_refused_by_line() {
+    fn targets_pick_a_stage_and_only_the_stages_it_needs_are_planned() {
         let text = "FROM busybox AS one\nRUN echo 1\nFROM busybox AS two\nRUN echo 2\n";
         let file = parse(text).unwrap();
         let one = plan(
@@ -922,8 +1067,9 @@ mod tests {
             },
         )
         .unwrap();
-        assert!(one.steps.iter().any(|s| s.summary == "RUN echo 1"));
-        assert!(!one.steps.iter().any(|s| s.summary == "RUN echo 2"));
+        assert_eq!(one.len(), 1);
+        assert!(one[0].plan.steps.iter().any(|s| s.summary == "RUN echo 1"));
+        assert!(one[0].plan.warnings[0].contains("stage two (line 3) is not needed"));
         assert!(plan(
             &file,
             &PlanOptions {
@@ -934,11 +1080,51 @@ mod tests {
         .unwrap_err()
         .message
         .contains("one, two"));
-        let err = plan_of("FROM busybox AS b\nFROM b\n", &[]).unwrap_err();
-        assert_eq!(err.line, Some(2));
-        let err = plan_of("FROM a\nCOPY --from=b /x /y\n", &[]).unwrap_err();
-        assert_eq!(err.line, Some(2));
-        assert!(err.message.contains("--from"));
+    }
+
+    #[test]
+    fn stages_a_target_copies_from_or_builds_on_come_first() {
+        let text = "ARG V=1\nFROM busybox AS build\nRUN make\nFROM busybox AS unused\nFROM build AS test\nRUN test\nFROM busybox\nCOPY --from=build out/app /usr/bin/\nCOPY --from=0 /etc/os-release /x\n";
+        let plans = plan(&parse(text).unwrap(), &PlanOptions::default()).unwrap();
+        assert_eq!(
+            plans.iter().map(|p| p.index).collect::<Vec<_>>(),
+            vec![0, 3]
+        );
+        let last = &plans[1].plan;
+        assert_eq!(last.from_stage, None);
+        assert!(kinds(last).contains(&&StepKind::CopyFrom {
+            stage: 0,
+            src: "/out/app".into(),
+            dest: "/usr/bin/".into(),
+            chown: "root:root".into(),
+            chmod: "".into(),
+        }));
+        assert!(
+            last.warnings.iter().any(|w| w.contains("stage unused")),
+            "{:?}",
+            last.warnings
+        );
+        let test = plan(
+            &parse(text).unwrap(),
+            &PlanOptions {
+                target: Some("test".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(test.iter().map(|p| p.index).collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(test[1].plan.from_stage, Some(0));
+        for (text, says) in [
+            (
+                "FROM a AS x\nCOPY --from=later /x /y\nFROM a AS later\nFROM a\nCOPY --from=x /x /y\n",
+                "no earlier stage",
+            ),
+            ("FROM a\nCOPY --from=nginx /x /y\n", "FROM nginx AS"),
+            ("FROM a AS b\nFROM a\nCOPY --from=b /lib/*.so /y/\n", "globs"),
+        ] {
+            let err = plan(&parse(text).unwrap(), &PlanOptions::default()).unwrap_err();
+            assert!(err.message.contains(says), "{text}: {err}");
+        }
     }
 
     #[test]
