@@ -559,6 +559,16 @@ impl Writer {
             return;
         };
         let snapshot = *snapshot;
+        if outcome.is_err() {
+            if let Some(edge) = self.same_stack_winner(attempt, publish, snapshot).await {
+                log.info(
+                    Some(&step.to_string()),
+                    "[cache] another build published this step first with the same layers; later entries build on its entry",
+                );
+                self.parent = edge;
+                return;
+            }
+        }
         if let Some(generation) = self
             .settle(attempt, log, Some(step), publish, outcome)
             .await
@@ -569,6 +579,46 @@ impl Writer {
                 pointer_generation: generation,
             };
         }
+    }
+
+    /// After losing the race for a checkpoint key: the winner's entry, as the parent of this
+    /// build's later entries, when it holds the very stack this build's snapshot holds. Layers
+    /// are content-addressed and a step often writes the same bytes on the same parent (a
+    /// WORKDIR, a COPY), so two concurrent builds sharing a prefix (the stages of one
+    /// Dockerfile) would otherwise leave the loser's later steps uncached, and its result,
+    /// rebuilt, a different stack. `None` when the stacks differ or cannot be read.
+    async fn same_stack_winner(
+        &self,
+        attempt: &Attempt,
+        publish: &PublishEntry,
+        ours: SnapshotId,
+    ) -> Option<ParentEdge> {
+        let Target::Checkpoint { context, .. } = &publish.entry.target else {
+            return None;
+        };
+        let stream = cache_key_stream(&self.plan.scope, &publish.key);
+        let state = load::<CacheEntry>(&attempt.store, &stream)
+            .await
+            .ok()?
+            .state;
+        let (winner, generation) = state.live()?;
+        let Target::Checkpoint {
+            snapshot: theirs,
+            context: their_context,
+        } = &winner.target
+        else {
+            return None;
+        };
+        if their_context != context {
+            return None;
+        }
+        let their_record = read_snapshot(&attempt.store, theirs).await.ok()??;
+        let our_record = read_snapshot(&attempt.store, &ours).await.ok()??;
+        (their_record.layers == our_record.layers).then_some(ParentEdge::Checkpoint {
+            key: publish.key,
+            snapshot: *theirs,
+            pointer_generation: generation,
+        })
     }
 
     /// Once the build is Ready: publish its final-result entry.

@@ -27,6 +27,8 @@ use crate::vmm::{BootSpec, Limits, Network, SandboxBackend};
 /// The stack one COPY_FROM template names.
 #[derive(Debug, Clone)]
 pub struct CopySource {
+    /// The source's Ready build whose stack is read: named in the build log.
+    pub build: crate::domain::ids::BuildId,
     pub layers: Vec<Digest>,
     /// The stack's content identity: what the step's cache key takes.
     pub identity: Digest,
@@ -66,6 +68,7 @@ pub async fn resolve_all(
         sources.insert(
             template.clone(),
             CopySource {
+                build: found.build,
                 layers: found.record.layers.clone(),
                 identity: digest,
             },

@@ -165,6 +165,12 @@ impl Executor<'_> {
                 Ok(sources) => sources,
                 Err(failure) => return Ok(Outcome::Failed(failure)),
             };
+        for (template, source) in &sources {
+            self.log.info(
+                None,
+                format!("[copy-from] {template}: its ready build {}", source.build),
+            );
+        }
         let (mut writer, found, flight) = self.consult_cache(job, &resolved, &sources).await?;
         let hit = !matches!(found, Found::Nothing);
         let found = match self.hold_layers(&resolved, found).await? {

@@ -34,7 +34,7 @@ async fn a_stage_s_files_are_copied_into_another_template_on_the_node() {
             "mkdir -p /out/bin /out/share && echo {message} > /out/share/msg \
              && printf '#!/bin/sh\\necho app\\n' > /out/bin/app && chmod 0750 /out/bin/app \
              && ln -s ../share/msg /out/bin/msg-link && ln -s /etc/shadow /out/escape"
-        ), "root"])]})
+        ), "root"]), step("USER", &["user"]), step("WORKDIR", &["/home/user"])]})
     };
     assert_ready(&build(&fx, "stage-build", stage("first")).await);
     let final_spec = json!({"fromImage": "busybox", "force": false, "steps": [
@@ -62,6 +62,11 @@ async fn a_stage_s_files_are_copied_into_another_template_on_the_node() {
     );
 
     // Unchanged source, unchanged steps: the same result from the cache.
+    assert_ready(&build(&fx, "final", final_spec.clone()).await);
+    assert_eq!(fx.result("final").await.record.layers, result.record.layers);
+    // The source rebuilt unchanged (a new build from the cache, its steps after the last
+    // mutating one included): still the same key.
+    assert_ready(&build(&fx, "stage-build", stage("first")).await);
     assert_ready(&build(&fx, "final", final_spec.clone()).await);
     assert_eq!(fx.result("final").await.record.layers, result.record.layers);
     // A source rebuilt with other contents is another key: the copy runs again.

@@ -714,6 +714,76 @@ async fn sixteen_identical_builds_at_once_execute_each_step_once() {
     fx.stop().await;
 }
 
+/// Two builds that share a first step and then differ (the stages of one Dockerfile) both run
+/// that step at once; one loses the race for its entry. A step that writes the same bytes on the
+/// same parent seals the same layer, so the loser builds its later entries on the winner's:
+/// rebuilt unchanged, each comes from the cache with the stack it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_build_that_loses_a_shared_step_s_race_with_the_same_layers_still_caches_its_later_steps()
+{
+    let mut s = settings();
+    s.max_builds = 2;
+    let mut fx = Fixture::new(s).await;
+    let nonce = Uuid::new_v4();
+    // The shared step is slow so that both builds run it; it writes only what it was asked to
+    // (a fixed mtime), so both seal the same layer.
+    let shared = step(
+        "RUN",
+        &[
+            &format!(
+                "sleep 1; mkdir -p /shared && echo {nonce} > /shared/n && touch -d @0 /shared/n /shared /"
+            ),
+            "root",
+        ],
+    );
+    let recipe = |own: &str| {
+        json!({"fromImage": "busybox", "force": false,
+               "steps": [shared.clone(), step("RUN", &[&format!("echo {own} > /{own}; date +%N > /{own}.t"), "root"])]})
+    };
+    let (names, mut builds) = (["race-a", "race-b"], Vec::new());
+    for name in names {
+        builds.push(fx.api.register(name).await.1);
+    }
+    for (b, name) in builds.iter().zip(names) {
+        fx.api.start(*b, recipe(name)).await;
+    }
+    let mut lost = 0;
+    let mut first = Vec::new();
+    for (b, name) in builds.iter().zip(names) {
+        assert_ready(&fx.wait_terminal(*b).await);
+        assert_eq!(
+            executed_steps(&fx.state(*b).await),
+            [1, 2],
+            "{name} ran both steps"
+        );
+        let logs = fx.logs(*b).await;
+        lost += logs
+            .iter()
+            .filter(|(_, _, m, _)| m.contains("published this step first with the same layers"))
+            .count();
+        assert!(
+            !logs.iter().any(|(_, _, m, _)| m.contains("not publishing")),
+            "{name} kept publishing: {logs:?}"
+        );
+        first.push(fx.result(name).await.record.layers);
+    }
+    assert_eq!(lost, 1, "exactly one build lost the shared step's race");
+    for ((name, layers), _) in names.iter().zip(&first).zip(&builds) {
+        let (_, again) = fx.build(name, &[], recipe(name)).await;
+        assert_ready(&again);
+        assert!(
+            executed_steps(&again).is_empty(),
+            "{name} rebuilt from the cache"
+        );
+        assert_eq!(
+            &fx.result(name).await.record.layers,
+            layers,
+            "{name}'s stack is unchanged"
+        );
+    }
+    fx.stop().await;
+}
+
 /// A read of the index that fails is not a verdict on any entry: the build bypasses the cache,
 /// runs every step, and writes nothing to it. The fault: an event this node cannot decode on the
 /// final key's stream (what a newer strata could have written during a rolling upgrade), appended
