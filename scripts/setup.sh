@@ -28,6 +28,20 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
+# `strata build` is compared with `docker build` (tests/e2e/test_docker_equivalence.py), which
+# starts its own daemon on a private socket with no bridge or iptables rules. The package's own
+# service must not start: its default rules would change how this node forwards sandbox traffic.
+if ! command -v dockerd >/dev/null; then
+  echo "setup: installing docker.io (its service is not started)" >&2
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+  chmod +x /usr/sbin/policy-rc.d
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io >/dev/null
+  rm -f /usr/sbin/policy-rc.d
+  trap - EXIT
+fi
+
 # The packages `apt_install` tests install, served to sandboxes from the tests' own outside
 # world (tests/e2e/conftest.py) with the node's Debian index, so the tests reach no mirror.
 mkdir -p /var/cache/strata-test/apt

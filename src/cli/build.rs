@@ -97,7 +97,7 @@ pub async fn run(args: BuildArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&dockerfile_path)
         .with_context(|| format!("reading {}", dockerfile_path.display()))?;
     let (name, tags) = template_name(&args.tags, context)?;
-    let plans = plan_dockerfile(&text, &args)
+    let plans = plan_dockerfile(&text, &args, context)
         .map_err(|e| anyhow::anyhow!("{}: {e}", dockerfile_path.display()))?;
     for warning in plans.iter().flat_map(|p| &p.plan.warnings) {
         eprintln!("warning: {warning}");
@@ -288,13 +288,36 @@ fn stage_template(name: &str, stage: &StagePlan) -> String {
 fn plan_dockerfile(
     text: &str,
     args: &BuildArgs,
+    context: &Path,
 ) -> Result<Vec<StagePlan>, dockerfile::DockerfileError> {
     let file = dockerfile::parse(text)?;
     let options = PlanOptions {
         build_args: args.build_args.iter().cloned().collect::<BTreeMap<_, _>>(),
         target: args.target.clone(),
+        context_directories: context_directories(context),
     };
     dockerfile::plan(&file, &options)
+}
+
+/// Every directory under the context, relative (`app`, `app/lib`); links are not followed.
+fn context_directories(context: &Path) -> std::collections::BTreeSet<String> {
+    let mut found = std::collections::BTreeSet::new();
+    let mut pending = vec![context.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                let path = entry.path();
+                if let Some(relative) = path.strip_prefix(context).ok().and_then(|p| p.to_str()) {
+                    found.insert(relative.to_string());
+                }
+                pending.push(path);
+            }
+        }
+    }
+    found
 }
 
 /// `-t a:1 -t a:2` is template `a:1` with the extra tag `2`. strata names one template per

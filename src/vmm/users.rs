@@ -166,7 +166,14 @@ impl UserDb {
 /// Creates `name` if missing (E2B's implicit `USER user true`): `useradd --create-home` when
 /// the image has it, else by editing passwd, group and shadow (busybox images). With `sudo`,
 /// and when the image has sudo, grants passwordless sudo. Runs inside the sandbox.
+///
+/// Docker's other forms, a numeric uid or `user:group`, name an identity rather than an
+/// account to make: they are only resolved (a uid needs no account, a group must exist), as
+/// `docker build` does, so `USER 1000:1000` from a Dockerfile means what it means there.
 pub fn ensure_user(root: &Path, name: &str, sudo: bool) -> Result<(), String> {
+    if name.contains(':') || (!name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())) {
+        return UserDb::load(root).resolve(name).map(drop);
+    }
     if name.is_empty()
         || !name
             .bytes()
@@ -310,5 +317,22 @@ mod tests {
             .unwrap()
             .contains("user:!"));
         assert!(ensure_user(root.path(), "bad name", false).is_err());
+    }
+
+    #[test]
+    fn a_uid_or_user_group_spec_is_resolved_and_never_creates_an_account() {
+        let root = tempfile::tempdir().unwrap();
+        fs::create_dir_all(root.path().join("etc")).unwrap();
+        fs::write(root.path().join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+        fs::write(root.path().join("etc/group"), "root:x:0:\nstaff:x:50:\n").unwrap();
+        ensure_user(root.path(), "1000:1000", false).unwrap();
+        ensure_user(root.path(), "1234", false).unwrap();
+        ensure_user(root.path(), "root:staff", false).unwrap();
+        assert_eq!(UserDb::load(root.path()).passwd.len(), 1, "no account was added");
+        assert!(!root.path().join("home").exists());
+        let err = ensure_user(root.path(), "1000:nogroup", false).unwrap_err();
+        assert!(err.contains("nogroup"), "{err}");
+        let err = ensure_user(root.path(), "ghost:staff", false).unwrap_err();
+        assert!(err.contains("ghost"), "{err}");
     }
 }

@@ -18,8 +18,9 @@ pub fn env_eval_command(value: &str) -> String {
 }
 
 /// WORKDIR: `mkdir -p "$STRATA_WORKDIR"`, then `chown -R` the first directory it created to
-/// `$STRATA_OWNER` (and that user's primary group). Runs as root; the path and owner come in
-/// through the environment, never spliced into the script.
+/// `$STRATA_OWNER`: a `user:group` as given, a name with its primary group, a uid without an
+/// account with group 0 (Docker's rule for `USER 1234`). Runs as root; the path and owner come
+/// in through the environment, never spliced into the script.
 pub const WORKDIR_SCRIPT: &str = r#"set -e
 first=""
 d=""
@@ -33,7 +34,12 @@ while [ -n "$rest" ]; do
 done
 mkdir -p "$STRATA_WORKDIR"
 if [ -n "$first" ] && [ "$STRATA_OWNER" != "root" ]; then
-  chown -R "$STRATA_OWNER:$(id -g "$STRATA_OWNER")" "$first"
+  case "$STRATA_OWNER" in
+    *:*) owner="$STRATA_OWNER" ;;
+    *[!0-9]*) owner="$STRATA_OWNER:$(id -g "$STRATA_OWNER")" ;;
+    *) owner="$STRATA_OWNER:$(id -g "$STRATA_OWNER" 2>/dev/null || echo 0)" ;;
+  esac
+  chown -R "$owner" "$first"
 fi
 "#;
 
@@ -180,5 +186,29 @@ mod tests {
             .unwrap();
         assert!(out.status.success(), "{out:?}");
         assert!(target.is_dir());
+    }
+
+    #[test]
+    fn workdir_script_owns_new_directories_by_uid_gid_or_uid_with_group_zero() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let owner_of = |p: &std::path::Path| {
+            let m = std::fs::metadata(p).unwrap();
+            (m.uid(), m.gid())
+        };
+        for (owner, want) in [("4321:4322", (4321, 4322)), ("4321", (4321, 0))] {
+            let base = dir.path().join(owner.replace(':', "-"));
+            let out = Command::new("/bin/sh")
+                .arg("-c")
+                .arg(WORKDIR_SCRIPT)
+                .env("STRATA_WORKDIR", base.join("x/y"))
+                .env("STRATA_OWNER", owner)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{owner}: {out:?}");
+            assert_eq!(owner_of(&base), want, "{owner}");
+            assert_eq!(owner_of(&base.join("x/y")), want, "{owner}");
+        }
+        assert_eq!(owner_of(dir.path()), (0, 0), "an existing directory keeps its owner");
     }
 }

@@ -3,7 +3,7 @@
 //! command. The steps are the E2B protocol's own (RUN, COPY, ENV, WORKDIR, USER), so the server
 //! needs nothing new for a single-stage file.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::instruction::{CommandForm, CopySource, Instruction};
 use super::lines::Heredoc;
@@ -17,6 +17,10 @@ pub struct PlanOptions {
     pub build_args: BTreeMap<String, String>,
     /// `--target`: the stage to build; the last one when `None`.
     pub target: Option<String>,
+    /// The build context's directories, relative and without slashes at either end (`app`,
+    /// `app/lib`): `COPY --chown=u dir /new` makes `/new` itself owned by `u`, a file source
+    /// only its parents, and only the context can say which a source is.
+    pub context_directories: BTreeSet<String>,
 }
 
 /// One stage's build, and which stage it is.
@@ -271,6 +275,7 @@ fn plan_stage(
         index,
         global,
         build_args: &options.build_args,
+        context_directories: &options.context_directories,
         used_build_args,
         args: Vec::new(),
         env: Vec::new(),
@@ -379,6 +384,7 @@ struct StagePlanner<'a> {
     index: usize,
     global: &'a BTreeMap<String, Option<String>>,
     build_args: &'a BTreeMap<String, String>,
+    context_directories: &'a BTreeSet<String>,
     used_build_args: &'a mut std::collections::BTreeSet<String>,
     /// ARGs declared in this stage, in order, with their values.
     args: Vec<(String, Option<String>)>,
@@ -657,6 +663,7 @@ impl StagePlanner<'_> {
                     }
                     let src = resolve("/", &src);
                     let stage = from_stage.expect("matched");
+                    self.own_new_directories(line, keyword, &chown, &dest, false);
                     self.step(
                         line,
                         format!(
@@ -683,6 +690,11 @@ impl StagePlanner<'_> {
                     if add {
                         refuse_add_only(&src)?;
                     }
+                    let relative = resolve("/", &src);
+                    let relative = relative.trim_start_matches('/');
+                    let is_dir =
+                        relative.is_empty() || self.context_directories.contains(relative);
+                    self.own_new_directories(line, keyword, &chown, &dest, is_dir);
                     self.step(
                         line,
                         format!("{keyword} {src} {dest}"),
@@ -712,8 +724,8 @@ impl StagePlanner<'_> {
                         Some(at) => path[..at].to_string(),
                     };
                     let command = format!(
-                        "mkdir -p {parent} && printf '%s' {body} > {file} && chmod {mode} {file} && chown {owner} {file}",
-                        parent = shell_quote(&parent),
+                        "{mkdir} && printf '%s' {body} > {file} && chmod {mode} {file} && chown {owner} {file}",
+                        mkdir = make_directories(&parent, &chown),
                         body = shell_quote(&body),
                         file = shell_quote(&path),
                         owner = shell_quote(&chown),
@@ -731,6 +743,63 @@ impl StagePlanner<'_> {
         }
         Ok(())
     }
+}
+
+impl StagePlanner<'_> {
+    /// Docker creates the directories a `COPY --chown=u` needs owned by `u`; the E2B server's
+    /// COPY creates them as root (PROTOCOL.md §3.7). So before such a COPY a root RUN creates
+    /// the ones missing, owned by `u`: the destination when it is a directory (it ends in `/`
+    /// or the source is a directory), else its parent. Existing directories are not touched.
+    fn own_new_directories(
+        &mut self,
+        line: usize,
+        keyword: &str,
+        chown: &str,
+        dest: &str,
+        source_is_directory: bool,
+    ) {
+        if chown == "root:root" {
+            return;
+        }
+        let path = resolve(&self.workdir, dest);
+        let directory = if dest.ends_with('/') || source_is_directory {
+            path
+        } else {
+            match path.rfind('/') {
+                Some(0) | None => "/".to_string(),
+                Some(at) => path[..at].to_string(),
+            }
+        };
+        if directory == "/" {
+            return;
+        }
+        self.step(
+            line,
+            format!("{keyword} --chown={chown}: new directories up to {directory} owned by {chown}"),
+            StepKind::Run {
+                command: make_directories(&directory, chown),
+                user: Some("root".into()),
+            },
+        );
+    }
+}
+
+/// `mkdir -p directory`, with each directory it creates owned by `owner` (a root `sh` script).
+fn make_directories(directory: &str, owner: &str) -> String {
+    if owner == "root:root" {
+        return format!("mkdir -p {}", shell_quote(directory));
+    }
+    let mut prefixes = Vec::new();
+    let mut at = String::new();
+    for part in directory.split('/').filter(|p| !p.is_empty()) {
+        at = format!("{at}/{part}");
+        prefixes.push(shell_quote(&at));
+    }
+    format!(
+        "for d in {}; do [ -e \"$d\" ] || [ -L \"$d\" ] || {{ mkdir \"$d\" && chown {} \"$d\"; }} || exit 1; done",
+        prefixes.join(" "),
+        shell_quote(owner)
+    )
 }
 
 /// What only ADD does, strata build does not do yet: fetch URLs, unpack local archives.
@@ -904,8 +973,57 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             target: None,
+            context_directories: BTreeSet::new(),
         };
         plan(&parse(text)?, &options).map(|mut plans| plans.pop().unwrap().plan)
+    }
+
+    #[test]
+    fn copy_chown_first_creates_the_missing_directories_owned_by_the_owner() {
+        let text = "FROM busybox\nWORKDIR /w\n\
+            COPY --chown=1000:1000 data/*.txt /srv/data/\n\
+            COPY --chown=app ./app opt\n\
+            COPY --chown=app one.txt /etc/x/one.txt\n\
+            COPY --chown=app one.txt /top.txt\n\
+            COPY one.txt /root-owned/\n\
+            COPY --chown=app <<EOF /h/conf\nx\nEOF\n";
+        let options = PlanOptions {
+            context_directories: ["app".to_string(), "app/lib".to_string()].into(),
+            ..Default::default()
+        };
+        let p = plan(&parse(text).unwrap(), &options).unwrap().pop().unwrap().plan;
+        let summaries: Vec<&str> = p.steps.iter().map(|s| s.summary.as_str()).collect();
+        assert_eq!(
+            summaries[3..summaries.len() - 1],
+            [
+                "COPY --chown=1000:1000: new directories up to /srv/data owned by 1000:1000",
+                "COPY data/*.txt /srv/data/",
+                // A directory source: the destination itself is the new directory.
+                "COPY --chown=app: new directories up to /w/opt owned by app",
+                "COPY ./app opt",
+                // A file source: its parent.
+                "COPY --chown=app: new directories up to /etc/x owned by app",
+                "COPY one.txt /etc/x/one.txt",
+                "COPY one.txt /top.txt",
+                "COPY one.txt /root-owned/",
+                "COPY <<EOF /h/conf",
+            ]
+        );
+        let StepKind::Run { command, user } = &p.steps[3].kind else {
+            panic!("{:?}", p.steps[3])
+        };
+        assert_eq!(user.as_deref(), Some("root"));
+        assert_eq!(
+            command,
+            "for d in /srv /srv/data; do [ -e \"$d\" ] || [ -L \"$d\" ] || { mkdir \"$d\" && chown 1000:1000 \"$d\"; } || exit 1; done"
+        );
+        let StepKind::Run { command, .. } = &p.steps[11].kind else {
+            panic!("{:?}", p.steps[11])
+        };
+        assert!(
+            command.starts_with("for d in /h; do") && command.ends_with("chown app /h/conf"),
+            "{command}"
+        );
     }
 
     fn kinds(plan: &BuildPlan) -> Vec<&StepKind> {
