@@ -455,17 +455,25 @@ async fn follow(
     quiet: bool,
 ) -> anyhow::Result<Option<(String, Option<String>)>> {
     let mut offset = 0;
+    let mut clock = StepClock::default();
+    let mut show = |entries: &[crate::cli::build_client::LogEntry]| {
+        if quiet {
+            return;
+        }
+        for entry in entries {
+            if let Some(done) = clock.observe(plan, entry) {
+                println!("{label}{done}");
+            }
+            println!(
+                "{label}{}",
+                display_line(plan, &entry.message, entry.step.as_deref())
+            );
+        }
+    };
     loop {
         let page = client.status(registered, offset).await?;
         offset += page.entries.len();
-        if !quiet {
-            for entry in &page.entries {
-                println!(
-                    "{label}{}",
-                    display_line(plan, &entry.message, entry.step.as_deref())
-                );
-            }
-        }
+        show(&page.entries);
         match page.status.as_str() {
             "ready" | "error" => {
                 let mut last = page.entries.len();
@@ -473,14 +481,7 @@ async fn follow(
                     let more = client.status(registered, offset).await?;
                     offset += more.entries.len();
                     last = more.entries.len();
-                    if !quiet {
-                        for entry in &more.entries {
-                            println!(
-                                "{label}{}",
-                                display_line(plan, &entry.message, entry.step.as_deref())
-                            );
-                        }
-                    }
+                    show(&more.entries);
                 }
                 return Ok((page.status == "error").then(|| {
                     page.reason
@@ -494,6 +495,48 @@ async fn follow(
             }
             _ => {}
         }
+    }
+}
+
+/// Times each executed step on the server's clock, from its `[n/N]` header to the first entry
+/// of anything else, and says `[n/N] DONE 1.25 s` as Docker's plain progress does. A CACHED
+/// step took no time and gets no line.
+#[derive(Default)]
+struct StepClock {
+    open: Option<(String, chrono::DateTime<chrono::Utc>)>,
+}
+
+impl StepClock {
+    fn observe(
+        &mut self,
+        plan: &BuildPlan,
+        entry: &crate::cli::build_client::LogEntry,
+    ) -> Option<String> {
+        let at = entry.timestamp?;
+        let header = entry.step.as_deref().filter(|step| {
+            step.parse::<usize>().is_ok()
+                && entry
+                    .message
+                    .starts_with(&format!("[{step}/{}] ", plan.steps.len()))
+        });
+        let same_step = matches!(
+            (&self.open, entry.step.as_deref()),
+            (Some((open, _)), Some(step)) if open == step
+        );
+        if same_step && header.is_none() {
+            return None;
+        }
+        let done = self.open.take().map(|(step, started)| {
+            let seconds = (at - started).num_milliseconds().max(0) as f64 / 1000.0;
+            format!("[{step}/{}] DONE {seconds:.2} s", plan.steps.len())
+        });
+        if let Some(step) = header {
+            let cached = entry.message.contains("] CACHED ");
+            if !cached {
+                self.open = Some((step.to_string(), at));
+            }
+        }
+        done
     }
 }
 

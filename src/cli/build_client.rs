@@ -39,6 +39,8 @@ pub struct StatusPage {
 pub struct LogEntry {
     pub message: String,
     pub step: Option<String>,
+    /// When the server logged it; step durations are measured on the server's clock.
+    pub timestamp: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl BuildClient {
@@ -174,6 +176,10 @@ impl BuildClient {
                     .map(|e| LogEntry {
                         message: e["message"].as_str().unwrap_or_default().to_string(),
                         step: e["step"].as_str().map(str::to_string),
+                        timestamp: e["timestamp"]
+                            .as_str()
+                            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                            .map(|t| t.with_timezone(&chrono::Utc)),
                     })
                     .collect()
             })

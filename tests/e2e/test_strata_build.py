@@ -6,6 +6,7 @@ refusals are checked to happen before anything reaches the server.
 
 import json
 import os
+import re
 import subprocess
 import textwrap
 import urllib.error
@@ -95,6 +96,11 @@ def test_a_dockerfile_builds_with_args_env_ignores_and_heredocs(strata, team, tm
     assert "] RUN <<EOF\n" in out.stdout, out.stdout
     assert "EXPOSE 8080 (line 21) is recorded, not applied" in out.stdout, out.stdout
     assert "built dockerfile-app:v1" in out.stdout
+    # Each executed step ends with its duration on the server's clock, right after its output.
+    run_header = next(i for i, l in enumerate(out.stdout.splitlines())
+                      if l.endswith("] RUN echo \"arg=$GREETING env=$MESSAGE\" > build-info.txt"))
+    step = out.stdout.splitlines()[run_header].split("]")[0] + "]"
+    assert re.search(re.escape(step) + r" DONE \d+\.\d\d s\n", out.stdout), out.stdout
 
     got = exec_in(strata, team_name, "dockerfile-app:v1", """
         cat /opt/app/build-info.txt
@@ -120,6 +126,7 @@ def test_a_dockerfile_builds_with_args_env_ignores_and_heredocs(strata, team, tm
     assert again.returncode == 0, again.stdout + again.stderr
     assert "uploading" not in again.stdout, again.stdout
     assert "CACHED RUN echo \"arg=$GREETING env=$MESSAGE\" > build-info.txt" in again.stdout, again.stdout
+    assert not re.search(re.escape(step) + " DONE", again.stdout), again.stdout
 
     # --quiet prints only the template id, which the name resolves to.
     quiet = build(strata, opts["api_key"], "-t", "dockerfile-app:v1", "--progress", "quiet",
