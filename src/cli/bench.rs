@@ -50,6 +50,9 @@ pub enum BenchCommand {
     Lifecycle(super::bench_lifecycle::LifecycleBenchArgs),
     /// The step cache: cold build, unchanged rebuild, last step changed; warm/cold ratios.
     Cache(super::bench_cache::BenchCacheArgs),
+    /// `strata build` against `docker build` (BuildKit) on one Dockerfile and context: cold,
+    /// unchanged, last step changed, one context file changed; strata/BuildKit ratios.
+    Build(super::bench_build::BenchBuildArgs),
     /// A cold registry pull of a multi-layer image against `skopeo copy` + `tar -x`; a warm pull.
     Pull(super::bench_pull::BenchPullArgs),
     /// Blob and layer durability and verification against the plain (unsynced, unverified)
@@ -100,6 +103,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Lifecycle(args) => super::bench_lifecycle::run(args).await,
         BenchCommand::Gc(args) => super::bench_gc::run(args).await,
         BenchCommand::Cache(args) => super::bench_cache::run(args).await,
+        BenchCommand::Build(args) => super::bench_build::run(args).await,
         BenchCommand::Pull(args) => super::bench_pull::run(args).await,
         BenchCommand::Blobs(args) => super::bench_blobs::run(args).await,
         BenchCommand::Scale(args) => super::bench_scale::run(args).await,

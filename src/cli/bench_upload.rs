@@ -65,16 +65,16 @@ enum StoreChoice {
 }
 
 /// One API under test: where it listens and what it stores into.
-struct Target {
+pub(super) struct Target {
     label: &'static str,
-    base: String,
+    pub(super) base: String,
     blobs: Arc<dyn BlobStore>,
-    shutdown: CancellationToken,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    pub(super) shutdown: CancellationToken,
+    pub(super) server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 /// Serves the API on a loopback port with `blobs` as its blob store.
-async fn start_api(
+pub(super) async fn start_api(
     pool: &PgPool,
     data_dir: &Path,
     size: u64,

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod bench;
 pub mod bench_blobs;
+pub mod bench_build;
 pub mod bench_cache;
 pub mod bench_gc;
 pub mod bench_lifecycle;

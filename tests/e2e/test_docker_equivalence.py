@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import tarfile
@@ -21,7 +22,7 @@ import time
 
 import pytest
 
-from conftest import NODE_IMAGES
+from conftest import BIN, NODE_IMAGES
 from test_strata_build import build, write
 
 DOCKERD = shutil.which("dockerd")
@@ -254,3 +255,25 @@ def test_strata_build_and_docker_build_give_the_same_tree(strata, team, docker, 
                  "/srv/notes/deep/two.md", "/var/lib/app/version", "/home/app/who", "/srv/current"]:
         assert path in strata_tree, path
     assert "/srv/data/old.txt" not in strata_tree and "/srv/notes/deep/ignored.md" not in strata_tree
+
+
+def test_bench_build_times_both_builders_on_every_scenario(docker):
+    """`strata bench build` against this module's daemon: one small round, every scenario timed
+    for both, each a positive figure with its ratio; the bench's own numbers come from release
+    builds (README)."""
+    out = subprocess.run(
+        [BIN, "bench", "build", "--rounds", "1", "--files", "5", "--docker-host",
+         f"unix://{docker.sock}", "--data-dir", str(NODE_IMAGES)],
+        capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    rows = {}
+    for line in out.stdout.splitlines():
+        m = re.match(r"^(cold|unchanged|last step changed|one file changed)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s", line)
+        if m:
+            rows[m.group(1)] = [float(x) for x in m.groups()[1:]]
+    assert set(rows) == {"cold", "unchanged", "last step changed", "one file changed"}, out.stdout
+    for name, (docker_s, strata_s, ratio) in rows.items():
+        assert docker_s > 0 and strata_s > 0, (name, out.stdout)
+        assert abs(ratio - strata_s / docker_s) < 0.01 + 0.01 * ratio, (name, out.stdout)
