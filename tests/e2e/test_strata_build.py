@@ -200,6 +200,73 @@ def test_a_multi_stage_build_copies_between_stages_on_the_server(strata, team, t
     assert "CACHED COPY --from=build /out/bin/app /usr/local/bin/app" in again.stdout, again.stdout
 
 
+def wheel(root, name, version, module_source):
+    """A pure-Python wheel, written by hand as pip reads one (a zip with dist-info and RECORD)."""
+    import base64
+    import hashlib
+    import zipfile
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": module_source,
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: strata-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{dist}/RECORD"] = "\n".join(record + [f"{dist}/RECORD,,"]) + "\n"
+    path = root / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for member, text in files.items():
+            z.writestr(member, text)
+    return path
+
+
+def test_a_python_app_installs_its_requirements_once_and_rebuilds_only_its_code(strata, team, outside, tmp_path):
+    """The everyday Dockerfile: requirements first, code after. The package index is the tests'
+    own (a simple index in the outside world); changing the code reruns only the last COPY."""
+    import hashlib
+    team_name, opts = team
+    index = tmp_path / "index"
+    (index / "simple" / "strata-greeting").mkdir(parents=True)
+    whl = wheel(index, "strata_greeting", "1.0", "def greet(who):\n    return f'hello, {who}'\n")
+    sha = hashlib.sha256(whl.read_bytes()).hexdigest()
+    (index / "simple" / "strata-greeting" / "index.html").write_text(
+        f'<html><body><a href="../../{whl.name}#sha256={sha}">{whl.name}</a></body></html>\n')
+    port = 8081
+    server = outside.popen(["python3", "-m", "http.server", "--bind", outside.ip, "--directory", str(index), str(port)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    outside.wait_for(port, server)
+
+    ctx = tmp_path / "ctx"
+    write(ctx, {
+        "Dockerfile": f"""
+            FROM e2bdev/base
+            WORKDIR /app
+            COPY requirements.txt .
+            RUN python3 -m venv /venv \\
+                && /venv/bin/pip install --no-cache-dir --trusted-host {outside.ip} \\
+                    --index-url http://{outside.ip}:{port}/simple/ -r requirements.txt
+            COPY app.py .
+        """,
+        "requirements.txt": "strata-greeting==1.0\n",
+        "app.py": "from strata_greeting import greet\nprint(greet('strata'))\n",
+    })
+    out = build(strata, opts["api_key"], "-t", "pyapp", str(ctx))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Successfully installed strata-greeting-1.0" in out.stdout, out.stdout
+    assert exec_in(strata, team_name, "pyapp", "/venv/bin/python /app/app.py") == "hello, strata\n"
+
+    (ctx / "app.py").write_text("from strata_greeting import greet\nprint(greet('again'))\n")
+    again = build(strata, opts["api_key"], "-t", "pyapp", str(ctx))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "] CACHED RUN python3 -m venv /venv" in again.stdout, again.stdout
+    assert "Successfully installed" not in again.stdout, again.stdout
+    assert "uploading app.py" in again.stdout and "uploading requirements.txt" not in again.stdout, again.stdout
+    assert exec_in(strata, team_name, "pyapp", "/venv/bin/python /app/app.py") == "hello, again\n"
+
+
 def test_unsupported_instructions_are_refused_before_anything_is_sent(strata, team, tmp_path):
     _, opts = team
     ctx = tmp_path / "ctx"
