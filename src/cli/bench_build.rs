@@ -48,12 +48,7 @@ pub struct BenchBuildArgs {
 }
 
 /// The scenarios, in the order they run within a round.
-const SCENARIOS: [&str; 4] = [
-    "cold",
-    "unchanged",
-    "last step changed",
-    "one file changed",
-];
+const SCENARIOS: [&str; 4] = ["cold", "unchanged", "last step changed", "one file changed"];
 
 /// The goals of strata's time over BuildKit's, per scenario.
 const GOALS: [f64; 4] = [1.0, 0.3, 0.5, 0.8];
@@ -284,7 +279,15 @@ impl StrataCli {
         let exe = std::env::current_exe()?;
         let began = Instant::now();
         let out = tokio::process::Command::new(exe)
-            .args(["build", "--progress", "quiet", "-t", name, "--url", &self.url])
+            .args([
+                "build",
+                "--progress",
+                "quiet",
+                "-t",
+                name,
+                "--url",
+                &self.url,
+            ])
             .arg(context)
             .env("E2B_API_KEY", &self.key)
             .stdin(Stdio::null())
@@ -321,7 +324,8 @@ impl Docker {
         if debian.exists() {
             return Ok(debian);
         }
-        which("docker").context("no docker client is installed (scripts/setup.sh installs Debian's docker.io)")
+        which("docker")
+            .context("no docker client is installed (scripts/setup.sh installs Debian's docker.io)")
     }
 
     fn existing(host: String) -> anyhow::Result<Docker> {

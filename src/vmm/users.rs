@@ -323,12 +323,20 @@ mod tests {
     fn a_uid_or_user_group_spec_is_resolved_and_never_creates_an_account() {
         let root = tempfile::tempdir().unwrap();
         fs::create_dir_all(root.path().join("etc")).unwrap();
-        fs::write(root.path().join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+        fs::write(
+            root.path().join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\n",
+        )
+        .unwrap();
         fs::write(root.path().join("etc/group"), "root:x:0:\nstaff:x:50:\n").unwrap();
         ensure_user(root.path(), "1000:1000", false).unwrap();
         ensure_user(root.path(), "1234", false).unwrap();
         ensure_user(root.path(), "root:staff", false).unwrap();
-        assert_eq!(UserDb::load(root.path()).passwd.len(), 1, "no account was added");
+        assert_eq!(
+            UserDb::load(root.path()).passwd.len(),
+            1,
+            "no account was added"
+        );
         assert!(!root.path().join("home").exists());
         let err = ensure_user(root.path(), "1000:nogroup", false).unwrap_err();
         assert!(err.contains("nogroup"), "{err}");

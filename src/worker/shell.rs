@@ -209,6 +209,10 @@ mod tests {
             assert_eq!(owner_of(&base), want, "{owner}");
             assert_eq!(owner_of(&base.join("x/y")), want, "{owner}");
         }
-        assert_eq!(owner_of(dir.path()), (0, 0), "an existing directory keeps its owner");
+        assert_eq!(
+            owner_of(dir.path()),
+            (0, 0),
+            "an existing directory keeps its owner"
+        );
     }
 }

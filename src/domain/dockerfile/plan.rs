@@ -692,8 +692,7 @@ impl StagePlanner<'_> {
                     }
                     let relative = resolve("/", &src);
                     let relative = relative.trim_start_matches('/');
-                    let is_dir =
-                        relative.is_empty() || self.context_directories.contains(relative);
+                    let is_dir = relative.is_empty() || self.context_directories.contains(relative);
                     self.own_new_directories(line, keyword, &chown, &dest, is_dir);
                     self.step(
                         line,
@@ -775,7 +774,9 @@ impl StagePlanner<'_> {
         }
         self.step(
             line,
-            format!("{keyword} --chown={chown}: new directories up to {directory} owned by {chown}"),
+            format!(
+                "{keyword} --chown={chown}: new directories up to {directory} owned by {chown}"
+            ),
             StepKind::Run {
                 command: make_directories(&directory, chown),
                 user: Some("root".into()),
@@ -991,7 +992,11 @@ mod tests {
             context_directories: ["app".to_string(), "app/lib".to_string()].into(),
             ..Default::default()
         };
-        let p = plan(&parse(text).unwrap(), &options).unwrap().pop().unwrap().plan;
+        let p = plan(&parse(text).unwrap(), &options)
+            .unwrap()
+            .pop()
+            .unwrap()
+            .plan;
         let summaries: Vec<&str> = p.steps.iter().map(|s| s.summary.as_str()).collect();
         assert_eq!(
             summaries[3..summaries.len() - 1],
