@@ -22,7 +22,7 @@ mod source;
 
 pub use archive::write_archive;
 pub use files_hash::files_hash;
-pub use ignore::load_ignore;
+pub use ignore::{load_ignore, load_ignore_file};
 pub use select::select_files;
 pub use source::validate_source;
 

@@ -15,7 +15,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::{json, Value};
 use strata::build_context::{
-    files_hash, load_ignore, select_files, validate_source, write_archive,
+    files_hash, load_ignore_file, select_files, validate_source, write_archive,
 };
 use strata::domain::dockerfile::{self, BuildPlan, PlanOptions, StagePlan, StepKind};
 
@@ -102,12 +102,13 @@ pub async fn run(args: BuildArgs) -> anyhow::Result<()> {
     for warning in plans.iter().flat_map(|p| &p.plan.warnings) {
         eprintln!("warning: {warning}");
     }
+    let ignore_file = ignore_file_for(&dockerfile_path, context);
     let mut builds = Vec::new();
     for (position, stage) in plans.iter().enumerate() {
         let last = position + 1 == plans.len();
         builds.push(StageBuild {
             stage,
-            copies: hash_copies(context, &stage.plan)?,
+            copies: hash_copies(context, &ignore_file, &stage.plan)?,
             template: if last {
                 name.clone()
             } else {
@@ -132,6 +133,7 @@ pub async fn run(args: BuildArgs) -> anyhow::Result<()> {
         client: &client,
         context,
         dockerfile: &dockerfile_path,
+        ignore_file: &ignore_file,
         templates: &templates,
         args: &args,
         quiet,
@@ -195,6 +197,7 @@ struct Shared<'a> {
     client: &'a BuildClient,
     context: &'a Path,
     dockerfile: &'a Path,
+    ignore_file: &'a Path,
     /// Each stage's template, by stage index.
     templates: &'a BTreeMap<usize, String>,
     args: &'a BuildArgs,
@@ -234,7 +237,11 @@ impl Shared<'_> {
             if link.present {
                 continue;
             }
-            let files = select_files(context, &copy.src, &load_ignore(context, &[])?)?;
+            let files = select_files(
+                context,
+                &copy.src,
+                &load_ignore_file(context, self.ignore_file, &[])?,
+            )?;
             let archive = tempfile::NamedTempFile::new().context("creating a temporary archive")?;
             let bytes = {
                 let (context, out) = (context.to_path_buf(), archive.reopen()?);
@@ -350,9 +357,26 @@ fn template_name(tags: &[String], context: &Path) -> anyhow::Result<(String, Vec
     Ok((first.clone(), extra))
 }
 
+/// BuildKit's rule: `<Dockerfile>.dockerignore` beside the Dockerfile, when there is one, takes
+/// the place of the context's `.dockerignore` (so two Dockerfiles can share a context).
+fn ignore_file_for(dockerfile: &Path, context: &Path) -> PathBuf {
+    let mut name = dockerfile.file_name().unwrap_or_default().to_os_string();
+    name.push(".dockerignore");
+    let beside = dockerfile.with_file_name(name);
+    if beside.is_file() {
+        beside
+    } else {
+        context.join(".dockerignore")
+    }
+}
+
 /// Selects and hashes every COPY's files, as the SDK does before its first request.
-fn hash_copies(context: &Path, plan: &BuildPlan) -> anyhow::Result<Vec<CopyStep>> {
-    let ignore = load_ignore(context, &[])?;
+fn hash_copies(
+    context: &Path,
+    ignore_file: &Path,
+    plan: &BuildPlan,
+) -> anyhow::Result<Vec<CopyStep>> {
+    let ignore = load_ignore_file(context, ignore_file, &[])?;
     let mut copies = Vec::new();
     for (index, step) in plan.steps.iter().enumerate() {
         if let StepKind::Copy { src, dest, .. } = &step.kind {

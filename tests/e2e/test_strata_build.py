@@ -200,6 +200,28 @@ def test_a_multi_stage_build_copies_between_stages_on_the_server(strata, team, t
     assert "CACHED COPY --from=build /out/bin/app /usr/local/bin/app" in again.stdout, again.stdout
 
 
+def test_a_dockerfiles_own_dockerignore_takes_the_place_of_the_contexts(strata, team, tmp_path):
+    team_name, opts = team
+    ctx = tmp_path / "ctx"
+    write(ctx, {
+        "Dockerfile": "FROM busybox\nCOPY . /ctx/\n",
+        "other.Dockerfile": "FROM busybox\nCOPY . /ctx/\n",
+        "Dockerfile.dockerignore": "b.txt\n*.Dockerfile\n",
+        ".dockerignore": "a.txt\n",
+        "a.txt": "a\n",
+        "b.txt": "b\n",
+    })
+    listing = "ls -A /ctx | tr '\\n' ' '"
+    out = build(strata, opts["api_key"], "-t", "own-ignore", str(ctx))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert exec_in(strata, team_name, "own-ignore", listing).split() == [
+        ".dockerignore", "Dockerfile", "Dockerfile.dockerignore", "a.txt"]
+    out = build(strata, opts["api_key"], "-t", "context-ignore", "-f", str(ctx / "other.Dockerfile"), str(ctx))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert exec_in(strata, team_name, "context-ignore", listing).split() == [
+        ".dockerignore", "Dockerfile", "Dockerfile.dockerignore", "b.txt", "other.Dockerfile"]
+
+
 def wheel(root, name, version, module_source):
     """A pure-Python wheel, written by hand as pip reads one (a zip with dist-info and RECORD)."""
     import base64
