@@ -2,7 +2,7 @@
 //! (lease renewal, step progress, failure), and recording a snapshot guarded by it.
 //!
 //! Rules and events: `domain/build/decide.rs` (`AcquireAttempt` → `AttemptAcquired`,
-//! `RenewLease` → `LeaseRenewed`, `RecordStepProgress` → `StepCompleted`,
+//! `RenewLease` → `LeaseRenewed`, `RecordStepProgress` and `RecordStepsCached` → `StepCompleted`,
 //! `RecordCacheConsultation` → `CacheConsulted`, `PinBaseImage` → `BaseImageResolved`,
 //! `FailBuild` → `BuildFailed`), `domain/snapshot.rs` (`Record`); read model: `builds`
 //! (inline).
@@ -74,6 +74,27 @@ pub async fn record_step(
         epoch,
         step,
         outcome,
+        now,
+    };
+    super::build::run_from(store, ctx, &build, carried, &command).await
+}
+
+/// Records steps `1..=upto` as answered from the cache by `snapshot`, in one append.
+#[allow(clippy::too_many_arguments)]
+pub async fn record_steps_cached(
+    store: &EventStore,
+    ctx: &CommandContext,
+    build: BuildId,
+    carried: Option<Loaded<build::State>>,
+    epoch: Epoch,
+    upto: u32,
+    snapshot: SnapshotId,
+    now: DateTime<Utc>,
+) -> Result<Executed<build::State>, Error<build::Error>> {
+    let command = build::Command::RecordStepsCached {
+        epoch,
+        upto,
+        snapshot,
         now,
     };
     super::build::run_from(store, ctx, &build, carried, &command).await

@@ -340,6 +340,34 @@ impl Attempt {
         .await
     }
 
+    /// Records steps `1..=upto` as served from the cache by `snapshot`, in one append.
+    pub async fn record_cached_prefix(
+        &self,
+        upto: u32,
+        snapshot: SnapshotId,
+    ) -> Result<(), WorkerError> {
+        let (store, build, epoch) = (&self.store, self.build, self.epoch);
+        let ctx = CommandContext::with_id(
+            command_id(
+                self.build,
+                &[
+                    "steps-cached",
+                    &self.epoch.to_string(),
+                    &upto.to_string(),
+                    &snapshot.to_string(),
+                ],
+            ),
+            self.metadata(),
+        )
+        .with_max_attempts(MAX_ROUNDS);
+        self.write(|carried, now| {
+            app::attempt::record_steps_cached(
+                store, &ctx, build, carried, epoch, upto, snapshot, now,
+            )
+        })
+        .await
+    }
+
     /// Records what the cache lookup found (`CacheConsulted`), retried like progress.
     pub async fn record_cache_consultation(
         &self,

@@ -32,7 +32,7 @@ use super::layer_hold::{self, Held};
 use super::settings::WorkerSettings;
 use super::shell;
 use crate::domain::build::status::LogLevel;
-use crate::domain::build::{Binding, FailedStep, StepOutcome};
+use crate::domain::build::{Binding, FailedStep};
 use crate::domain::build_spec::{
     home_of, resolve_path, BaseSource, Step, StepContext, DEFAULT_USER,
 };
@@ -426,8 +426,10 @@ impl Executor<'_> {
                     step.args().join(" ")
                 ),
             );
+        }
+        if upto > 0 {
             self.attempt
-                .record_outcome(number, StepOutcome::Cached { snapshot })
+                .record_cached_prefix(upto as u32, snapshot)
                 .await?;
         }
         Ok(())

@@ -75,6 +75,15 @@ pub enum Command {
         outcome: StepOutcome,
         now: DateTime<Utc>,
     },
+    /// Steps `1..=upto` were answered from the cache by `snapshot`: one decision for the whole
+    /// cached prefix (a `StepCompleted` per step, as one step at a time would record), so an
+    /// unchanged rebuild records it in one append instead of one per step.
+    RecordStepsCached {
+        epoch: Epoch,
+        upto: u32,
+        snapshot: super::SnapshotId,
+        now: DateTime<Utc>,
+    },
     /// The attempt's cache keys and lookup verdict, for operators (ADR 0015).
     RecordCacheConsultation {
         epoch: Epoch,
@@ -267,6 +276,21 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             outcome,
             now,
         } => record_step(state, *epoch, *step, outcome, *now),
+        Command::RecordStepsCached {
+            epoch,
+            upto,
+            snapshot,
+            now,
+        } => {
+            let outcome = StepOutcome::Cached {
+                snapshot: *snapshot,
+            };
+            let mut events = Vec::new();
+            for step in 1..=*upto {
+                events.extend(record_step(state, *epoch, step, &outcome, *now)?);
+            }
+            Ok(events)
+        }
         Command::RecordCacheConsultation {
             epoch,
             consultation,

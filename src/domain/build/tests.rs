@@ -1114,3 +1114,59 @@ fn the_base_image_is_pinned_once_per_build() {
         "only the open attempt pins"
     );
 }
+
+#[test]
+fn a_cached_prefix_is_recorded_in_one_decision_as_each_step_would_be() {
+    let (a, b) = (hash('a'), hash('b'));
+    let mut w = World::registered();
+    w.link(1, &a, t(1)).unwrap();
+    w.upload(1, b"a", t(2)).unwrap();
+    w.link(2, &b, t(1)).unwrap();
+    w.upload(2, b"b", t(2)).unwrap();
+    w.start(spec_copying(&[a, b]), t(3), true).unwrap();
+    let cached = |upto, snapshot| Command::RecordStepsCached {
+        epoch: Epoch(1),
+        upto,
+        snapshot,
+        now: t(4),
+    };
+    assert!(w.run(cached(0, snapshot(1))).unwrap().is_empty());
+    let events = w.run(cached(2, snapshot(1))).unwrap();
+    let steps: Vec<u32> = events
+        .iter()
+        .map(|e| match e {
+            Event::StepCompleted {
+                step,
+                outcome: StepOutcome::Cached { snapshot: s },
+                ..
+            } if *s == snapshot(1) => *step,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(steps, [1, 2]);
+    assert_eq!(w.build.progress.len(), 2);
+    assert!(
+        w.run(cached(2, snapshot(1))).unwrap().is_empty(),
+        "recording the same prefix again changes nothing"
+    );
+    assert!(matches!(
+        w.run(cached(2, snapshot(2))),
+        Err(Error::StepConflict { step: 1 })
+    ));
+    assert!(matches!(
+        w.run(cached(4, snapshot(1))),
+        Err(Error::StepOutOfRange { step: 4, steps: 3 })
+    ));
+    assert_eq!(
+        w.build.progress.len(),
+        2,
+        "a refused prefix records nothing"
+    );
+    let stale = Command::RecordStepsCached {
+        epoch: Epoch(9),
+        upto: 3,
+        snapshot: snapshot(1),
+        now: t(4),
+    };
+    assert!(w.run(stale).is_err(), "only the open attempt records");
+}
