@@ -77,6 +77,15 @@ fn main() -> std::process::ExitCode {
         return cli::sandbox::init();
     }
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Build(_) | Command::History(_) | Command::Why(_) | Command::Storage(_)
+    ) {
+        // A client whose output is piped into `head` ends as other CLIs do when the reader
+        // goes away, instead of panicking on the next print. Servers keep Rust's default.
+        // SAFETY: restoring a signal's default disposition before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -222,6 +222,21 @@ def test_a_dockerfiles_own_dockerignore_takes_the_place_of_the_contexts(strata, 
         ".dockerignore", "Dockerfile", "Dockerfile.dockerignore", "b.txt", "other.Dockerfile"]
 
 
+def test_a_build_piped_into_a_reader_that_goes_away_ends_without_a_panic(strata, team, tmp_path):
+    import signal
+    _, opts = team
+    ctx = tmp_path / "ctx"
+    write(ctx, {"Dockerfile": "FROM busybox\n" + "".join(f"RUN echo step {i}\n" for i in range(8))})
+    env = {**strata.env, "E2B_API_KEY": opts["api_key"], "STRATA_URL": strata.url}
+    proc = subprocess.Popen([BIN, "build", "-t", "piped", str(ctx)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"building piped")
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGPIPE, (proc.returncode, err.decode())
+    assert b"panicked" not in err, err.decode()
+
+
 def wheel(root, name, version, module_source):
     """A pure-Python wheel, written by hand as pip reads one (a zip with dist-info and RECORD)."""
     import base64
