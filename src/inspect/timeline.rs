@@ -51,6 +51,10 @@ pub struct StepRow {
     pub outcome: &'static str,
     pub epoch: Option<u64>,
     pub seconds: Option<f64>,
+    /// When the step began (its log header, else the previous step's end) and ended (its
+    /// `StepCompleted`); a cached step begins and ends at once.
+    pub started: Option<DateTime<Utc>>,
+    pub ended: Option<DateTime<Utc>>,
     /// The lookup's verdict for this step's key, from the build log.
     pub cache_verdict: Option<String>,
     pub checkpoint: Option<String>,
@@ -216,6 +220,11 @@ fn steps(facts: &BuildFacts) -> Vec<StepRow> {
             .rev()
             .find(|m| m.starts_with("[cache] step "))
             .and_then(|m| m.rsplit_once(": ").map(|(_, v)| v.to_owned()));
+        let ended = completed.as_ref().map(|(_, at)| *at);
+        let began = match &completed {
+            Some((StepOutcome::Cached { .. }, at)) => Some(*at),
+            _ => started,
+        };
         let (outcome, checkpoint, seconds) = match &completed {
             Some((o, at)) => {
                 let seconds = started.map(|s| secs(s, *at).max(0.0));
@@ -244,6 +253,8 @@ fn steps(facts: &BuildFacts) -> Vec<StepRow> {
             outcome,
             epoch: completed.as_ref().and(epoch),
             seconds,
+            started: began,
+            ended,
             cache_verdict: cache_verdict.or_else(|| (outcome == "cached").then(|| "cached".into())),
             checkpoint,
             log_excerpt: body[from..].iter().map(|s| s.to_string()).collect(),

@@ -324,6 +324,31 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     );
     assert!(dom.contains("checkpointed"));
     assert!(dom.contains("<table id=\"attempts\">"));
+    // The waterfall: one bar per phase and per step, each step's outcome as the events say.
+    assert!(dom.contains("<svg id=\"waterfall\""), "{dom}");
+    assert_eq!(dom.matches("data-kind=\"step\"").count(), 3, "{dom}");
+    assert_eq!(dom.matches("data-kind=\"phase\"").count(), 4, "{dom}");
+    for stage in ["base", "finalize"] {
+        assert!(
+            dom.contains(&format!("data-kind=\"stage\" data-name=\"{stage}\"")),
+            "{stage}: {dom}"
+        );
+    }
+    let outcomes = fx.state(ok).await.progress;
+    assert_eq!(outcomes.len(), 3);
+    for (step, outcome) in &outcomes {
+        let name = match outcome {
+            strata::domain::build::StepOutcome::Executed => "executed",
+            strata::domain::build::StepOutcome::Checkpointed { .. } => "checkpointed",
+            strata::domain::build::StepOutcome::Cached { .. } => "cached",
+        };
+        assert!(
+            dom.contains(&format!(
+                "data-kind=\"step\" data-name=\"{step}\" data-outcome=\"{name}\""
+            )),
+            "step {step} as {name}: {dom}"
+        );
+    }
     let failed_dom = chromium(
         &format!("{ui}/login?token={TOKEN}&next=/ui/builds/{failed}"),
         "--dump-dom",
@@ -331,6 +356,10 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     .await;
     assert!(failed_dom.contains("exit code <b>7</b>"), "{failed_dom}");
     assert!(failed_dom.contains("about to fail"));
+    assert!(
+        failed_dom.contains("data-kind=\"step\" data-name=\"1\" data-outcome=\"failed\""),
+        "the failed step is marked: {failed_dom}"
+    );
     let unauthenticated = chromium(&ui, "--dump-dom").await;
     assert!(unauthenticated.contains("Sign in with the admin token"));
     assert!(!unauthenticated.contains(&ok.to_string()));

@@ -236,6 +236,17 @@ pub async fn show_build(
     }
     body.push_str("</table>");
 
+    let failure = answer.failure.as_ref().and_then(|f| {
+        Some(super::waterfall::Failure {
+            step: f.step.as_deref()?.parse().ok()?,
+            at: t.phases.iter().rev().find_map(|p| p.to)?,
+        })
+    });
+    if let Some(svg) = super::waterfall::render(&t, failure.as_ref()) {
+        body.push_str("<h2>Waterfall</h2>");
+        body.push_str(&svg);
+    }
+
     body.push_str("<h2 id=\"why\">Why</h2>");
     match &answer.failure {
         Some(f) => {

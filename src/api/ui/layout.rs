@@ -48,6 +48,11 @@ pre{margin:0;white-space:pre-wrap}
 .hit{color:#1a7f37}.miss{color:#cf222e}
 .box{background:#fff;border:1px solid #d0d7de;padding:8px 12px;margin:8px 0 16px}
 form.filters input,form.filters select{margin-right:8px}
+#waterfall{background:#fff;border:1px solid #d0d7de;max-width:100%}
+.wf-label{font:11px ui-monospace,monospace;fill:#24292f}
+.wf-done{fill:#8c959f}.wf-open{fill:#d4a72c}.wf-executed{fill:#0969da}
+.wf-checkpointed{fill:#1f6feb}.wf-cached{fill:#1a7f37}.wf-failed{fill:#cf222e}
+.wf-marker{stroke:#9a6700;stroke-width:1;stroke-dasharray:3 2}
 ";
 
 /// A whole page: `title` in the tab and as the heading, `body` already escaped HTML.

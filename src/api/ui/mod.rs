@@ -8,6 +8,7 @@
 //! * [`teams`]: the per-team limits and what each team holds now.
 //! * [`layout`]: the page frame and HTML escaping.
 //! * [`paging`]: newest-first pages with an "older" link.
+//! * [`waterfall`]: a build's phases and steps drawn on one time axis (inline SVG).
 
 pub mod auth;
 pub mod builds;
@@ -16,6 +17,7 @@ pub mod paging;
 pub mod sandboxes;
 pub mod teams;
 pub mod templates;
+pub mod waterfall;
 
 use axum::middleware;
 use axum::routing::{get, post};
