@@ -286,6 +286,13 @@ pub struct ServeArgs {
     /// 400.
     #[arg(long, env = "STRATA_BUILD_MEMORY_MAX", default_value_t = crate::domain::build_spec::Ceilings::DEFAULT.memory_mb)]
     pub build_memory_max_mb: u32,
+
+    /// The execution cache's mode for every build this API starts: `steps` (checkpoint after
+    /// each mutating step, resume from the deepest), `final` (only the final result is cached;
+    /// a build is one capture) or `off` (nothing read or written). A build keeps the mode it
+    /// was started with; a value that is not a mode is skipped with a line in the build log.
+    #[arg(long, env = "STRATA_CACHE_MODE")]
+    pub cache_mode: Option<String>,
 }
 
 /// Identity of this process in event metadata and logs.

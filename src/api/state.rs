@@ -47,6 +47,8 @@ pub struct ProtocolSettings {
     pub sandbox_start_timeout: std::time::Duration,
     /// The `domain` of sandbox answers: `STRATA_SANDBOX_DOMAIN`, else the public URL's host.
     pub sandbox_domain: String,
+    /// `STRATA_CACHE_MODE`, as given: resolved (and, when invalid, skipped) per build at start.
+    pub cache_mode: Option<String>,
 }
 
 /// The host of `url` (`http://host:port/…` -> `host`).
@@ -128,6 +130,7 @@ impl AppState {
                     .clone()
                     .filter(|d| !d.is_empty())
                     .unwrap_or_else(|| host_of(&serve.public_url()).to_owned()),
+                cache_mode: serve.cache_mode.clone(),
             }),
             data_dir: data_dir.to_path_buf(),
             upload_slots: Arc::new(tokio::sync::Semaphore::new(

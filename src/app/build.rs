@@ -40,18 +40,20 @@ pub async fn start_build(
     now: DateTime<Utc>,
     queue_deadline: DateTime<Utc>,
 ) -> Result<AppendOutcome, Error<build::Error>> {
-    start_build_keyed(store, ctx, build, spec, None, now, queue_deadline).await
+    start_build_keyed(store, ctx, build, spec, None, None, now, queue_deadline).await
 }
 
 /// [`start_build`] with the request's registry credentials entering its digest as
 /// `credentials_fingerprint`, a keyed digest of them (what the API records), instead of their
 /// plain digest.
+#[allow(clippy::too_many_arguments)]
 pub async fn start_build_keyed(
     store: &EventStore,
     ctx: &CommandContext,
     build: &BuildId,
     spec: TemplateBuildStartV2,
     credentials_fingerprint: Option<crate::domain::ids::Digest>,
+    cache_mode: Option<crate::domain::cache_mode::ResolvedMode>,
     now: DateTime<Utc>,
     queue_deadline: DateTime<Utc>,
 ) -> Result<AppendOutcome, Error<build::Error>> {
@@ -62,7 +64,7 @@ pub async fn start_build_keyed(
         ),
         ..ctx.clone()
     };
-    let (ctx, spec) = (&ctx, &spec);
+    let (ctx, spec, cache_mode) = (&ctx, &spec, &cache_mode);
     let bstream = build_stream(build);
     let bstream = &bstream;
     execute_writes(store, MAX_ROUNDS, move || async move {
@@ -110,6 +112,7 @@ pub async fn start_build_keyed(
             attempt: None,
             present,
             credentials_fingerprint,
+            cache_mode: cache_mode.clone(),
         };
         let events = build::decide(&b.state, &command).map_err(CommandError::Rejected)?;
         if events.is_empty() {

@@ -37,6 +37,7 @@ pub mod build;
 pub mod build_spec;
 pub mod cache_entry;
 pub mod cache_key;
+pub mod cache_mode;
 pub mod canonical;
 pub mod dockerfile;
 pub mod egress;

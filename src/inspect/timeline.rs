@@ -321,6 +321,9 @@ fn summary(event: &Event) -> String {
                 StepOutcome::Cached { snapshot } => format!("cached {snapshot}"),
             }
         ),
+        Event::CacheModeResolved { resolved } => {
+            format!("cache mode {} ({})", resolved.mode, resolved.level.as_str())
+        }
         Event::CacheConsulted { consultation, .. } => {
             format!("cache lookup: {:?}", consultation.found)
         }

@@ -68,6 +68,9 @@ pub struct CacheWhy {
     /// Why the final result was or was not cached.
     pub final_result: String,
     pub steps: Vec<StepWhy>,
+    /// The cache mode the build ran and the setting it came from (`final (team pin)`); `None`
+    /// for builds started before modes, which ran `steps`.
+    pub mode: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -392,6 +395,11 @@ pub fn cache(target: &BuildFacts, prev: Option<&BuildFacts>) -> Option<CacheWhy>
         found: consultation.map(|c| c.found.clone()),
         final_result: final_reason(target, prev, consultation, divergence),
         steps: out,
+        mode: target
+            .state
+            .cache_mode
+            .as_ref()
+            .map(|m| format!("{} ({})", m.mode, m.level.as_str())),
     })
 }
 
@@ -840,6 +848,9 @@ impl Why {
                 );
             }
             let _ = writeln!(out, "  final result: {}", c.final_result);
+            if let Some(mode) = &c.mode {
+                let _ = writeln!(out, "  cache mode: {mode}");
+            }
         }
         out
     }

@@ -188,6 +188,7 @@ async fn apply_one(
         Event::ContextBound { .. }
         | Event::StepCompleted { .. }
         | Event::CacheConsulted { .. }
+        | Event::CacheModeResolved { .. }
         | Event::BaseImageResolved { .. }
         | Event::UploadClaimed { .. }
         | Event::UploadClaimReleased { .. } => {}

@@ -57,6 +57,9 @@ pub struct Plan {
     pub force_from: Option<usize>,
     /// The mutating steps (1-based) and their keys, in order.
     pub checkpoints: Vec<(usize, CacheKey)>,
+    /// Cache mode `final`: only the final result's entry is read; checkpoint entries still
+    /// validate its lineage but are never resumed from.
+    pub final_only: bool,
 }
 
 impl Plan {
@@ -132,6 +135,7 @@ impl Plan {
             chain,
             force_from,
             checkpoints,
+            final_only: job.cache_mode() == crate::domain::cache_mode::CacheMode::Final,
         })
     }
 
@@ -268,6 +272,9 @@ pub async fn lookup(
         );
     }
     for ((step, key), (_, state)) in plan.checkpoints.iter().zip(&states).rev() {
+        if plan.final_only {
+            break;
+        }
         if !plan.readable(*step) {
             continue;
         }

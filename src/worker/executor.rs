@@ -346,6 +346,16 @@ impl Executor<'_> {
         ),
         WorkerError,
     > {
+        if let Some(mode) = &job.cache_mode {
+            for (level, why) in &mode.skipped {
+                self.log
+                    .info(None, format!("[cache] {}: {why}; skipped", level.as_str()));
+            }
+            self.log.info(
+                None,
+                format!("[cache] mode {} ({})", mode.mode, mode.level.as_str()),
+            );
+        }
         let identities = copy_from::identities(sources);
         let plan = match cache::Plan::new(job, resolved, &identities, self.backend.name()) {
             Ok(p) => p,
@@ -357,6 +367,21 @@ impl Executor<'_> {
                 return Ok((None, Found::Nothing, None));
             }
         };
+        if !job.cache_mode().reads() {
+            let level = job
+                .cache_mode
+                .as_ref()
+                .map_or("default", |m| m.level.as_str());
+            let found = crate::domain::build::CacheFound::Bypassed {
+                reason: format!("cache mode off ({level})"),
+            };
+            super::cache_consultation::record(self.attempt, &plan, resolved, found).await?;
+            self.log.info(
+                None,
+                "[cache] mode off: every step runs, nothing is read or written",
+            );
+            return Ok((None, Found::Nothing, None));
+        }
         let flight = if plan.force_from.is_none() {
             let lock = self.flights.lock_for(&plan.scope, &plan.chain.final_key);
             let guard = match lock.clone().try_lock_owned() {
@@ -501,6 +526,10 @@ impl Executor<'_> {
         }
         let total = job.spec.steps.len();
         let mut budget = self.checkpoint_budget(job, base, run, start)?;
+        if !job.cache_mode().checkpoints() {
+            // `final` and `off`: one capture at the end, as a build past the depth budget.
+            budget = 0;
+        }
         for (i, step) in job.spec.steps.iter().enumerate().skip(start) {
             let number = i as u32 + 1;
             let tag = number.to_string();

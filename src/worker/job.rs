@@ -19,4 +19,14 @@ pub struct BuildJob {
     /// Credentials for the base image's registry, when the build brought some; `Err` says why
     /// they could not be read (the build then fails at `base` if it needs them).
     pub credentials: Result<Option<crate::domain::build_spec::RegistryCredentials>, String>,
+    /// The cache mode the build was started with; `None`: started before modes, `steps`.
+    pub cache_mode: Option<crate::domain::cache_mode::ResolvedMode>,
+}
+
+impl BuildJob {
+    pub fn cache_mode(&self) -> crate::domain::cache_mode::CacheMode {
+        self.cache_mode
+            .as_ref()
+            .map_or(crate::domain::cache_mode::CacheMode::DEFAULT, |r| r.mode)
+    }
 }

@@ -390,6 +390,7 @@ impl Worker {
             resources: registration.resources,
             base_pin: state.base_pin.clone(),
             credentials,
+            cache_mode: state.cache_mode.clone(),
         };
         log.info(
             None,

@@ -170,6 +170,7 @@ async fn wants_of(
         resources: registration.resources,
         base_pin: state.base_pin.clone(),
         credentials: Ok(None),
+        cache_mode: state.cache_mode.clone(),
     };
     let resolved =
         match base::resolve_locally(node.store, node.catalog, &job.team, &job.spec.base).await {

@@ -1188,3 +1188,32 @@ async fn a_url_whose_uploads_keep_failing_is_refused_after_three() {
     let (_, fresh) = c.link(&template, HASH_A).await;
     assert_eq!(c.put(&fresh, archive).await.0, 200);
 }
+
+#[tokio::test]
+async fn the_start_records_the_services_cache_mode_and_an_unknown_one_is_skipped() {
+    use strata::domain::cache_mode::{CacheMode, Level};
+    for (setting, mode, level, skipped) in [
+        ("final", CacheMode::Final, Level::Service, 0),
+        ("fast", CacheMode::Steps, Level::Default, 1),
+    ] {
+        let (db, _data, api) = setup(&["--cache-mode", setting]).await;
+        let c = client(&api, key_for(&db, "acme").await);
+        let (template, build) = c.register("moded").await;
+        let (_, url) = c.link(&template, HASH_A).await;
+        assert_eq!(c.put(&url, tar_gz(&[("app/a.txt", b"hi")])).await.0, 200);
+        let (code, body) = c.start(&template, &build, HASH_A).await;
+        assert_eq!(code, 202, "{body}");
+        let id = strata::domain::ids::BuildId::parse(&build).unwrap();
+        let store = strata::app::event_store(db.pool.clone());
+        let state = strata::events::command::load::<strata::streams::Build>(
+            &store,
+            &strata::streams::build_stream(&id),
+        )
+        .await
+        .unwrap()
+        .state;
+        let resolved = state.cache_mode.expect("recorded at start");
+        assert_eq!((resolved.mode, resolved.level), (mode, level), "{setting}");
+        assert_eq!(resolved.skipped.len(), skipped, "{setting}: {resolved:?}");
+    }
+}

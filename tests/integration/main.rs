@@ -10,6 +10,7 @@ mod common;
 mod admin_api;
 mod blob_conformance;
 mod build_context;
+mod cache_modes;
 mod cli_history;
 mod commands;
 mod copy_from;

@@ -76,6 +76,12 @@ pub async fn start_build(
         &build_id,
         spec,
         fingerprint,
+        Some(crate::domain::cache_mode::resolve(
+            &crate::domain::cache_mode::ModeSettings {
+                service: state.protocol.cache_mode.clone(),
+                ..Default::default()
+            },
+        )),
         now,
         queue_deadline,
     )

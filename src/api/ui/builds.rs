@@ -286,12 +286,16 @@ pub async fn show_build(
     if let Some(c) = &answer.cache {
         let _ = write!(
             body,
-            "<div class=\"box\">cache compared with {}; final result: {}</div>",
+            "<div class=\"box\">cache compared with {}; final result: {}{}</div>",
             c.compared_with
                 .as_ref()
                 .map(|b| format!("<a href=\"/ui/builds/{0}\"><code>{0}</code></a>", escape(b)))
                 .unwrap_or_else(|| "no earlier build".into()),
-            escape(&c.final_result)
+            escape(&c.final_result),
+            c.mode
+                .as_ref()
+                .map(|m| format!("; cache mode {}", escape(m)))
+                .unwrap_or_default()
         );
     }
 

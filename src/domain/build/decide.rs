@@ -57,6 +57,9 @@ pub enum Command {
         /// recorded request digest cannot be used to guess them offline. `None`: the plain
         /// digest of earlier versions (callers without the secret, such as tests).
         credentials_fingerprint: Option<Digest>,
+        /// The cache mode resolved from the settings at start (`CacheModeResolved`); `None`
+        /// records none, and the build runs the default.
+        cache_mode: Option<crate::domain::cache_mode::ResolvedMode>,
     },
     /// A worker claims a queued build.
     AcquireAttempt {
@@ -255,15 +258,33 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             attempt,
             present,
             credentials_fingerprint,
-        } => start(
-            state,
-            spec,
-            credentials_fingerprint.as_ref(),
-            *now,
-            *queue_deadline,
-            attempt.as_ref(),
-            present,
-        ),
+            cache_mode,
+        } => {
+            let mut events = start(
+                state,
+                spec,
+                credentials_fingerprint.as_ref(),
+                *now,
+                *queue_deadline,
+                attempt.as_ref(),
+                present,
+            )?;
+            // Right after the freeze, before any attempt: every attempt reads it.
+            if let (Some(resolved), Some(at)) = (
+                cache_mode,
+                events
+                    .iter()
+                    .position(|e| matches!(e, Event::BuildFrozen { .. })),
+            ) {
+                events.insert(
+                    at + 1,
+                    Event::CacheModeResolved {
+                        resolved: resolved.clone(),
+                    },
+                );
+            }
+            Ok(events)
+        }
         Command::AcquireAttempt { grant, now } => acquire(state, grant, *now),
         Command::RenewLease {
             epoch,

@@ -50,6 +50,7 @@ pub use decide::{
 pub use template_deleted::end_for_deleted_template;
 
 use super::build_spec::{Resources, Tag, TemplateBuildStartV2};
+use super::cache_mode::{CacheMode, ResolvedMode};
 use super::ids::{
     Digest, Epoch, FilesHash, Generation, IntentId, NodeId, Scope, SnapshotId, TeamId, TemplateId,
 };
@@ -261,6 +262,18 @@ pub struct State {
     /// The manifest digest the base image's tag resolved to, once per build: every later
     /// attempt pulls this digest, whatever the tag points at by then.
     pub base_pin: Option<BasePin>,
+    /// The cache mode resolved at freeze, and from which setting; `None` for builds frozen
+    /// before modes existed, which ran the per-step cache (`steps`).
+    pub cache_mode: Option<ResolvedMode>,
+}
+
+impl State {
+    /// The cache mode every attempt of this build runs.
+    pub fn cache_mode(&self) -> CacheMode {
+        self.cache_mode
+            .as_ref()
+            .map_or(CacheMode::DEFAULT, |r| r.mode)
+    }
 }
 
 /// A registry base image, pinned.
@@ -353,6 +366,10 @@ pub enum Event {
         frozen_at: DateTime<Utc>,
         queue_deadline: DateTime<Utc>,
     },
+    /// The cache mode the build runs for its whole life, with the setting it came from and
+    /// the values skipped on the way; appended with `BuildFrozen`.
+    #[serde(rename = "CacheModeResolved.v1")]
+    CacheModeResolved { resolved: ResolvedMode },
     #[serde(rename = "AttemptAcquired.v1")]
     AttemptAcquired {
         epoch: Epoch,
@@ -524,6 +541,7 @@ pub fn evolve(mut state: State, event: &Event) -> State {
                 deadline: *queue_deadline,
             };
         }
+        Event::CacheModeResolved { resolved } => state.cache_mode = Some(resolved.clone()),
         Event::AttemptAcquired {
             epoch,
             node,

@@ -147,6 +147,7 @@ impl World {
             }),
             present: Default::default(),
             credentials_fingerprint: None,
+            cache_mode: None,
         })
     }
 }
@@ -567,6 +568,7 @@ fn credentials_enter_the_recorded_digest_only_keyed() {
             attempt: None,
             present: Default::default(),
             credentials_fingerprint: fp,
+            cache_mode: None,
         })
     };
     let mut w = World::registered();
@@ -946,6 +948,7 @@ fn step(w: &mut World, now: &mut i64, op: &Op) -> (Option<Command>, bool) {
                 }),
                 present: Default::default(),
                 credentials_fingerprint: None,
+                cache_mode: None,
             }
         }
         Op::Acquire => Command::AcquireAttempt {
@@ -1169,4 +1172,44 @@ fn a_cached_prefix_is_recorded_in_one_decision_as_each_step_would_be() {
         now: t(4),
     };
     assert!(w.run(stale).is_err(), "only the open attempt records");
+}
+
+#[test]
+fn the_cache_mode_is_recorded_with_the_freeze_and_kept_by_a_replayed_start() {
+    use crate::domain::cache_mode::{resolve, CacheMode, Level, ModeSettings};
+    let mut w = World::registered();
+    let resolved = resolve(&ModeSettings {
+        team: Some("final".into()),
+        service: Some("off".into()),
+        ..Default::default()
+    });
+    let start = |mode| Command::StartBuild {
+        spec: spec_copying(&[]),
+        now: t(1),
+        queue_deadline: t(300),
+        attempt: None,
+        present: Default::default(),
+        credentials_fingerprint: None,
+        cache_mode: mode,
+    };
+    assert_eq!(
+        w.build.cache_mode(),
+        CacheMode::Steps,
+        "before any: the default"
+    );
+    let events = w.run(start(Some(resolved.clone()))).unwrap();
+    assert!(matches!(
+        &events[..],
+        [Event::BuildFrozen { .. }, Event::CacheModeResolved { resolved: r }] if *r == resolved
+    ));
+    assert_eq!(w.build.cache_mode(), CacheMode::Final);
+    assert_eq!(w.build.cache_mode.as_ref().unwrap().level, Level::Team);
+    // The same start again (a lost reply) decides nothing, whatever the settings say now.
+    let again = resolve(&ModeSettings::default());
+    assert!(w.run(start(Some(again))).unwrap().is_empty());
+    assert_eq!(w.build.cache_mode(), CacheMode::Final);
+    let json = serde_json::to_value(&events[1]).unwrap();
+    assert_eq!(json["type"], "CacheModeResolved.v1");
+    let back: Event = serde_json::from_value(json).unwrap();
+    assert_eq!(back, events[1]);
 }

@@ -168,6 +168,29 @@ impl Api {
             .await
     }
 
+    /// [`Self::start`] with the service's `STRATA_CACHE_MODE` set to `setting`, resolved as
+    /// the start handler resolves it.
+    pub async fn start_in_mode(&self, build: BuildId, spec: serde_json::Value, setting: &str) {
+        let spec: TemplateBuildStartV2 = serde_json::from_value(spec).unwrap();
+        let resolved =
+            strata::domain::cache_mode::resolve(&strata::domain::cache_mode::ModeSettings {
+                service: Some(setting.to_string()),
+                ..Default::default()
+            });
+        strata::app::build::start_build_keyed(
+            &self.store,
+            &api_context(),
+            &build,
+            spec,
+            None,
+            Some(resolved),
+            Utc::now(),
+            Utc::now() + chrono::Duration::hours(1),
+        )
+        .await
+        .unwrap();
+    }
+
     /// [`Self::start`] with the queue deadline given.
     pub async fn start_until(
         &self,

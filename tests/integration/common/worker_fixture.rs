@@ -122,6 +122,22 @@ impl Fixture {
         build
     }
 
+    /// [`Self::build`] with the service's cache mode setting `setting`.
+    pub async fn build_in_mode(
+        &self,
+        name: &str,
+        files: &[(&FilesHash, Vec<u8>)],
+        spec: serde_json::Value,
+        setting: &str,
+    ) -> (BuildId, build::State) {
+        let (_, build) = self.api.register(name).await;
+        for (hash, bytes) in files {
+            self.api.upload(&self.blobs, build, hash, bytes).await;
+        }
+        self.api.start_in_mode(build, spec, setting).await;
+        (build, self.wait_terminal(build).await)
+    }
+
     /// Registers `name`, uploads `files`, starts `spec` and waits for a terminal state.
     pub async fn build(
         &self,
