@@ -46,6 +46,8 @@ enum Command {
     Image(cli::image::ImageArgs),
     /// Create, list and revoke API keys; a key maps to a team.
     Keys(cli::keys::KeysArgs),
+    /// Pin a setting (`cache.mode`) for a team or one of its templates, unpin it, show it.
+    Settings(cli::settings::SettingsArgs),
     /// Build a template from a Dockerfile and its context, over a strata server's API (as
     /// `docker build -t NAME .`).
     Build(cli::build::BuildArgs),
@@ -106,6 +108,7 @@ fn main() -> std::process::ExitCode {
             Command::Migrate(args) => cli::migrate::run(args).await,
             Command::Image(args) => cli::image::run(args).await,
             Command::Keys(args) => cli::keys::run(args).await,
+            Command::Settings(args) => cli::settings::run(args).await,
             Command::Build(args) => cli::build::run(args).await,
             Command::Template(args) => cli::template::run(args).await,
             Command::Sandbox(args) => cli::sandboxes::run(args).await,

@@ -12,8 +12,8 @@ use crate::domain::ids::{
     self, BuildId, Digest, Epoch, FilesHash, Scope, SnapshotId, TeamId, TemplateId,
 };
 use crate::domain::{
-    build, cache_entry, files, gc_pass, node_catalog, object, promotion, sandbox, snapshot, team,
-    template,
+    build, cache_entry, files, gc_pass, node_catalog, object, promotion, sandbox, settings,
+    snapshot, team, template,
 };
 use crate::events::{Aggregate, StreamId};
 
@@ -58,6 +58,10 @@ pub fn sandbox_stream(sandbox: &sandbox::SandboxId) -> StreamId {
     id(ids::stream::sandbox(sandbox))
 }
 
+pub fn settings_stream(scope: &settings::SettingsScope) -> StreamId {
+    id(ids::stream::settings(scope))
+}
+
 pub fn gc_pass_stream(pass: &str) -> StreamId {
     id(ids::stream::gc_pass(pass))
 }
@@ -96,6 +100,10 @@ aggregate!(CacheEntry => cache_entry);
 aggregate!(Object => object);
 aggregate!(GcPass => gc_pass);
 aggregate!(NodeCatalog => node_catalog);
+aggregate!(
+    /// `settings-team:{team}` or `settings-template:{team}:{template}`: pinned settings.
+    Settings => settings
+);
 aggregate!(
     /// `sandbox-{id}`: a launched template.
     SandboxStream => sandbox

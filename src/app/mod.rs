@@ -50,6 +50,7 @@ pub mod publish;
 mod refusal;
 pub mod registration;
 pub mod sandbox;
+pub mod settings;
 pub mod team;
 pub mod template;
 pub mod upload;

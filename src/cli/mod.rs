@@ -28,6 +28,7 @@ pub mod projections;
 pub mod reconcile;
 pub mod sandbox;
 pub mod sandboxes;
+pub mod settings;
 pub mod template;
 pub mod up;
 pub mod why;

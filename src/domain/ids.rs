@@ -461,6 +461,11 @@ pub mod stream {
         encode("sandbox", &[id.as_str()])
     }
 
+    /// A team's or a template's pinned settings (`domain/settings.rs`).
+    pub fn settings(scope: &crate::domain::settings::SettingsScope) -> String {
+        encode("settings", &scope.components())
+    }
+
     /// A garbage-collection pass's lease (`domain/gc_pass.rs`).
     pub fn gc_pass(pass: &str) -> String {
         encode("gcpass", &[pass])

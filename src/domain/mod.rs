@@ -55,6 +55,7 @@ pub mod promotion;
 pub mod reachability;
 pub mod retention;
 pub mod sandbox;
+pub mod settings;
 pub mod snapshot;
 pub mod start;
 pub mod team;

@@ -44,6 +44,7 @@ BLOCKS = {
     "strata template export NAME[:TAG] ./out --team TEAM": ("sh", ["run", "run"]),
     "strata reconcile --only attempt-expiry --only promotion --schedule '*/2 * * * * *'": ("sh", ["serve", "help"]),
     "strata bench upload": ("sh", ["help"] * 11),
+    "strata settings pin --team acme cache.mode=final": ("sh", ["run"] * 4),
     # Several processes sharing one Postgres and one bucket: run as written by
     # tests/integration/multi_node.rs against a local S3-protocol server.
     "export DATABASE_URL=postgres://strata:secret@127.0.0.1:5432/strata": ("sh", ["multi_node"] * 14),

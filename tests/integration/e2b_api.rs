@@ -1217,3 +1217,100 @@ async fn the_start_records_the_services_cache_mode_and_an_unknown_one_is_skipped
         assert_eq!(resolved.skipped.len(), skipped, "{setting}: {resolved:?}");
     }
 }
+
+#[tokio::test]
+async fn pins_move_a_team_and_a_template_between_modes_over_the_service_setting() {
+    use strata::domain::cache_mode::{CacheMode, Level};
+    use strata::domain::settings::{SettingsScope, CACHE_MODE};
+    let (db, _data, api) = setup(&["--cache-mode", "final"]).await;
+    let c = client(&api, key_for(&db, "acme").await);
+    let store = strata::app::event_store(db.pool.clone());
+    // One context per command: a context's id makes a retry of the same command a replay.
+    let ctx = || {
+        strata::app::CommandContext::new(strata::events::Metadata::new(strata::events::Actor::new(
+            strata::events::ActorRole::Cli,
+            "operator",
+        )))
+    };
+    let team = strata::domain::ids::TeamId::parse("acme").unwrap();
+    let started = |name: &'static str| {
+        let c = &c;
+        let store = &store;
+        async move {
+            let (template, build) = c.register(name).await;
+            let (_, url) = c.link(&template, HASH_A).await;
+            c.put(&url, tar_gz(&[("app/a.txt", b"hi")])).await;
+            let (code, body) = c.start(&template, &build, HASH_A).await;
+            assert_eq!(code, 202, "{body}");
+            let id = strata::domain::ids::BuildId::parse(&build).unwrap();
+            let state = strata::events::command::load::<strata::streams::Build>(
+                store,
+                &strata::streams::build_stream(&id),
+            )
+            .await
+            .unwrap()
+            .state;
+            let r = state.cache_mode.unwrap();
+            (
+                (r.mode, r.level),
+                strata::domain::ids::TemplateId::parse(&template).unwrap(),
+            )
+        }
+    };
+    let (mode, web) = started("web").await;
+    assert_eq!(mode, (CacheMode::Final, Level::Service));
+
+    let now = chrono::Utc::now();
+    let team_scope = SettingsScope::Team(team.clone());
+    strata::app::settings::pin(&store, &ctx(), &team_scope, CACHE_MODE, "off", now)
+        .await
+        .unwrap();
+    assert_eq!(started("web").await.0, (CacheMode::Off, Level::Team));
+    // Back to the step cache for this team, while the service says final.
+    strata::app::settings::pin(&store, &ctx(), &team_scope, CACHE_MODE, "steps", now)
+        .await
+        .unwrap();
+    assert_eq!(started("web").await.0, (CacheMode::Steps, Level::Team));
+    // One template over its team.
+    let web_scope = SettingsScope::Template(team.clone(), web);
+    strata::app::settings::pin(&store, &ctx(), &web_scope, CACHE_MODE, "final", now)
+        .await
+        .unwrap();
+    assert_eq!(started("web").await.0, (CacheMode::Final, Level::Template));
+    assert_eq!(started("api").await.0, (CacheMode::Steps, Level::Team));
+    // Unpinned, each falls back a level.
+    strata::app::settings::unpin(&store, &ctx(), &web_scope, CACHE_MODE, now)
+        .await
+        .unwrap();
+    strata::app::settings::unpin(&store, &ctx(), &team_scope, CACHE_MODE, now)
+        .await
+        .unwrap();
+    assert_eq!(started("web").await.0, (CacheMode::Final, Level::Service));
+    // A bad pin is refused and changes nothing.
+    let err = strata::app::settings::pin(&store, &ctx(), &team_scope, CACHE_MODE, "fast", now)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("\"fast\""), "{err}");
+    assert!(strata::app::settings::read(&store, &team_scope)
+        .await
+        .unwrap()
+        .pins
+        .is_empty());
+    // The audit trail: who pinned what, in order, on the team's settings stream.
+    let events = store
+        .read_stream_all(&strata::streams::settings_stream(&team_scope))
+        .await
+        .unwrap();
+    let trail: Vec<(String, String)> = events
+        .iter()
+        .map(|e| (e.event_type.clone(), e.metadata.actor.node.clone()))
+        .collect();
+    assert_eq!(
+        trail,
+        [
+            ("SettingPinned.v1".to_string(), "operator".to_string()),
+            ("SettingPinned.v1".to_string(), "operator".to_string()),
+            ("SettingUnpinned.v1".to_string(), "operator".to_string()),
+        ]
+    );
+}

@@ -39,6 +39,15 @@ pub async fn start_build(
         .check_steps(spec.steps.len())
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     check_build_of(&state, &team.0, &template_id, &build_id).await?;
+    // The template's pin, the team's, the service's setting: what the build runs for life.
+    let cache_mode = crate::app::settings::resolve_cache_mode(
+        &state.events,
+        &team.0,
+        &template_id,
+        state.protocol.cache_mode.as_deref(),
+    )
+    .await
+    .map_err(|e| ApiError::internal("reading the cache mode pins", &e))?;
 
     if let BaseSource::Image { reference, .. } = &spec.base {
         ImageRef::parse(reference)
@@ -76,12 +85,7 @@ pub async fn start_build(
         &build_id,
         spec,
         fingerprint,
-        Some(crate::domain::cache_mode::resolve(
-            &crate::domain::cache_mode::ModeSettings {
-                service: state.protocol.cache_mode.clone(),
-                ..Default::default()
-            },
-        )),
+        Some(cache_mode),
         now,
         queue_deadline,
     )

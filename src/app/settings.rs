@@ -1,0 +1,82 @@
+//! Pinned settings of a team or a template: pin, unpin, read, and what a build's cache mode
+//! resolves to at start.
+//!
+//! Rules and events: `domain/settings.rs` (`Pin` → `SettingPinned`, `Unpin` →
+//! `SettingUnpinned`) on `settings-{scope}` streams; no read model: a start reads the two
+//! streams of its build's team and template, each a handful of events.
+
+use chrono::{DateTime, Utc};
+
+use super::{CommandContext, Error};
+use crate::domain::cache_mode::{self, ModeSettings, ResolvedMode};
+use crate::domain::ids::{TeamId, TemplateId};
+use crate::domain::settings::{self, SettingsScope, CACHE_MODE};
+use crate::events::command::{execute, load};
+use crate::events::{CommandError, EventStore};
+use crate::streams::{settings_stream, Settings};
+
+/// Pins `key` to `value` for `scope`; pinning the value it has already changes nothing.
+pub async fn pin(
+    store: &EventStore,
+    ctx: &CommandContext,
+    scope: &SettingsScope,
+    key: &str,
+    value: &str,
+    now: DateTime<Utc>,
+) -> Result<(), Error<settings::Error>> {
+    let command = settings::Command::Pin {
+        key: key.to_owned(),
+        value: value.to_owned(),
+        now,
+    };
+    execute::<Settings>(store, &settings_stream(scope), &command, ctx).await?;
+    Ok(())
+}
+
+/// Removes the pin of `key` for `scope`, if there is one.
+pub async fn unpin(
+    store: &EventStore,
+    ctx: &CommandContext,
+    scope: &SettingsScope,
+    key: &str,
+    now: DateTime<Utc>,
+) -> Result<(), Error<settings::Error>> {
+    let command = settings::Command::Unpin {
+        key: key.to_owned(),
+        now,
+    };
+    execute::<Settings>(store, &settings_stream(scope), &command, ctx).await?;
+    Ok(())
+}
+
+/// The pins of `scope`.
+pub async fn read(
+    store: &EventStore,
+    scope: &SettingsScope,
+) -> Result<settings::State, CommandError<settings::Error>> {
+    Ok(load::<Settings>(store, &settings_stream(scope))
+        .await?
+        .state)
+}
+
+/// The cache mode a build of `template` in `team` starts with: the template's pin, the team's,
+/// the service's setting, the default.
+pub async fn resolve_cache_mode(
+    store: &EventStore,
+    team: &TeamId,
+    template: &TemplateId,
+    service: Option<&str>,
+) -> Result<ResolvedMode, CommandError<settings::Error>> {
+    let template_pins = read(
+        store,
+        &SettingsScope::Template(team.clone(), template.clone()),
+    )
+    .await?;
+    let team_pins = read(store, &SettingsScope::Team(team.clone())).await?;
+    let value = |s: &settings::State| s.pins.get(CACHE_MODE).map(|p| p.value.clone());
+    Ok(cache_mode::resolve(&ModeSettings {
+        template: value(&template_pins),
+        team: value(&team_pins),
+        service: service.map(str::to_owned),
+    }))
+}

@@ -1,0 +1,143 @@
+//! `strata settings`: pin a setting for a team or one of its templates, unpin it, show what
+//! applies. A pin is the rollback lever that moves one tenant without a deploy; `strata history
+//! settings-team:T` is who moved it when.
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use strata::app::CommandContext;
+use strata::domain::ids::TeamId;
+use strata::domain::settings::{SettingsScope, CACHE_MODE};
+use strata::events::command::load;
+use strata::events::{Actor, ActorRole, EventStore, Metadata};
+use strata::streams::{template_name_stream, TemplateName};
+
+use strata::config::StorageArgs;
+
+#[derive(Debug, Args)]
+pub struct SettingsArgs {
+    #[command(subcommand)]
+    command: SettingsCommand,
+    #[command(flatten)]
+    storage: StorageArgs,
+}
+
+/// The scope a command acts on: a team, or one template of it.
+#[derive(Debug, Args)]
+struct ScopeArgs {
+    #[arg(long)]
+    team: String,
+    /// A template of the team, by name: the pin applies to its builds only, over the team's.
+    #[arg(long)]
+    template: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum SettingsCommand {
+    /// Pin KEY=VALUE (`cache.mode=final`): every build started from now on resolves it, over
+    /// the service's setting (and, for a template, over the team's pin).
+    Pin {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// `cache.mode=off|final|steps`.
+        setting: String,
+    },
+    /// Remove the pin of KEY; builds fall back to the next level.
+    Unpin {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        key: String,
+    },
+    /// What a build started now resolves, with the level each value comes from.
+    Show {
+        #[command(flatten)]
+        scope: ScopeArgs,
+    },
+}
+
+pub async fn run(args: SettingsArgs) -> anyhow::Result<()> {
+    let pool = super::connect_database(&args.storage).await?;
+    strata::db::migrate(&pool)
+        .await
+        .context("applying migrations")?;
+    let store = strata::app::event_store(pool.clone());
+    let actor = std::env::var("USER").unwrap_or_else(|_| "cli".into());
+    let ctx = CommandContext::new(Metadata::new(Actor::new(ActorRole::Cli, actor)));
+    let now = strata::clock::local_now();
+    match args.command {
+        SettingsCommand::Pin { scope, setting } => {
+            let Some((key, value)) = setting.split_once('=') else {
+                bail!("give the setting as KEY=VALUE, for example {CACHE_MODE}=final");
+            };
+            let scope = resolve_scope(&store, &scope).await?;
+            strata::app::settings::pin(&store, &ctx, &scope, key.trim(), value.trim(), now)
+                .await
+                .with_context(|| format!("pinning {setting} for {scope}"))?;
+            println!("pinned {} for {scope}", setting.trim());
+        }
+        SettingsCommand::Unpin { scope, key } => {
+            let scope = resolve_scope(&store, &scope).await?;
+            strata::app::settings::unpin(&store, &ctx, &scope, key.trim(), now)
+                .await
+                .with_context(|| format!("unpinning {key} for {scope}"))?;
+            println!("unpinned {key} for {scope}");
+        }
+        SettingsCommand::Show { scope } => {
+            let resolved = resolve_scope(&store, &scope).await?;
+            let (team, template) = match &resolved {
+                SettingsScope::Team(team) => (team.clone(), None),
+                SettingsScope::Template(team, template) => (team.clone(), Some(template)),
+            };
+            let service = std::env::var("STRATA_CACHE_MODE").ok();
+            let mode = match template {
+                Some(template) => {
+                    strata::app::settings::resolve_cache_mode(
+                        &store,
+                        &team,
+                        template,
+                        service.as_deref(),
+                    )
+                    .await?
+                }
+                None => {
+                    let pins = strata::app::settings::read(&store, &resolved).await?;
+                    strata::domain::cache_mode::resolve(&strata::domain::cache_mode::ModeSettings {
+                        team: pins.pins.get(CACHE_MODE).map(|p| p.value.clone()),
+                        service,
+                        ..Default::default()
+                    })
+                }
+            };
+            println!("{CACHE_MODE} = {} ({})", mode.mode, mode.level.as_str());
+            if matches!(
+                mode.level,
+                strata::domain::cache_mode::Level::Service
+                    | strata::domain::cache_mode::Level::Default
+            ) {
+                println!("  (no pin applies; the service setting is the API's STRATA_CACHE_MODE, read here from this shell's)");
+            }
+            for (level, why) in &mode.skipped {
+                println!("  skipped at the {}: {why}", level.as_str());
+            }
+        }
+    }
+    pool.close().await;
+    Ok(())
+}
+
+async fn resolve_scope(store: &EventStore, scope: &ScopeArgs) -> anyhow::Result<SettingsScope> {
+    let team = TeamId::parse(&scope.team).with_context(|| format!("team name {:?}", scope.team))?;
+    let Some(name) = &scope.template else {
+        return Ok(SettingsScope::Team(team));
+    };
+    let name = name.split_once(':').map_or(name.as_str(), |(n, _)| n);
+    let holder = load::<TemplateName>(store, &template_name_stream(&team, name))
+        .await?
+        .state
+        .holder;
+    match holder {
+        Some(template) => Ok(SettingsScope::Template(team, template)),
+        None => {
+            bail!("team {team} has no template named {name:?} (build it first, or check the name)")
+        }
+    }
+}
