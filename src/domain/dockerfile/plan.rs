@@ -836,24 +836,9 @@ fn normalize_mode(raw: &str) -> Result<String, String> {
         .ok_or_else(|| format!("--chmod={raw} is not an octal mode such as 0644"))
 }
 
-/// `path` against `base`, `.` and `..` resolved; always absolute.
+/// `path` against `base`, `.` and `..` resolved; always absolute (the server's own rule).
 fn resolve(base: &str, path: &str) -> String {
-    let joined = if path.starts_with('/') {
-        path.to_string()
-    } else {
-        format!("{base}/{path}")
-    };
-    let mut parts: Vec<&str> = Vec::new();
-    for part in joined.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            other => parts.push(other),
-        }
-    }
-    format!("/{}", parts.join("/"))
+    crate::domain::build_spec::resolve_path(base, path)
 }
 
 /// The shell text of a RUN: its command, with any heredoc bodies where the shell reads them.
