@@ -1,8 +1,10 @@
-//! `strata bench cache`: what the step cache saves. One run, one throwaway database, an
-//! in-process build node on this machine's data directory, and a 10-step recipe whose middle RUN
-//! sleeps: a cold build, the unchanged rebuild (the final entry hits: nothing executes), and a
-//! rebuild with only the last step changed (resumes from step 9's checkpoint). Each is timed from
-//! registration to Ready, as a client waits for it; the warm/cold ratios are printed.
+//! `strata bench cache`: what the execution cache saves, per cache mode (ADR 0030). One run, one
+//! throwaway database, an in-process build node on this machine's data directory, and a 10-step
+//! recipe whose fifth step sleeps. For each mode of `--modes` (a fresh nonce each, so no mode
+//! reuses another's entries): a cold build, the unchanged rebuild, and rebuilds with only the
+//! first, the middle or the last mutating step changed from the cold build's. Each is timed from
+//! registration to Ready, as a client waits for it; the ratios to the mode's cold build, and each
+//! mode's cold build to `off`'s (the price of caching), are printed.
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +14,7 @@ use strata::app::registration::{register_build, RegisterBuild};
 use strata::config::StorageArgs;
 use strata::domain::build::StepOutcome;
 use strata::domain::build_spec::{TemplateBuildStartV2, TemplateName};
+use strata::domain::cache_mode::{self, CacheMode};
 use strata::domain::ids::{BuildId, TeamId};
 use strata::events::command::{load, CommandContext};
 use strata::events::{Actor, ActorRole, EventStore, Metadata};
@@ -28,6 +31,9 @@ pub struct BenchCacheArgs {
     /// Base image of the recipe (from this node's image catalog).
     #[arg(long, default_value = "busybox")]
     image: String,
+    /// The cache modes to compare, in order: `off`, `final`, `steps`.
+    #[arg(long, value_delimiter = ',', default_value = "steps")]
+    modes: Vec<String>,
     #[command(flatten)]
     storage: StorageArgs,
 }
@@ -41,6 +47,11 @@ struct Timed {
 }
 
 pub async fn run(args: BenchCacheArgs) -> anyhow::Result<()> {
+    let modes = args
+        .modes
+        .iter()
+        .map(|m| m.parse::<CacheMode>().map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let storage = args.storage.clone();
     super::bench::with_bench_database(&storage, |options, where_| async move {
         let pool = super::bench::bench_pool(options, 4).await?;
@@ -58,63 +69,94 @@ pub async fn run(args: BenchCacheArgs) -> anyhow::Result<()> {
             "bench{}",
             &Uuid::new_v4().simple().to_string()[..8]
         ))?;
-        // A fresh nonce: no checkpoint of an earlier run on this node can be reused.
-        let nonce = Uuid::new_v4();
         let result = async {
-            let mut runs = Vec::new();
-            for (label, last) in [
-                ("cold", "last-v1"),
-                ("unchanged rebuild", "last-v1"),
-                ("last step changed", "last-v2"),
-            ] {
-                let spec = recipe(&args, nonce, last)?;
-                runs.push(timed(&store, &team, label, spec).await?);
+            let mut by_mode = Vec::new();
+            for &mode in &modes {
+                // A fresh nonce per mode: no checkpoint of another mode or run is reused.
+                let nonce = Uuid::new_v4();
+                let mut runs = Vec::new();
+                for (label, changed) in [
+                    ("cold", None),
+                    ("unchanged rebuild", None),
+                    ("first step changed", Some(Changed::First)),
+                    ("middle step changed", Some(Changed::Middle)),
+                    ("last step changed", Some(Changed::Last)),
+                ] {
+                    let spec = recipe(&args, nonce, changed)?;
+                    runs.push(timed(&store, &team, label, spec, mode).await?);
+                }
+                by_mode.push((mode, runs));
             }
-            Ok::<_, anyhow::Error>(runs)
+            Ok::<_, anyhow::Error>(by_mode)
         }
         .await;
         shutdown.cancel();
         node.await.context("build node task")??;
-        let runs = result?;
+        let by_mode = result?;
         println!(
             "strata bench cache ({where_}; 10 steps, RUN sleep {} s at step 5, image {})",
             args.sleep_secs, args.image
         );
-        println!(
-            "{:<20} {:>9} {:>9} {:>7} {:>12}",
-            "build", "seconds", "executed", "cached", "ratio/cold"
-        );
-        let cold = runs[0].seconds;
-        for r in &runs {
+        let off_cold = by_mode
+            .iter()
+            .find(|(m, _)| *m == CacheMode::Off)
+            .map(|(_, runs)| runs[0].seconds);
+        for (mode, runs) in &by_mode {
+            println!("\nmode {mode}");
             println!(
-                "{:<20} {:>9.3} {:>9} {:>7} {:>12.3}",
-                r.label,
-                r.seconds,
-                r.executed,
-                r.cached,
-                r.seconds / cold
+                "{:<20} {:>9} {:>9} {:>7} {:>12}",
+                "build", "seconds", "executed", "cached", "ratio/cold"
             );
+            let cold = runs[0].seconds;
+            for r in runs {
+                println!(
+                    "{:<20} {:>9.3} {:>9} {:>7} {:>12.3}",
+                    r.label,
+                    r.seconds,
+                    r.executed,
+                    r.cached,
+                    r.seconds / cold
+                );
+            }
+            if let Some(off) = off_cold {
+                println!("cold build against mode off's: {:.3}", cold / off);
+            }
         }
         Ok(())
     })
     .await
 }
 
-fn recipe(args: &BenchCacheArgs, nonce: Uuid, last: &str) -> anyhow::Result<TemplateBuildStartV2> {
+/// Which mutating step of the recipe a rebuild changes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Changed {
+    First,
+    Middle,
+    Last,
+}
+
+fn recipe(
+    args: &BenchCacheArgs,
+    nonce: Uuid,
+    changed: Option<Changed>,
+) -> anyhow::Result<TemplateBuildStartV2> {
     let step =
         |kind: &str, a: &[&str]| serde_json::json!({"type": kind, "args": a, "force": false});
+    let variant = |which: Changed| if changed == Some(which) { "v2" } else { "v1" };
+    let first = format!("echo one-{} > one", variant(Changed::First));
     let sleep = format!("sleep {}; echo {nonce} > slow", args.sleep_secs);
-    let last = format!("echo {last} > last");
+    let middle = format!("echo six-{} > six", variant(Changed::Middle));
+    let last = format!("echo last-{} > last", variant(Changed::Last));
     let spec = serde_json::json!({
         "fromImage": args.image,
         "force": false,
         "steps": [
             step("ENV", &["A", "1"]),
             step("WORKDIR", &["/tmp/bench"]),
-            step("RUN", &["echo one > one"]),
+            step("RUN", &[&first]),
             step("RUN", &["echo two > two"]),
             step("RUN", &[&sleep]),
-            step("RUN", &["echo six > six"]),
+            step("RUN", &[&middle]),
             step("ENV", &["B", "2"]),
             step("RUN", &["cat one two > both"]),
             step("WORKDIR", &["sub"]),
@@ -134,12 +176,27 @@ async fn timed(
     team: &TeamId,
     label: &'static str,
     spec: TemplateBuildStartV2,
+    mode: CacheMode,
 ) -> anyhow::Result<Timed> {
     let began = Instant::now();
     let build = register(store, team, label).await?;
     let now = strata::clock::local_now();
     let queue_deadline = now + chrono::Duration::minutes(10);
-    strata::app::build::start_build(store, &context(), &build, spec, now, queue_deadline).await?;
+    let resolved = cache_mode::resolve(&cache_mode::ModeSettings {
+        service: Some(mode.as_str().to_owned()),
+        ..Default::default()
+    });
+    strata::app::build::start_build_keyed(
+        store,
+        &context(),
+        &build,
+        spec,
+        None,
+        Some(resolved),
+        now,
+        queue_deadline,
+    )
+    .await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let phase = strata::projections::builds::phase_of(store.pool(), &build).await?;
