@@ -301,7 +301,12 @@ fn plan_dockerfile(
     let options = PlanOptions {
         build_args: args.build_args.iter().cloned().collect::<BTreeMap<_, _>>(),
         target: args.target.clone(),
-        context_directories: context_directories(context),
+        // A walk of the whole context, needed only to place a `--chown`'s new directories.
+        context_directories: if file.has_chown() {
+            context_directories(context)
+        } else {
+            Default::default()
+        },
     };
     dockerfile::plan(&file, &options)
 }

@@ -26,6 +26,17 @@ pub struct Dockerfile {
     pub stages: Vec<Stage>,
 }
 
+impl Dockerfile {
+    /// Whether any COPY or ADD gives its files an owner (`--chown`): only those need to know
+    /// which of their sources are directories ([`PlanOptions::context_directories`]).
+    pub fn has_chown(&self) -> bool {
+        self.stages
+            .iter()
+            .flat_map(|s| &s.instructions)
+            .any(|l| matches!(&l.instruction, Instruction::Copy { chown: Some(_), .. }))
+    }
+}
+
 /// One `FROM` and the instructions up to the next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stage {

@@ -965,6 +965,16 @@ mod tests {
     }
 
     #[test]
+    fn only_a_file_with_a_chown_needs_the_contexts_directories() {
+        assert!(parse("FROM busybox\nCOPY --chown=app a /b\n")
+            .unwrap()
+            .has_chown());
+        assert!(!parse("FROM busybox\nCOPY a /b\nRUN chown app /b\n")
+            .unwrap()
+            .has_chown());
+    }
+
+    #[test]
     fn copy_chown_first_creates_the_missing_directories_owned_by_the_owner() {
         let text = "FROM busybox\nWORKDIR /w\n\
             COPY --chown=1000:1000 data/*.txt /srv/data/\n\
