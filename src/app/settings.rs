@@ -59,24 +59,24 @@ pub async fn read(
         .state)
 }
 
-/// The cache mode a build of `template` in `team` starts with: the template's pin, the team's,
-/// the service's setting, the default.
+/// The cache mode a build of `template` in `team` starts with (of any template of the team
+/// without a pin of its own, when `None`): the template's pin, the team's, the service's
+/// setting, the default.
 pub async fn resolve_cache_mode(
     store: &EventStore,
     team: &TeamId,
-    template: &TemplateId,
+    template: Option<&TemplateId>,
     service: Option<&str>,
 ) -> Result<ResolvedMode, CommandError<settings::Error>> {
-    let template_pins = read(
-        store,
-        &SettingsScope::Template(team.clone(), template.clone()),
-    )
-    .await?;
-    let team_pins = read(store, &SettingsScope::Team(team.clone())).await?;
-    let value = |s: &settings::State| s.pins.get(CACHE_MODE).map(|p| p.value.clone());
+    let value = |s: settings::State| s.pins.get(CACHE_MODE).map(|p| p.value.clone());
+    let template = match template {
+        Some(t) => value(read(store, &SettingsScope::Template(team.clone(), t.clone())).await?),
+        None => None,
+    };
+    let team = value(read(store, &SettingsScope::Team(team.clone())).await?);
     Ok(cache_mode::resolve(&ModeSettings {
-        template: value(&template_pins),
-        team: value(&team_pins),
+        template,
+        team,
         service: service.map(str::to_owned),
     }))
 }

@@ -22,6 +22,8 @@ use sqlx::PgPool;
 use strata::config::StorageArgs;
 use strata::vmm::blob_store::LocalBlobStore;
 use strata::worker::{Worker, WorkerSettings};
+
+use super::bench_sdk::median;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -237,12 +239,6 @@ fn write_context(context: &Path, args: &BenchBuildArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn report(args: &BenchBuildArgs, where_: &str, times: &Times) {
     println!(
         "strata bench build ({where_}; {} rounds; 7 steps; context {} files x {} B; base {})",
@@ -253,8 +249,8 @@ fn report(args: &BenchBuildArgs, where_: &str, times: &Times) {
         "scenario", "docker s", "strata s", "strata/docker", "goal"
     );
     for (i, name) in SCENARIOS.iter().enumerate() {
-        let docker = median(&times.docker[i]);
-        let strata = median(&times.strata[i]);
+        let docker = median(times.docker[i].clone());
+        let strata = median(times.strata[i].clone());
         let ratio = strata / docker;
         println!(
             "{:<20} {:>12.3} {:>12.3} {:>14.2} {:>6} {}",

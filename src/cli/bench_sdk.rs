@@ -163,7 +163,8 @@ async fn server_timings(store: &EventStore, build_id: &str) -> anyhow::Result<Se
     })
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+/// The middle value (the upper one of an even count).
+pub(super) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
 }

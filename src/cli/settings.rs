@@ -84,29 +84,17 @@ pub async fn run(args: SettingsArgs) -> anyhow::Result<()> {
         SettingsCommand::Show { scope } => {
             let resolved = resolve_scope(&store, &scope).await?;
             let (team, template) = match &resolved {
-                SettingsScope::Team(team) => (team.clone(), None),
-                SettingsScope::Template(team, template) => (team.clone(), Some(template)),
+                SettingsScope::Team(team) => (team, None),
+                SettingsScope::Template(team, template) => (team, Some(template)),
             };
             let service = std::env::var("STRATA_CACHE_MODE").ok();
-            let mode = match template {
-                Some(template) => {
-                    strata::app::settings::resolve_cache_mode(
-                        &store,
-                        &team,
-                        template,
-                        service.as_deref(),
-                    )
-                    .await?
-                }
-                None => {
-                    let pins = strata::app::settings::read(&store, &resolved).await?;
-                    strata::domain::cache_mode::resolve(&strata::domain::cache_mode::ModeSettings {
-                        team: pins.pins.get(CACHE_MODE).map(|p| p.value.clone()),
-                        service,
-                        ..Default::default()
-                    })
-                }
-            };
+            let mode = strata::app::settings::resolve_cache_mode(
+                &store,
+                team,
+                template,
+                service.as_deref(),
+            )
+            .await?;
             println!("{CACHE_MODE} = {} ({})", mode.mode, mode.level.as_str());
             if matches!(
                 mode.level,

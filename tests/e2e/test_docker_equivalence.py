@@ -224,7 +224,9 @@ def test_strata_build_and_docker_build_give_the_same_tree(strata, team, docker, 
     # The base has no /sys; Docker's runtime makes the mountpoint for a RUN and BuildKit keeps it
     # in the layer. It is Docker's artifact, not the Dockerfile's, so it leaves the comparison.
     base = saved_tree(docker.run("save", "busybox:latest").stdout)
-    assert "/sys" not in base and docker_tree.pop("/sys")["type"] == "dir"
+    assert "/sys" not in base
+    if "/sys" in docker_tree:
+        assert docker_tree.pop("/sys")["type"] == "dir"
 
     out = build(strata, opts["api_key"], "-t", "equivalence", str(ctx))
     assert out.returncode == 0, out.stdout + out.stderr

@@ -12,31 +12,12 @@ use serde_json::json;
 use strata::domain::build::{self, CacheFound, Event, StepOutcome};
 use strata::domain::cache_entry::EntryKind;
 use strata::domain::cache_mode::{CacheMode, Level};
-use strata::events::command::load;
-use strata::streams::CacheEntry;
 use uuid::Uuid;
 
 impl Fixture {
     /// The kinds of the team's live cache entries.
     async fn entry_kinds(&self) -> Vec<EntryKind> {
-        let prefix = format!("cachekey-{}:", self.api.team);
-        let streams: Vec<String> =
-            sqlx::query_scalar("SELECT stream_id FROM streams WHERE stream_id LIKE $1 || '%'")
-                .bind(&prefix)
-                .fetch_all(&self.db.pool)
-                .await
-                .unwrap();
-        let mut kinds = Vec::new();
-        for s in streams {
-            let state = load::<CacheEntry>(&self.store, &stream(s))
-                .await
-                .unwrap()
-                .state;
-            if let Some((entry, _)) = state.live() {
-                kinds.push(entry.target.kind());
-            }
-        }
-        kinds
+        live_kinds(&self.entries().await)
     }
 
     async fn events_of(&self, build: strata::domain::ids::BuildId) -> Vec<Event> {
@@ -53,18 +34,23 @@ impl Fixture {
         self.logs(build).await.into_iter().map(|l| l.2).collect()
     }
 
-    /// Waits (bounded) until the team's live entries are `n`: the final entry is written after
-    /// the build is Ready.
+    /// The kinds of the live entries once there are `n` (the final entry is written after the
+    /// build is Ready).
     async fn entries_settle_at(&self, n: usize) -> Vec<EntryKind> {
-        for _ in 0..300 {
-            let kinds = self.entry_kinds().await;
-            if kinds.len() == n {
-                return kinds;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        self.entry_kinds().await
+        live_kinds(&self.entries_when(|e| live_kinds(e).len() == n).await)
     }
+}
+
+fn live_kinds(
+    entries: &std::collections::BTreeMap<
+        strata::domain::cache_key::CacheKey,
+        strata::domain::cache_entry::State,
+    >,
+) -> Vec<EntryKind> {
+    entries
+        .values()
+        .filter_map(|s| s.live().map(|(e, _)| e.target.kind()))
+        .collect()
 }
 
 fn recipe(nonce: Uuid, last: &str) -> serde_json::Value {

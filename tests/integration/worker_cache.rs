@@ -34,43 +34,6 @@ impl Fixture {
         self.logs(build).await.into_iter().map(|l| l.2).collect()
     }
 
-    /// Every cache entry of the fixture's team, by key.
-    async fn entries(&self) -> BTreeMap<CacheKey, cache_entry::State> {
-        let prefix = format!("cachekey-{}:", self.api.team);
-        let streams: Vec<String> =
-            sqlx::query_scalar("SELECT stream_id FROM streams WHERE stream_id LIKE $1 || '%'")
-                .bind(&prefix)
-                .fetch_all(&self.db.pool)
-                .await
-                .unwrap();
-        let mut out = BTreeMap::new();
-        for s in streams {
-            let key = CacheKey(ids::Digest::from_hex(&s[prefix.len()..]).unwrap());
-            let state = load::<CacheEntry>(&self.store, &stream(s))
-                .await
-                .unwrap()
-                .state;
-            out.insert(key, state);
-        }
-        out
-    }
-
-    /// The entries once `settled` holds of them. The final result's entry is written after the
-    /// build is Ready, so a test that reads it right after the build may be ahead of it.
-    async fn entries_when(
-        &self,
-        settled: impl Fn(&BTreeMap<CacheKey, cache_entry::State>) -> bool,
-    ) -> BTreeMap<CacheKey, cache_entry::State> {
-        let waited = std::time::Instant::now();
-        loop {
-            let entries = self.entries().await;
-            if settled(&entries) || waited.elapsed() > std::time::Duration::from_secs(30) {
-                return entries;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    }
-
     /// Retires an entry, as repair or GC does.
     async fn retire(&self, key: &CacheKey, state: &cache_entry::State) {
         let scope = ids::Scope::team(&self.api.team);

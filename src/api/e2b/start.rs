@@ -43,7 +43,7 @@ pub async fn start_build(
     let cache_mode = crate::app::settings::resolve_cache_mode(
         &state.events,
         &team.0,
-        &template_id,
+        Some(&template_id),
         state.protocol.cache_mode.as_deref(),
     )
     .await

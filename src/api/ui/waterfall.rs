@@ -56,29 +56,11 @@ pub fn render(t: &Timeline, failure: Option<&Failure>) -> Option<String> {
     let phase = |name: &str| t.phases.iter().find(|p| p.phase == name);
     let first_start = t.steps.iter().find_map(|s| s.started);
     let last_end = t.steps.iter().filter_map(|s| s.ended).max();
-    let stages = [
-        ("base", phase("building").map(|p| p.from), first_start),
-        ("finalize", last_end, phase("publishing").map(|p| p.from)),
-    ];
-    let mut stage_bars: Vec<Bar> = stages
-        .into_iter()
-        .filter_map(|(name, from, to)| {
-            let (from, to) = (from?, to?);
-            (to >= from).then(|| Bar {
-                kind: "stage",
-                name: name.to_string(),
-                outcome: "done",
-                from,
-                to,
-                detail: format!("{name} {}", seconds(from, to)),
-            })
-        })
-        .collect();
-    let finalize = stage_bars
-        .iter()
-        .position(|b| b.name == "finalize")
-        .map(|i| stage_bars.remove(i));
-    bars.extend(stage_bars);
+    bars.extend(stage(
+        "base",
+        phase("building").map(|p| p.from),
+        first_start,
+    ));
     for s in &t.steps {
         let failed = failure.filter(|f| f.step == s.step);
         let (from, to, outcome) = match (s.started, s.ended, failed) {
@@ -103,7 +85,11 @@ pub fn render(t: &Timeline, failure: Option<&Failure>) -> Option<String> {
             detail,
         });
     }
-    bars.extend(finalize);
+    bars.extend(stage(
+        "finalize",
+        last_end,
+        phase("publishing").map(|p| p.from),
+    ));
     let end = bars
         .iter()
         .map(|b| b.to)
@@ -181,6 +167,20 @@ pub fn render(t: &Timeline, failure: Option<&Failure>) -> Option<String> {
         total = span / 1e6,
     );
     Some(svg)
+}
+
+/// A bar of the building phase that is not a step (`base`, `finalize`), when both ends are
+/// known and in order.
+fn stage(name: &str, from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> Option<Bar> {
+    let (from, to) = (from?, to?);
+    (to >= from).then(|| Bar {
+        kind: "stage",
+        name: name.to_string(),
+        outcome: "done",
+        from,
+        to,
+        detail: format!("{name} {}", seconds(from, to)),
+    })
 }
 
 fn seconds(from: DateTime<Utc>, to: DateTime<Utc>) -> String {

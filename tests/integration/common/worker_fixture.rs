@@ -2,15 +2,18 @@
 //! appends (`build_api`), the node's blob store, an in-process worker, and helpers that make
 //! real tar archives and step JSON.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 use strata::domain::build::{self, Phase};
+use strata::domain::cache_entry;
+use strata::domain::cache_key::CacheKey;
 use strata::domain::ids::{self, BuildId, FilesHash, TeamId};
 use strata::events::command::load;
 use strata::events::EventStore;
-use strata::streams::Build;
+use strata::streams::{Build, CacheEntry};
 use strata::vmm::{BootSpec, Network};
 use strata::worker::{template_lookup, Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
@@ -103,6 +106,43 @@ impl Fixture {
         self.shutdown.cancel();
         if let Some(w) = self.worker.take() {
             w.await.unwrap();
+        }
+    }
+
+    /// Every cache entry of the fixture's team, by key.
+    pub async fn entries(&self) -> BTreeMap<CacheKey, cache_entry::State> {
+        let prefix = format!("cachekey-{}:", self.api.team);
+        let streams: Vec<String> =
+            sqlx::query_scalar("SELECT stream_id FROM streams WHERE stream_id LIKE $1 || '%'")
+                .bind(&prefix)
+                .fetch_all(&self.db.pool)
+                .await
+                .unwrap();
+        let mut out = BTreeMap::new();
+        for s in streams {
+            let key = CacheKey(ids::Digest::from_hex(&s[prefix.len()..]).unwrap());
+            let state = load::<CacheEntry>(&self.store, &stream(s))
+                .await
+                .unwrap()
+                .state;
+            out.insert(key, state);
+        }
+        out
+    }
+
+    /// The entries once `settled` holds of them. The final result's entry is written after the
+    /// build is Ready, so a test that reads it right after the build may be ahead of it.
+    pub async fn entries_when(
+        &self,
+        settled: impl Fn(&BTreeMap<CacheKey, cache_entry::State>) -> bool,
+    ) -> BTreeMap<CacheKey, cache_entry::State> {
+        let waited = std::time::Instant::now();
+        loop {
+            let entries = self.entries().await;
+            if settled(&entries) || waited.elapsed() > std::time::Duration::from_secs(30) {
+                return entries;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
 
