@@ -65,13 +65,18 @@ pub async fn renew(
     .await
 }
 
-/// Ends pass `pass`: its lease no longer holds anything.
+/// Ends pass `pass`: its lease no longer holds anything. `measure` is what the pass found and
+/// did, for a pass that finished its work.
 pub async fn end(
     store: &EventStore,
     ctx: &CommandContext,
     pass: &str,
+    measure: Option<gc_pass::Measure>,
 ) -> Result<(), Error<gc_pass::Error>> {
-    run(store, ctx, pass, |now| gc_pass::Command::End { now })
-        .await
-        .map(|_| ())
+    run(store, ctx, pass, |now| gc_pass::Command::End {
+        measure: measure.clone(),
+        now,
+    })
+    .await
+    .map(|_| ())
 }

@@ -10,6 +10,8 @@
 //! pass's own renewal is refused and it stops. So a mark is released only when its pass can
 //! delete nothing more.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -60,7 +62,9 @@ pub enum Command {
         lease: Duration,
         now: DateTime<Utc>,
     },
+    /// The pass is done; `measure` is what it found and did, when it got that far.
     End {
+        measure: Option<Measure>,
         now: DateTime<Utc>,
     },
     /// Someone found a mark of this pass: allowed only once the lease expired.
@@ -68,6 +72,26 @@ pub enum Command {
         by: String,
         now: DateTime<Utc>,
     },
+}
+
+/// Objects and bytes in one class of the store.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassSize {
+    pub objects: u64,
+    pub bytes: u64,
+}
+
+/// What a pass found and did, kept on its stream so the store's size can be drawn over time
+/// from the passes alone, without listing the store again.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Measure {
+    /// The store before the pass deleted, by class: `rooted` or a retention tier's name.
+    pub classes: BTreeMap<String, ClassSize>,
+    pub total_bytes: u64,
+    /// `STRATA_STORAGE_BUDGET` as the pass applied it; `None` when there is none.
+    pub budget_bytes: Option<u64>,
+    pub deleted_objects: u64,
+    pub deleted_bytes: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -84,6 +108,9 @@ pub enum Event {
         lease_until: DateTime<Utc>,
         at: DateTime<Utc>,
     },
+    /// Appended with `Ended` by a pass that finished its work.
+    #[serde(rename = "GcPassMeasured.v1")]
+    Measured { measure: Measure, at: DateTime<Utc> },
     #[serde(rename = "GcPassEnded.v1")]
     Ended { at: DateTime<Utc> },
     #[serde(rename = "GcPassFenced.v1")]
@@ -133,11 +160,15 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
                 at: *now,
             }])
         }
-        Command::End { now } => {
+        Command::End { measure, now } => {
             if state.ended || state.fenced_by.is_some() {
                 return Ok(vec![]);
             }
-            Ok(vec![Event::Ended { at: *now }])
+            let measured = measure.iter().map(|m| Event::Measured {
+                measure: m.clone(),
+                at: *now,
+            });
+            Ok(measured.chain([Event::Ended { at: *now }]).collect())
         }
         Command::Fence { by, now } => {
             if state.ended || state.fenced_by.is_some() {
@@ -164,6 +195,7 @@ pub fn evolve(mut state: State, event: &Event) -> State {
             state.lease_until = Some(*lease_until);
         }
         Event::Renewed { lease_until, .. } => state.lease_until = Some(*lease_until),
+        Event::Measured { .. } => {}
         Event::Ended { .. } => state.ended = true,
         Event::Fenced { by, .. } => state.fenced_by = Some(by.clone()),
     }
@@ -259,7 +291,16 @@ mod tests {
             now: t(63),
         };
         assert_eq!(decide(&s, &again), Ok(vec![]));
-        assert_eq!(decide(&s, &Command::End { now: t(63) }), Ok(vec![]));
+        assert_eq!(
+            decide(
+                &s,
+                &Command::End {
+                    measure: None,
+                    now: t(63)
+                }
+            ),
+            Ok(vec![])
+        );
     }
 
     #[test]
@@ -276,7 +317,16 @@ mod tests {
             ),
             Err(Error::AlreadyStarted)
         );
-        events.extend(decide(&run(&events), &Command::End { now: t(5) }).unwrap());
+        events.extend(
+            decide(
+                &run(&events),
+                &Command::End {
+                    measure: None,
+                    now: t(5),
+                },
+            )
+            .unwrap(),
+        );
         let s = run(&events);
         assert!(!s.holds_at(t(6)));
         assert!(decide(
@@ -299,5 +349,41 @@ mod tests {
             decide(&State::default(), &fence).unwrap()[..],
             [Event::Fenced { .. }]
         ));
+    }
+
+    #[test]
+    fn a_finished_pass_keeps_its_measure_and_a_fenced_one_records_none() {
+        let events = started_at(0);
+        let measure = Measure {
+            classes: [(
+                "rooted".to_string(),
+                ClassSize {
+                    objects: 2,
+                    bytes: 300,
+                },
+            )]
+            .into(),
+            total_bytes: 300,
+            budget_bytes: Some(1000),
+            deleted_objects: 1,
+            deleted_bytes: 40,
+        };
+        let end = Command::End {
+            measure: Some(measure.clone()),
+            now: t(5),
+        };
+        assert_eq!(
+            decide(&run(&events), &end),
+            Ok(vec![
+                Event::Measured { measure, at: t(5) },
+                Event::Ended { at: t(5) }
+            ])
+        );
+        let mut fenced = events.clone();
+        fenced.push(Event::Fenced {
+            by: "gc-other".into(),
+            at: t(61),
+        });
+        assert_eq!(decide(&run(&fenced), &end), Ok(vec![]));
     }
 }

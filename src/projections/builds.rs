@@ -117,13 +117,15 @@ async fn apply_one(
             ..
         } => {
             sqlx::query(
-                "UPDATE builds SET phase = 'active', epoch = $2, node = $3, lease_expires_at = $4, deadline = NULL
+                "UPDATE builds SET phase = 'active', epoch = $2, node = $3, lease_expires_at = $4, deadline = NULL,
+                 acquired_at = coalesce(acquired_at, $5)
                  WHERE build_id = $1",
             )
             .bind(build_id)
             .bind(epoch.0 as i64)
             .bind(node.as_str())
             .bind(lease_expires_at)
+            .bind(at)
             .execute(&mut *conn)
             .await?;
             sqlx::query(
@@ -185,8 +187,19 @@ async fn apply_one(
             destroy_credentials(conn, build_id).await?;
             forget_intents(conn, build_id).await?;
         }
+        Event::StepCompleted { outcome, .. } => {
+            let cached = matches!(outcome, crate::domain::build::StepOutcome::Cached { .. });
+            sqlx::query(
+                "UPDATE builds SET steps_cached = steps_cached + $2, steps_run = steps_run + $3
+                 WHERE build_id = $1",
+            )
+            .bind(build_id)
+            .bind(i32::from(cached))
+            .bind(i32::from(!cached))
+            .execute(&mut *conn)
+            .await?;
+        }
         Event::ContextBound { .. }
-        | Event::StepCompleted { .. }
         | Event::CacheConsulted { .. }
         | Event::CacheModeResolved { .. }
         | Event::BaseImageResolved { .. }

@@ -9,12 +9,15 @@
 //! * [`builds`], [`templates`], [`api_keys`]: the inline read models, each with its typed reads;
 //!   [`build_logs`]: the reads of the worker's log lines; [`team_usage`]: what a team holds,
 //!   and the admission check that holds it to its limits; [`sandboxes`]: launched sandboxes
-//!   (inline).
+//!   and their running and paused spans (inline); [`gc_passes`]: what each GC pass measured
+//!   (inline); [`activity`]: all of these over time, in a fixed number of buckets.
 //! * [`registry`] / [`run_all`]: the projections this version ships, and running them.
 
+pub mod activity;
 pub mod api_keys;
 pub mod build_logs;
 pub mod builds;
+pub mod gc_passes;
 mod projection;
 mod runner;
 pub mod sandboxes;
@@ -60,6 +63,7 @@ pub fn standing_inline() -> Vec<Arc<dyn crate::events::InlineProjection>> {
         Arc::new(api_keys::ApiKeysProjection),
         Arc::new(templates::TemplatesProjection),
         Arc::new(sandboxes::SandboxesProjection),
+        Arc::new(gc_passes::GcPassesProjection),
     ]
 }
 

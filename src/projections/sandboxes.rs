@@ -21,7 +21,8 @@ impl InlineProjection for SandboxesProjection {
         events: &[RecordedEvent],
     ) -> Result<(), sqlx::Error> {
         for item in super::events_of::<Event>(events, CATEGORY) {
-            let (id, _, event) = item?;
+            let (id, recorded, event) = item?;
+            spans(conn, id, recorded.recorded_at, &event).await?;
             match event {
                 Event::Requested {
                     request: r,
@@ -142,6 +143,39 @@ impl InlineProjection for SandboxesProjection {
         }
         Ok(())
     }
+}
+
+/// Keeps `sandbox_spans`: running from `Running` to the pause or end, paused from `Paused` (or
+/// a failed resume, which leaves it paused) to the resume or end. Times are the appends'.
+async fn spans(
+    conn: &mut PgConnection,
+    id: &str,
+    at: DateTime<Utc>,
+    event: &Event,
+) -> Result<(), sqlx::Error> {
+    let opens = match event {
+        Event::Running { .. } => Some("running"),
+        Event::Paused { .. } | Event::ResumeFailed { .. } => Some("paused"),
+        Event::Resumed { .. } | Event::Ended { .. } => None,
+        _ => return Ok(()),
+    };
+    sqlx::query("UPDATE sandbox_spans SET to_at = $2 WHERE sandbox_id = $1 AND to_at IS NULL")
+        .bind(id)
+        .bind(at)
+        .execute(&mut *conn)
+        .await?;
+    if let Some(state) = opens {
+        sqlx::query(
+            "INSERT INTO sandbox_spans (sandbox_id, state, from_at) VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(id)
+        .bind(state)
+        .bind(at)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 /// A sandbox as the API and the nodes read it.

@@ -1,5 +1,5 @@
-//! `GET /ui`: builds, filterable by phase, team and template, newest first, with the latest
-//! events of the global feed; `GET /ui/builds/{id}`: one build's timeline and its `why`;
+//! `GET /ui`: the charts over time ([`super::overview`]), then builds, filterable by phase,
+//! team and template, newest first, with the latest events of the global feed; `GET /ui/builds/{id}`: one build's timeline and its `why`;
 //! `GET /ui/builds/{id}/why.json`: the `why` answer as `strata why build ID --json` prints it.
 
 use std::fmt::Write as _;
@@ -30,6 +30,8 @@ pub struct BuildFilter {
     before: Option<String>,
     /// Rows per page.
     limit: Option<i64>,
+    /// The span of the charts over time (`1h`, `6h`, `24h`, `7d`).
+    over: Option<String>,
 }
 
 fn non_empty(s: &Option<String>) -> Option<&str> {
@@ -63,6 +65,11 @@ pub async fn list_builds(
     });
 
     let mut body = String::new();
+    // The charts head the first page only: the older pages are for reading the list.
+    if before.is_none() {
+        body.push_str(&super::overview::over_time(&state.pool, non_empty(&filter.over)).await?);
+        body.push_str("<h2>Builds</h2>");
+    }
     let opt = |v: &str| {
         format!(
             "<option{}>{v}</option>",

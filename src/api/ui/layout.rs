@@ -53,6 +53,26 @@ form.filters input,form.filters select{margin-right:8px}
 .wf-done{fill:#8c959f}.wf-open{fill:#d4a72c}.wf-executed{fill:#0969da}
 .wf-checkpointed{fill:#1f6feb}.wf-cached{fill:#1a7f37}.wf-failed{fill:#cf222e}
 .wf-marker{stroke:#9a6700;stroke-width:1;stroke-dasharray:3 2}
+.charts{display:flex;flex-wrap:wrap;gap:8px}
+figure.chart{background:#fff;border:1px solid #d0d7de;margin:0;padding:8px;flex:0 1 820px}
+figure.chart figcaption{font-weight:600}
+svg.chart{max-width:100%}
+.chart-axis{stroke:#8c959f}.chart-label{font:10px ui-monospace,monospace;fill:#57606a}
+.chart-line{fill:none;stroke-width:1.5}
+.chart-limit{stroke:#cf222e;stroke-width:1;stroke-dasharray:6 3}
+.chart-marker{stroke:#9a6700;stroke-width:1;stroke-dasharray:3 2}
+.chart-legend{margin:2px 0;font-size:12px}
+.swatch{display:inline-block;width:10px;height:10px;margin:0 4px 0 8px;background:#8c959f}
+.swatch.chart-limit{background:#cf222e}
+.chart-ready{fill:#1a7f37;background:#1a7f37}.chart-error{fill:#cf222e;background:#cf222e}
+.chart-started{stroke:#0969da;fill:#0969da;background:#0969da}
+.chart-p50{stroke:#1a7f37;fill:#1a7f37;background:#1a7f37}
+.chart-p99{stroke:#bf3989;fill:#bf3989;background:#bf3989}
+.chart-hits{fill:#1f6feb;background:#1f6feb}
+.chart-running{fill:#0969da;background:#0969da}.chart-paused{fill:#d4a72c;background:#d4a72c}
+.chart-c0{fill:#0969da;background:#0969da}.chart-c1{fill:#8250df;background:#8250df}
+.chart-c2{fill:#1a7f37;background:#1a7f37}.chart-c3{fill:#d4a72c;background:#d4a72c}
+.chart-c4{fill:#bf3989;background:#bf3989}.chart-c5{fill:#57606a;background:#57606a}
 ";
 
 /// A whole page: `title` in the tab and as the heading, `body` already escaped HTML.

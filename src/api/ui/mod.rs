@@ -2,9 +2,11 @@
 //! (the `builds` and `templates` read models, build streams, `build_logs`, the event table),
 //! never writes. Behind the admin token ([`auth`]).
 //!
+//! * [`overview`]: the charts over time heading the builds list, drawn by [`charts`].
 //! * [`builds`]: the builds list (filterable), one build's timeline and its `why`.
 //! * [`templates`]: templates with tags and results; storage on this node.
-//! * [`sandboxes`]: launched sandboxes, live and recently ended.
+//! * [`sandboxes`]: sandboxes per team, their lifetimes ([`lifetimes`]), live and recently
+//!   ended.
 //! * [`teams`]: the per-team limits and what each team holds now.
 //! * [`layout`]: the page frame and HTML escaping.
 //! * [`paging`]: newest-first pages with an "older" link.
@@ -12,7 +14,10 @@
 
 pub mod auth;
 pub mod builds;
+pub mod charts;
 pub mod layout;
+pub mod lifetimes;
+pub mod overview;
 pub mod paging;
 pub mod sandboxes;
 pub mod teams;

@@ -111,8 +111,8 @@ impl PassLease {
         }
     }
 
-    async fn end(self, env: &ReconcileEnv) {
-        if let Err(e) = app::gc_pass::end(&env.store, &context(env), &self.pass).await {
+    async fn end(self, env: &ReconcileEnv, measure: Option<gc_pass::Measure>) {
+        if let Err(e) = app::gc_pass::end(&env.store, &context(env), &self.pass, measure).await {
             tracing::warn!(pass = %self.pass, error = %e, "could not end the GC pass's lease; it expires by itself");
         }
     }
@@ -208,6 +208,29 @@ pub struct Report {
 impl Report {
     pub fn deleted_bytes(&self) -> u64 {
         self.deleted.iter().map(|p| p.size).sum()
+    }
+
+    /// What the pass's stream keeps of this report (the operator page's storage chart).
+    fn measure(&self, budget: Option<u64>) -> gc_pass::Measure {
+        gc_pass::Measure {
+            classes: self
+                .usage
+                .iter()
+                .map(|(class, u)| {
+                    (
+                        class.clone(),
+                        gc_pass::ClassSize {
+                            objects: u.objects,
+                            bytes: u.bytes,
+                        },
+                    )
+                })
+                .collect(),
+            total_bytes: self.total_before,
+            budget_bytes: budget,
+            deleted_objects: self.deleted.len() as u64,
+            deleted_bytes: self.deleted_bytes(),
+        }
     }
 }
 
@@ -305,7 +328,8 @@ pub async fn pass(
         env, policy, options, &pass_id, &mut lease, report, planned, &by_digest, broken,
     )
     .await;
-    lease.end(env).await;
+    let measure = result.as_ref().ok().map(|r| r.measure(policy.budget));
+    lease.end(env, measure).await;
     result
 }
 
