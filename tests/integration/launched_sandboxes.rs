@@ -251,7 +251,7 @@ async fn a_paused_sandbox_outlives_its_template_and_node_and_resumes_on_another_
     let api = common::api::serve(
         db.pool.clone(),
         a.path(),
-        None,
+        Some(common::chromium::TOKEN),
         &["--sandbox-start-timeout-secs", "20"],
     )
     .await;
@@ -397,4 +397,44 @@ async fn a_paused_sandbox_outlives_its_template_and_node_and_resumes_on_another_
         .call(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None)
         .await;
     assert_eq!(status, 204);
+
+    // Its life on /ui/sandboxes: running on the first node, paused (the failed resume left it
+    // paused again), running on the second, each span ended, in order.
+    let page = http
+        .get(format!("{}/ui/sandboxes", api.base))
+        .bearer_auth(common::chromium::TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let bars: Vec<&str> = page
+        .split("<rect ")
+        .skip(1)
+        .filter(|r| r.contains(&format!("data-sandbox=\"{id}\"")))
+        .map(|r| {
+            let from = r.find("data-state=\"").unwrap() + 12;
+            &r[from..from + r[from..].find('"').unwrap()]
+        })
+        .collect();
+    assert_eq!(bars, ["running", "paused", "paused", "running"], "{page}");
+    let window = strata::projections::activity::Window::ending_at(
+        strata::streams::database_now(&db.pool).await.unwrap(),
+        chrono::Duration::hours(1),
+        60,
+    );
+    let lives = strata::projections::activity::sandbox_lives(&db.pool, &window, 10)
+        .await
+        .unwrap();
+    let life = lives.iter().find(|l| l.sandbox_id == id).unwrap();
+    assert_eq!(life.state, "ended");
+    assert!(life.spans.iter().all(|s| s.to_at.is_some()), "{life:?}");
+    assert!(
+        life.spans
+            .windows(2)
+            .all(|w| w[0].to_at.unwrap() <= w[1].from_at),
+        "spans do not overlap: {life:?}"
+    );
+    common::chromium::screenshot(&api.base, "/ui/sandboxes", "sandboxes.png").await;
 }

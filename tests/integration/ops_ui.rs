@@ -5,15 +5,12 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
 use common::worker_fixture::*;
 use serde_json::json;
 use strata::domain::build::Phase;
 use strata::domain::ids::BuildId;
 
-const TOKEN: &str = "ui-admin-token-7f3a9c";
+use common::chromium::{chromium, screenshot, TOKEN};
 const SECRET: &str = "ui-test-upload-secret-0123456789abcdef0123";
 
 async fn build(fx: &Fixture, name: &str, spec: serde_json::Value) -> BuildId {
@@ -35,45 +32,6 @@ fn builds_table(page: &str) -> &str {
     let from = page.find("<table id=\"builds\">").expect("a builds table");
     let to = from + page[from..].find("</table>").unwrap();
     &page[from..to]
-}
-
-fn artifacts() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui");
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Runs headless Chromium with a fresh profile on `url`; `mode` is `--dump-dom` or
-/// `--screenshot=PATH`. Returns stdout.
-async fn chromium(url: &str, mode: &str) -> String {
-    let profile = tempfile::tempdir().unwrap();
-    let run = tokio::process::Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--window-size=1400,1800",
-            &format!("--user-data-dir={}", profile.path().display()),
-            mode,
-            url,
-        ])
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("chromium finished within 120 s")
-        .expect("chromium runs (scripts/setup.sh installs it)");
-    assert!(
-        out.status.success(),
-        "chromium failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -364,20 +322,7 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
     assert!(unauthenticated.contains("Sign in with the admin token"));
     assert!(!unauthenticated.contains(&ok.to_string()));
 
-    let shot = artifacts().join("build-timeline.png");
-    let _ = std::fs::remove_file(&shot);
-    chromium(
-        &format!("{ui}/login?token={TOKEN}&next=/ui/builds/{ok}"),
-        &format!("--screenshot={}", shot.display()),
-    )
-    .await;
-    let png = std::fs::read(&shot).expect("the screenshot was written");
-    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
-    assert!(
-        png.len() > 10_000,
-        "a blank page would be tiny: {} bytes",
-        png.len()
-    );
+    screenshot(&api.base, &format!("/ui/builds/{ok}"), "build-timeline.png").await;
     fx.stop().await;
 }
 
@@ -558,4 +503,274 @@ async fn the_teams_page_and_metrics_show_the_limits_and_the_team_at_one() {
         !metrics.contains_key("strata_team_limit{setting=\"STRATA_TEAM_MAX_RUNNING_BUILDS\"}"),
         "a limit of none is not reported"
     );
+}
+
+/// The `data-` attributes of every `<tag ` element in `svg`, in order.
+fn elements(svg: &str, tag: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    svg.split(&format!("<{tag} "))
+        .skip(1)
+        .map(|el| {
+            let el = &el[..el.find('>').unwrap()];
+            el.split("\" ")
+                .filter_map(|kv| kv.split_once("=\""))
+                .map(|(k, v)| {
+                    (
+                        k.trim().to_owned(),
+                        v.trim_end_matches(['"', '/']).to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The SVG with id `id` on `page`.
+fn svg<'a>(page: &'a str, id: &str) -> &'a str {
+    let from = page
+        .find(&format!("<svg id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no chart {id}: {page}"));
+    &page[from..from + page[from..].find("</svg>").unwrap()]
+}
+
+/// Sum of `data-value` of the `tag` elements of `series`, by bucket.
+fn by_bucket(svg: &str, tag: &str, series: &str) -> std::collections::BTreeMap<u32, f64> {
+    elements(svg, tag)
+        .into_iter()
+        .filter(|e| e.get("data-series").map(String::as_str) == Some(series))
+        .map(|e| {
+            (
+                e["data-bucket"].parse().unwrap(),
+                e["data-value"].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The overview's charts after real builds (one rebuilt from the cache, one failed) and a real
+/// GC pass: every bar and point is what the read models and the streams say, the table beside
+/// each chart has the same numbers, and Chromium renders it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_overview_charts_draw_what_the_builds_and_gc_passes_recorded() {
+    let node = common::sandbox::private_node(&["busybox"]);
+    let mut fx = Fixture::on_node(node.path()).await;
+    let api = common::api::serve(fx.db.pool.clone(), node.path(), Some(TOKEN), &[]).await;
+    let spec = json!({"fromImage": "busybox", "force": false, "steps": [
+        step("RUN", &["echo one > one.txt"]),
+        step("RUN", &["echo two > two.txt"]),
+    ]});
+    let first = build(&fx, "chart-app", spec.clone()).await;
+    let again = build(&fx, "chart-app", spec).await;
+    let failed = build(
+        &fx,
+        "chart-broken",
+        json!({"fromImage": "busybox", "force": false, "steps": [step("RUN", &["exit 3"])]}),
+    )
+    .await;
+    let builds = [first, again, failed];
+    let mut env = strata::reconcilers::ReconcileEnv {
+        store: fx.store.clone(),
+        node: "chart-gc".into(),
+        blobs: fx.blobs.clone(),
+        gc: Default::default(),
+        catalog: Some(node.path().to_path_buf()),
+    };
+    // A budget the store is within (so the pass deletes nothing) but not far below: a dry run
+    // sizes it, and records nothing.
+    let dry = strata::reconcilers::gc::PassOptions {
+        dry_run: true,
+        ..Default::default()
+    };
+    let sized = strata::reconcilers::gc::pass(&env, &env.gc, &dry)
+        .await
+        .unwrap();
+    let budget = sized.total_before * 4 / 3;
+    env.gc.budget = Some(budget);
+    let report = strata::reconcilers::gc::pass(&env, &env.gc, &Default::default())
+        .await
+        .unwrap();
+
+    let http = no_redirects();
+    let page = http
+        .get(format!("{}/ui", api.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let window = strata::projections::activity::Window::ending_at(
+        strata::streams::database_now(&fx.db.pool).await.unwrap(),
+        chrono::Duration::hours(1),
+        60,
+    );
+    let bucket = |at: chrono::DateTime<chrono::Utc>| {
+        ((at - window.from).num_milliseconds() / window.width.num_milliseconds()) as u32
+    };
+    // What the streams say, bucketed as the page does.
+    let mut ready = std::collections::BTreeMap::<u32, f64>::new();
+    let mut errors = std::collections::BTreeMap::<u32, f64>::new();
+    let mut started = std::collections::BTreeMap::<u32, f64>::new();
+    let mut steps = std::collections::BTreeMap::<u32, (f64, f64)>::new();
+    let mut waits = std::collections::BTreeMap::<u32, Vec<f64>>::new();
+    for b in builds {
+        let (queued, acquired, finished): (
+            chrono::DateTime<chrono::Utc>,
+            chrono::DateTime<chrono::Utc>,
+            chrono::DateTime<chrono::Utc>,
+        ) = sqlx::query_as(
+            "SELECT queued_at, acquired_at, finished_at FROM builds WHERE build_id = $1",
+        )
+        .bind(b.as_uuid())
+        .fetch_one(&fx.db.pool)
+        .await
+        .unwrap();
+        let state = fx.state(b).await;
+        let into = if matches!(state.phase, Phase::Ready { .. }) {
+            &mut ready
+        } else {
+            &mut errors
+        };
+        *into.entry(bucket(finished)).or_default() += 1.0;
+        *started.entry(bucket(queued)).or_default() += 1.0;
+        let cached = state
+            .progress
+            .values()
+            .filter(|o| matches!(o, strata::domain::build::StepOutcome::Cached { .. }))
+            .count() as f64;
+        let s = steps.entry(bucket(finished)).or_default();
+        s.0 += cached;
+        s.1 += state.progress.len() as f64;
+        waits
+            .entry(bucket(acquired))
+            .or_default()
+            .push((acquired - queued).num_milliseconds() as f64 / 1000.0);
+    }
+    assert!(
+        steps.values().any(|(cached, _)| *cached > 0.0),
+        "the rebuild came from the cache: {steps:?}"
+    );
+
+    let chart = svg(&page, "chart-builds");
+    assert_eq!(by_bucket(chart, "rect", "ready"), ready, "{chart}");
+    assert_eq!(by_bucket(chart, "rect", "failed"), errors, "{chart}");
+    assert_eq!(by_bucket(chart, "circle", "started"), started, "{chart}");
+    let chart = svg(&page, "chart-cache");
+    let expected: std::collections::BTreeMap<u32, f64> = steps
+        .iter()
+        .filter(|(_, (_, all))| *all > 0.0)
+        .map(|(b, (cached, all))| (*b, cached / all))
+        .collect();
+    let drawn = by_bucket(chart, "rect", "cached");
+    assert_eq!(
+        drawn.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>()
+    );
+    for (b, ratio) in &expected {
+        assert!(
+            (drawn[b] - ratio).abs() < 1e-9,
+            "bucket {b}: {drawn:?} against {expected:?}"
+        );
+    }
+    let chart = svg(&page, "chart-queue-wait");
+    let p50 = by_bucket(chart, "circle", "p50");
+    assert_eq!(
+        p50.keys().collect::<Vec<_>>(),
+        waits.keys().collect::<Vec<_>>()
+    );
+    for (b, w) in &waits {
+        let (lo, hi) = w
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), v| (l.min(*v), h.max(*v)));
+        assert!(
+            lo - 0.001 <= p50[b] && p50[b] <= hi + 0.001,
+            "{p50:?} against {waits:?}"
+        );
+    }
+    // The store as the pass measured it, each class a bar in the pass's bucket, the budget a
+    // line, the pass a marker.
+    let passes: i64 = sqlx::query_scalar("SELECT count(*) FROM gc_passes")
+        .fetch_one(&fx.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(passes, 1, "a dry run records no pass");
+    let pass_bucket: u32 = {
+        let started: chrono::DateTime<chrono::Utc> =
+            sqlx::query_scalar("SELECT started_at FROM gc_passes WHERE pass_id = $1")
+                .bind(&report.pass)
+                .fetch_one(&fx.db.pool)
+                .await
+                .unwrap();
+        bucket(started)
+    };
+    let chart = svg(&page, "chart-storage");
+    for (class, usage) in report.usage.iter().filter(|(_, u)| u.bytes > 0) {
+        assert_eq!(
+            by_bucket(chart, "rect", class).get(&pass_bucket),
+            Some(&(usage.bytes as f64)),
+            "{class}: {chart}"
+        );
+    }
+    assert!(report.usage["rooted"].bytes > 0, "{:?}", report.usage);
+    let limit = elements(chart, "line")
+        .into_iter()
+        .find(|l| l.get("class").map(String::as_str) == Some("chart-limit"))
+        .expect("the budget line");
+    assert_eq!(limit["data-value"], budget.to_string());
+    let markers: Vec<_> = elements(chart, "line")
+        .into_iter()
+        .filter(|l| l.get("class").map(String::as_str) == Some("chart-marker"))
+        .collect();
+    assert_eq!(markers.len(), 1, "{chart}");
+    assert_eq!(markers[0]["data-bucket"], pass_bucket.to_string());
+    // Beside each chart, its numbers.
+    let table = &page[page.find("<table id=\"chart-builds-numbers\">").unwrap()..];
+    let table = &table[..table.find("</table>").unwrap()];
+    assert_eq!(
+        table.matches("<tr data-bucket=").count(),
+        ready
+            .keys()
+            .chain(errors.keys())
+            .chain(started.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        "{table}"
+    );
+    assert!(page.contains(&format!(
+        "{} builds started, {} ready, {} failed",
+        builds.len(),
+        ready.values().sum::<f64>(),
+        errors.values().sum::<f64>()
+    )));
+
+    for (over, status) in [("7d", 200), ("24h", 200), ("yesterday", 400)] {
+        let resp = http
+            .get(format!("{}/ui?over={over}", api.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{over}");
+        if status == 200 {
+            let text = resp.text().await.unwrap();
+            assert!(text.contains("data-buckets=\"60\""), "{over}");
+        }
+    }
+
+    let dom = chromium(
+        &format!("{}/ui/login?token={TOKEN}&next=/ui", api.base),
+        "--dump-dom",
+    )
+    .await;
+    for id in [
+        "chart-builds",
+        "chart-queue-wait",
+        "chart-cache",
+        "chart-storage",
+    ] {
+        assert!(dom.contains(&format!("<svg id=\"{id}\"")), "{id}: {dom}");
+    }
+    screenshot(&api.base, "/ui", "overview.png").await;
+    screenshot(&api.base, &format!("/ui/builds/{again}"), "waterfall.png").await;
+    fx.stop().await;
 }

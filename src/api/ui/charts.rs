@@ -10,8 +10,8 @@ use std::fmt::Write;
 use super::layout::escape;
 use crate::projections::activity::Window;
 
-const PLOT_WIDTH: f64 = 720.0;
-const PLOT_HEIGHT: f64 = 140.0;
+const PLOT_WIDTH: f64 = 540.0;
+const PLOT_HEIGHT: f64 = 110.0;
 const LEFT: f64 = 70.0;
 const TOP: f64 = 8.0;
 const BOTTOM: f64 = 22.0;
@@ -123,10 +123,10 @@ impl Chart<'_> {
             tt = TOP + 8.0,
             tops = escape(&self.unit.format(top)),
         );
-        for i in [0, n / 2, n - 1] {
+        for (i, anchor) in [(0, "start"), (n / 2, "middle"), (n, "end")] {
             let _ = write!(
                 svg,
-                "<text class=\"chart-label\" x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                "<text class=\"chart-label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\">{}</text>",
                 x(i),
                 h - 6.0,
                 self.window.start_of(i as u32).format("%m-%d %H:%M"),

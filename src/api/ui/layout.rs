@@ -54,7 +54,7 @@ form.filters input,form.filters select{margin-right:8px}
 .wf-checkpointed{fill:#1f6feb}.wf-cached{fill:#1a7f37}.wf-failed{fill:#cf222e}
 .wf-marker{stroke:#9a6700;stroke-width:1;stroke-dasharray:3 2}
 .charts{display:flex;flex-wrap:wrap;gap:8px}
-figure.chart{background:#fff;border:1px solid #d0d7de;margin:0;padding:8px;flex:0 1 820px}
+figure.chart{background:#fff;border:1px solid #d0d7de;margin:0;padding:8px;flex:0 1 640px}
 figure.chart figcaption{font-weight:600}
 svg.chart{max-width:100%}
 .chart-axis{stroke:#8c959f}.chart-label{font:10px ui-monospace,monospace;fill:#57606a}

@@ -14,9 +14,14 @@ const LABEL_WIDTH: f64 = 260.0;
 const ROW: f64 = 16.0;
 const BAR: f64 = 10.0;
 
-/// The SVG of `lives` over `w`; an open span runs to `now`.
+/// The SVG of `lives` in `w`; an open span runs to `now`. The axis is fitted to the spans (from
+/// the first start to the last end, within `w`), so a life of seconds is not a sliver.
 pub fn render(w: &Window, lives: &[SandboxLife], now: DateTime<Utc>) -> String {
-    let (from, to) = (w.from, w.end());
+    let spans = || lives.iter().flat_map(|l| &l.spans);
+    let first = spans().map(|s| s.from_at).min().unwrap_or(w.from);
+    let last = spans().map(|s| s.to_at.unwrap_or(now)).max().unwrap_or(now);
+    let from = first.clamp(w.from, w.end());
+    let to = last.clamp(from, w.end());
     let span = ((to - from).num_milliseconds() as f64).max(1.0);
     let x = |at: DateTime<Utc>| {
         let at = at.clamp(from, to);
@@ -69,8 +74,8 @@ pub fn render(w: &Window, lives: &[SandboxLife], now: DateTime<Utc>) -> String {
         "<line class=\"chart-axis\" x1=\"{LABEL_WIDTH}\" y1=\"{axis:.1}\" x2=\"{r}\" y2=\"{axis:.1}\"/>\
          <text class=\"chart-label\" x=\"{LABEL_WIDTH}\" y=\"{t:.1}\">{}</text>\
          <text class=\"chart-label\" x=\"{r}\" y=\"{t:.1}\" text-anchor=\"end\">{}</text></svg>",
-        from.format("%m-%d %H:%M"),
-        to.format("%m-%d %H:%M"),
+        from.format("%m-%d %H:%M:%S"),
+        to.format("%m-%d %H:%M:%S"),
         r = LABEL_WIDTH + AXIS_WIDTH,
         t = axis + 12.0,
     );
@@ -128,13 +133,54 @@ mod tests {
                     .unwrap()
             })
             .collect();
-        let minute = AXIS_WIDTH / 60.0;
+        // The axis runs from the window's start (the first span began before it) to now.
+        let minute = AXIS_WIDTH / ((now - w.from).num_seconds() as f64 / 60.0);
         assert_eq!(widths.len(), 3, "{svg}");
         assert!((widths[0] - 15.0 * minute).abs() < 1.0, "{widths:?}");
         assert!((widths[1] - 30.0 * minute).abs() < 1.0, "{widths:?}");
-        // The open span runs to now (10:30, the window ends at 10:31).
+        // The open span runs to now (10:30; the window ends at 10:31).
         let open = (now - at(45)).num_seconds() as f64 / 60.0;
         assert!((widths[2] - open * minute).abs() < 1.0, "{widths:?}");
         assert!(svg.contains("data-state=\"paused\""));
+    }
+
+    #[test]
+    fn the_axis_fits_lives_of_seconds() {
+        let now = DateTime::parse_from_rfc3339("2026-12-04T10:30:00Z")
+            .unwrap()
+            .to_utc();
+        let w = Window::ending_at(now, Duration::hours(1), 60);
+        let at = |s: i64| now - Duration::minutes(10) + Duration::seconds(s);
+        let life = SandboxLife {
+            sandbox_id: "sbx2".into(),
+            team_id: "acme".into(),
+            alias: "app".into(),
+            state: "ended".into(),
+            requested_at: at(0),
+            ended_at: Some(at(20)),
+            end_reason: Some("killed".into()),
+            spans: vec![
+                Span {
+                    state: "running".into(),
+                    from_at: at(0),
+                    to_at: Some(at(10)),
+                },
+                Span {
+                    state: "paused".into(),
+                    from_at: at(10),
+                    to_at: Some(at(20)),
+                },
+            ],
+        };
+        let svg = render(&w, &[life], now);
+        let halves: Vec<&str> = svg.split("<rect ").skip(1).collect();
+        assert_eq!(halves.len(), 2);
+        for r in halves {
+            let from = r.find(" width=\"").unwrap() + 8;
+            let width: f64 = r[from..from + r[from..].find('"').unwrap()]
+                .parse()
+                .unwrap();
+            assert!((width - AXIS_WIDTH / 2.0).abs() < 1.0, "{svg}");
+        }
     }
 }

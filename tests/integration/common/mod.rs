@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod build_api;
+pub mod chromium;
 pub mod db_proxy;
 pub mod http_build;
 pub mod outside;
