@@ -6,7 +6,7 @@ pub mod error;
 pub mod sandbox_proxy;
 pub mod state;
 pub mod stream_news;
-mod ui;
+pub mod ui;
 pub mod upload_ingest;
 
 pub use state::{AppState, ProtocolSettings, StateError};

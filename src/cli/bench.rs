@@ -66,6 +66,9 @@ pub enum BenchCommand {
     /// Garbage collection: pass time and objects/s as the store grows (against listing the
     /// store and reading its streams), and storage over time with and without GC.
     Gc(super::bench_gc::BenchGcArgs),
+    /// The operator page's charts over time on a store of 1,000 and 100,000 builds, against
+    /// the builds list query of the same page.
+    Ui(super::bench_ui::BenchUiArgs),
 }
 
 #[derive(Debug, Args)]
@@ -102,6 +105,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::SandboxApi(args) => super::bench_sandbox_api::run(args).await,
         BenchCommand::Lifecycle(args) => super::bench_lifecycle::run(args).await,
         BenchCommand::Gc(args) => super::bench_gc::run(args).await,
+        BenchCommand::Ui(args) => super::bench_ui::run(args).await,
         BenchCommand::Cache(args) => super::bench_cache::run(args).await,
         BenchCommand::Build(args) => super::bench_build::run(args).await,
         BenchCommand::Pull(args) => super::bench_pull::run(args).await,

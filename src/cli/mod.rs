@@ -15,6 +15,7 @@ pub mod bench_sandbox_api;
 pub mod bench_scale;
 pub mod bench_scale_store;
 pub mod bench_sdk;
+pub mod bench_ui;
 pub mod bench_upload;
 pub mod build;
 pub mod build_client;

@@ -43,7 +43,7 @@ BLOCKS = {
     "strata image build-base": ("sh", ["run", "run", "run", "run", "help"]),
     "strata template export NAME[:TAG] ./out --team TEAM": ("sh", ["run", "run"]),
     "strata reconcile --only attempt-expiry --only promotion --schedule '*/2 * * * * *'": ("sh", ["serve", "help"]),
-    "strata bench upload": ("sh", ["help"] * 11),
+    "strata bench upload": ("sh", ["help"] * 12),
     "strata settings pin --team acme cache.mode=final": ("sh", ["run"] * 4),
     # Several processes sharing one Postgres and one bucket: run as written by
     # tests/integration/multi_node.rs against a local S3-protocol server.

@@ -774,3 +774,43 @@ async fn the_overview_charts_draw_what_the_builds_and_gc_passes_recorded() {
     screenshot(&api.base, &format!("/ui/builds/{again}"), "waterfall.png").await;
     fx.stop().await;
 }
+
+/// `strata bench ui` runs end to end on a small store (in a schema of the test's database) and
+/// prints a row per size and span with the charts' time beside the list page's.
+#[tokio::test]
+async fn bench_ui_prints_the_charts_cost_beside_the_list_page() {
+    let db = common::test_db().await;
+    let out = tokio::process::Command::new(common::strata_bin())
+        .args(["bench", "ui", "--builds", "100,300", "--runs", "1"])
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.ends_with('×')).collect();
+    assert_eq!(rows.len(), 6, "{stdout}");
+    for (row, (size, over)) in rows.iter().zip([
+        ("100", "1h"),
+        ("100", "24h"),
+        ("100", "7d"),
+        ("300", "1h"),
+        ("300", "24h"),
+        ("300", "7d"),
+    ]) {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!((cols[0], cols[1]), (size, over), "{row}");
+    }
+    // The bench's schema is gone with it.
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.schemata WHERE schema_name LIKE 'strata_bench_%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 0);
+}
