@@ -32,6 +32,9 @@ WHERE s.stream_id = 'build-' || b.build_id::text;
 CREATE INDEX builds_queued_at_idx ON builds (queued_at);
 CREATE INDEX builds_acquired_at_idx ON builds (acquired_at);
 CREATE INDEX builds_finished_at_idx ON builds (finished_at);
+-- The builds list pages newest first over every build; without this each page sorted the
+-- whole table (22 ms at 100k builds in `strata bench ui`).
+CREATE INDEX builds_registered_idx ON builds (registered_at DESC, build_id DESC);
 
 -- One row per `gcpass-{id}` stream. The measure (the store by class before the pass deleted,
 -- the budget, what it deleted) is there for passes that ended with one (GcPassMeasured.v1).
@@ -64,11 +67,12 @@ UPDATE gc_passes g SET fenced_by = e.data->>'by'
 FROM events e
 WHERE e.type = 'GcPassFenced.v1' AND e.stream_id = 'gcpass-' || g.pass_id;
 
--- A sandbox's life as spans: `running` from SandboxRunning to its pause or end, `paused` from
--- SandboxPaused (or a failed resume) to its resume or end. `to_at` is NULL while it lasts.
+-- A sandbox's life as spans, each closed by the next: `starting` from its request or a resume
+-- to running (or, for a resume that failed, paused again), `running` to its pause or end,
+-- `paused` to its resume or end. `to_at` is NULL while it lasts.
 CREATE TABLE sandbox_spans (
     sandbox_id text        NOT NULL,
-    state      text        NOT NULL CHECK (state IN ('running', 'paused')),
+    state      text        NOT NULL CHECK (state IN ('starting', 'running', 'paused')),
     from_at    timestamptz NOT NULL,
     to_at      timestamptz,
     PRIMARY KEY (sandbox_id, from_at)
@@ -78,12 +82,14 @@ CREATE INDEX sandbox_spans_open_idx ON sandbox_spans (sandbox_id) WHERE to_at IS
 
 INSERT INTO sandbox_spans (sandbox_id, state, from_at, to_at)
 SELECT sandbox_id,
-       CASE WHEN type = 'SandboxRunning.v1' THEN 'running' ELSE 'paused' END,
+       CASE WHEN type = 'SandboxRunning.v1' THEN 'running'
+            WHEN type IN ('SandboxRequested.v1', 'SandboxResumed.v1') THEN 'starting'
+            ELSE 'paused' END,
        recorded_at, next_at
 FROM (SELECT substr(stream_id, length('sandbox-') + 1) AS sandbox_id, type, recorded_at,
              lead(recorded_at) OVER (PARTITION BY stream_id ORDER BY version) AS next_at
       FROM events
-      WHERE type IN ('SandboxRunning.v1', 'SandboxPaused.v1', 'SandboxResumed.v1',
-                     'SandboxResumeFailed.v1', 'SandboxEnded.v1')) lives
-WHERE type IN ('SandboxRunning.v1', 'SandboxPaused.v1', 'SandboxResumeFailed.v1')
+      WHERE type IN ('SandboxRequested.v1', 'SandboxRunning.v1', 'SandboxPaused.v1',
+                     'SandboxResumed.v1', 'SandboxResumeFailed.v1', 'SandboxEnded.v1')) lives
+WHERE type <> 'SandboxEnded.v1'
 ON CONFLICT DO NOTHING;

@@ -223,7 +223,7 @@ pub async fn gc(pool: &sqlx::PgPool, w: &Window) -> Result<Vec<GcBucket>, sqlx::
     Ok(out)
 }
 
-/// A sandbox's life: its running and paused spans.
+/// A sandbox's life: its starting, running and paused spans.
 #[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
 pub struct SandboxLife {
     pub sandbox_id: String,
@@ -237,7 +237,7 @@ pub struct SandboxLife {
     pub spans: Vec<Span>,
 }
 
-/// Running or paused from `from` to `to` (`None`: still).
+/// Starting, running or paused from `from` to `to` (`None`: still).
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct Span {
     pub state: String,

@@ -145,8 +145,9 @@ impl InlineProjection for SandboxesProjection {
     }
 }
 
-/// Keeps `sandbox_spans`: running from `Running` to the pause or end, paused from `Paused` (or
-/// a failed resume, which leaves it paused) to the resume or end. Times are the appends'.
+/// Keeps `sandbox_spans`, each span closed by the next transition: starting from the request or
+/// a resume, running from `Running`, paused from `Paused` (or a failed resume, which leaves it
+/// paused); `Ended` closes the last. Times are the appends'.
 async fn spans(
     conn: &mut PgConnection,
     id: &str,
@@ -154,10 +155,11 @@ async fn spans(
     event: &Event,
 ) -> Result<(), sqlx::Error> {
     let opens = match event {
+        Event::Requested { .. } | Event::Resumed { .. } => Some("starting"),
         Event::Running { .. } => Some("running"),
         Event::Paused { .. } | Event::ResumeFailed { .. } => Some("paused"),
-        Event::Resumed { .. } | Event::Ended { .. } => None,
-        _ => return Ok(()),
+        Event::Ended { .. } => None,
+        Event::Placed { .. } | Event::TimeoutSet { .. } | Event::Pausing { .. } => return Ok(()),
     };
     sqlx::query("UPDATE sandbox_spans SET to_at = $2 WHERE sandbox_id = $1 AND to_at IS NULL")
         .bind(id)

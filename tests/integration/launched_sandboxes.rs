@@ -398,8 +398,9 @@ async fn a_paused_sandbox_outlives_its_template_and_node_and_resumes_on_another_
         .await;
     assert_eq!(status, 204);
 
-    // Its life on /ui/sandboxes: running on the first node, paused (the failed resume left it
-    // paused again), running on the second, each span ended, in order.
+    // Its life on /ui/sandboxes: starting and running on the first node, paused, a resume that
+    // failed (paused again), a resume on the second node, running there; each span ended, in
+    // order.
     let page = http
         .get(format!("{}/ui/sandboxes", api.base))
         .bearer_auth(common::chromium::TOKEN)
@@ -418,7 +419,11 @@ async fn a_paused_sandbox_outlives_its_template_and_node_and_resumes_on_another_
             &r[from..from + r[from..].find('"').unwrap()]
         })
         .collect();
-    assert_eq!(bars, ["running", "paused", "paused", "running"], "{page}");
+    assert_eq!(
+        bars,
+        ["starting", "running", "paused", "starting", "paused", "starting", "running"],
+        "{page}"
+    );
     let window = strata::projections::activity::Window::ending_at(
         strata::streams::database_now(&db.pool).await.unwrap(),
         chrono::Duration::hours(1),

@@ -69,7 +69,7 @@ svg.chart{max-width:100%}
 .chart-p50{stroke:#1a7f37;fill:#1a7f37;background:#1a7f37}
 .chart-p99{stroke:#bf3989;fill:#bf3989;background:#bf3989}
 .chart-hits{fill:#1f6feb;background:#1f6feb}
-.chart-running{fill:#0969da;background:#0969da}.chart-paused{fill:#d4a72c;background:#d4a72c}
+.chart-starting{fill:#afb8c1;background:#afb8c1}.chart-running{fill:#0969da;background:#0969da}.chart-paused{fill:#d4a72c;background:#d4a72c}
 .chart-c0{fill:#0969da;background:#0969da}.chart-c1{fill:#8250df;background:#8250df}
 .chart-c2{fill:#1a7f37;background:#1a7f37}.chart-c3{fill:#d4a72c;background:#d4a72c}
 .chart-c4{fill:#bf3989;background:#bf3989}.chart-c5{fill:#57606a;background:#57606a}

@@ -1,4 +1,4 @@
-//! Sandboxes' lifetimes on a time axis: one row per sandbox, grouped by team, a bar per running
+//! Sandboxes' lifetimes on a time axis: one row per sandbox, grouped by team, a bar per starting, running
 //! or paused span clipped to the window, as inline SVG. Each bar is a `<rect>` with its
 //! sandbox, state and seconds in `data-` attributes, and a hover title.
 

@@ -58,7 +58,8 @@ async fn lifetimes(state: &AppState, over: Option<&str>) -> Result<String, UiErr
     }
     let _ = write!(
         out,
-        "· <span class=\"swatch chart-running\"></span>running \
+        "· <span class=\"swatch chart-starting\"></span>starting \
+         <span class=\"swatch chart-running\"></span>running \
          <span class=\"swatch chart-paused\"></span>paused · {} sandbox{} alive in the window \
          (at most {LIVES}, the newest)</p>",
         lives.len(),
