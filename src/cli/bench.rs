@@ -67,7 +67,7 @@ pub enum BenchCommand {
     /// store and reading its streams), and storage over time with and without GC.
     Gc(super::bench_gc::BenchGcArgs),
     /// The operator page's charts over time on a store of 1,000 and 100,000 builds, against
-    /// the builds list query of the same page.
+    /// one aggregate over the same window's builds.
     Ui(super::bench_ui::BenchUiArgs),
 }
 

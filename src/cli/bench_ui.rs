@@ -1,5 +1,6 @@
 //! `strata bench ui`: what the overview's charts cost server-side as the store grows, against
-//! the builds list the same page already reads (the same-run baseline).
+//! the floor of any chart of the same builds: reading the window's builds once (the same-run
+//! baseline). The page's builds list query is printed beside them.
 //!
 //! For each size the store is filled with that many builds spread evenly over the last day
 //! (a tenth failed, ten steps each with a varying cached share, queue waits of up to a
@@ -7,7 +8,8 @@
 //! writes the read models the charts read (`builds`, `gc_passes`) in bulk SQL, in the shapes
 //! the inline projections write, rather than paying for a million command runs; the charts
 //! read nothing else. Timed: the whole "Over time" section (queries and SVG) over 1 h, 24 h
-//! and 7 d, and the builds list's query for one page, each the median of `--runs`.
+//! and 7 d; one aggregate over the window's finished builds (the floor); the builds list's query
+//! for one page; each the median of `--runs`.
 
 use std::time::Instant;
 
@@ -46,8 +48,8 @@ async fn bench(pool: &PgPool, args: &BenchUiArgs, where_: &str) -> anyhow::Resul
     println!("database: {where_}; GC passes: one per 5 minutes over the last 7 days");
     fill_gc_passes(pool).await?;
     println!(
-        "{:>9} {:>6} {:>12} {:>12} {:>8}",
-        "builds", "over", "charts", "list page", "ratio"
+        "{:>9} {:>6} {:>12} {:>12} {:>8} {:>12}",
+        "builds", "over", "charts", "floor", "ratio", "list page"
     );
     let mut filled = 0;
     for &size in &args.builds {
@@ -61,6 +63,24 @@ async fn bench(pool: &PgPool, args: &BenchUiArgs, where_: &str) -> anyhow::Resul
         })
         .await?;
         for over in ["1h", "24h", "7d"] {
+            let (_, span) =
+                strata::api::ui::overview::span(Some(over)).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let window = strata::api::ui::overview::window(pool, span)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            // The floor: reading the window's builds once, as any chart of them must.
+            let floor = time(args.runs, || async {
+                sqlx::query(
+                    "SELECT count(*), sum(steps_run) FROM builds
+                     WHERE finished_at >= $1 AND finished_at < $2",
+                )
+                .bind(window.from)
+                .bind(window.end())
+                .fetch_one(pool)
+                .await?;
+                Ok(())
+            })
+            .await?;
             let charts = time(args.runs, || async {
                 strata::api::ui::overview::over_time(pool, Some(over))
                     .await
@@ -69,10 +89,11 @@ async fn bench(pool: &PgPool, args: &BenchUiArgs, where_: &str) -> anyhow::Resul
             })
             .await?;
             println!(
-                "{size:>9} {over:>6} {:>9.2} ms {:>9.2} ms {:>7.2}×",
+                "{size:>9} {over:>6} {:>9.2} ms {:>9.2} ms {:>7.2}× {:>9.2} ms",
                 charts * 1e3,
+                floor * 1e3,
+                charts / floor,
                 list * 1e3,
-                charts / list
             );
         }
     }

@@ -566,7 +566,18 @@ async fn the_overview_charts_draw_what_the_builds_and_gc_passes_recorded() {
         json!({"fromImage": "busybox", "force": false, "steps": [step("RUN", &["exit 3"])]}),
     )
     .await;
-    let builds = [first, again, failed];
+    // A cached prefix, then a failing step: the waterfall's build.
+    let mixed = build(
+        &fx,
+        "chart-app",
+        json!({"fromImage": "busybox", "force": false, "steps": [
+            step("RUN", &["echo one > one.txt"]),
+            step("RUN", &["echo two > two.txt"]),
+            step("RUN", &["sleep 0.3; exit 4"]),
+        ]}),
+    )
+    .await;
+    let builds = [first, again, failed, mixed];
     let mut env = strata::reconcilers::ReconcileEnv {
         store: fx.store.clone(),
         node: "chart-gc".into(),
@@ -771,14 +782,62 @@ async fn the_overview_charts_draw_what_the_builds_and_gc_passes_recorded() {
         assert!(dom.contains(&format!("<svg id=\"{id}\"")), "{id}: {dom}");
     }
     screenshot(&api.base, "/ui", "overview.png").await;
-    screenshot(&api.base, &format!("/ui/builds/{again}"), "waterfall.png").await;
+
+    // The waterfall of the build with a cached prefix and a failed step: one bar per step with
+    // the outcome its events recorded, each as wide as its duration within a pixel.
+    let page = http
+        .get(format!("{}/ui/builds/{mixed}", api.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let waterfall = svg(&page, "waterfall");
+    let total: f64 = waterfall
+        .split("data-seconds=\"")
+        .nth(1)
+        .and_then(|r| r[..r.find('"').unwrap()].parse().ok())
+        .expect("the axis's seconds");
+    let steps: Vec<_> = elements(waterfall, "rect")
+        .into_iter()
+        .filter(|r| r["data-kind"] == "step")
+        .collect();
+    let outcomes: Vec<(&str, &str)> = steps
+        .iter()
+        .map(|r| (r["data-name"].as_str(), r["data-outcome"].as_str()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [("1", "cached"), ("2", "cached"), ("3", "failed")],
+        "{waterfall}"
+    );
+    let state = fx.state(mixed).await;
+    assert!(matches!(state.phase, Phase::Error { .. }));
+    for r in &steps {
+        let seconds: f64 = r["data-seconds"].parse().unwrap();
+        let width: f64 = r["width"].parse().unwrap();
+        let expected = strata::api::ui::waterfall::AXIS_WIDTH * seconds / total;
+        assert!(
+            (width - expected).abs() <= 1.0 || (expected < 1.0 && width <= 1.0 + 1e-9),
+            "step {}: {width} px for {seconds} s of {total} s",
+            r["data-name"]
+        );
+    }
+    let failed_bar: f64 = steps[2]["data-seconds"].parse().unwrap();
+    assert!(
+        failed_bar >= 0.3,
+        "the failed step ran its sleep: {failed_bar} s"
+    );
+    screenshot(&api.base, &format!("/ui/builds/{mixed}"), "waterfall.png").await;
     fx.stop().await;
 }
 
 /// `strata bench ui` runs end to end on a small store (in a schema of the test's database) and
-/// prints a row per size and span with the charts' time beside the list page's.
+/// prints a row per size and span with the charts' time beside its floor's.
 #[tokio::test]
-async fn bench_ui_prints_the_charts_cost_beside_the_list_page() {
+async fn bench_ui_prints_the_charts_cost_beside_its_floor() {
     let db = common::test_db().await;
     let out = tokio::process::Command::new(common::strata_bin())
         .args(["bench", "ui", "--builds", "100,300", "--runs", "1"])
@@ -792,7 +851,7 @@ async fn bench_ui_prints_the_charts_cost_beside_the_list_page() {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rows: Vec<&str> = stdout.lines().filter(|l| l.ends_with('×')).collect();
+    let rows: Vec<&str> = stdout.lines().filter(|l| l.contains('×')).collect();
     assert_eq!(rows.len(), 6, "{stdout}");
     for (row, (size, over)) in rows.iter().zip([
         ("100", "1h"),

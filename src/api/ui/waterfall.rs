@@ -104,7 +104,7 @@ pub fn render(t: &Timeline, failure: Option<&Failure>) -> Option<String> {
     let height = ROW * (bars.len() as f64 + 2.0);
     let mut svg = format!(
         "<svg id=\"waterfall\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{height}\" \
-         viewBox=\"0 0 {w} {height}\" data-seconds=\"{total:.3}\" role=\"img\" \
+         viewBox=\"0 0 {w} {height}\" data-seconds=\"{total:.6}\" role=\"img\" \
          aria-label=\"phases and steps on a time axis of {total:.3} s\">",
         w = LABEL_WIDTH + AXIS_WIDTH + 10.0,
         total = span / 1e6,
@@ -120,7 +120,7 @@ pub fn render(t: &Timeline, failure: Option<&Failure>) -> Option<String> {
             svg,
             "<text x=\"4\" y=\"{ty}\" class=\"wf-label\">{label}</text>\
              <rect data-kind=\"{kind}\" data-name=\"{name}\" data-outcome=\"{outcome}\" \
-             data-seconds=\"{secs:.3}\" class=\"wf-{outcome}\" x=\"{left:.2}\" y=\"{by}\" \
+             data-seconds=\"{secs:.6}\" class=\"wf-{outcome}\" x=\"{left:.2}\" y=\"{by}\" \
              width=\"{width:.2}\" height=\"{BAR}\"><title>{title}</title></rect>",
             ty = y + BAR,
             label = escape(&truncate(&label, 34)),
