@@ -265,7 +265,13 @@ pub async fn sandbox_lives(
     .fetch_all(pool)
     .await?;
     let ids: Vec<&str> = lives.iter().map(|l| l.sandbox_id.as_str()).collect();
-    let spans: Vec<(String, String, DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
+    #[derive(sqlx::FromRow)]
+    struct SpanOf {
+        sandbox_id: String,
+        #[sqlx(flatten)]
+        span: Span,
+    }
+    let spans: Vec<SpanOf> = sqlx::query_as(
         "SELECT sandbox_id, state, from_at, to_at FROM sandbox_spans
          WHERE sandbox_id = ANY($1) ORDER BY from_at",
     )
@@ -273,12 +279,8 @@ pub async fn sandbox_lives(
     .fetch_all(pool)
     .await?;
     let mut by_id: BTreeMap<String, Vec<Span>> = BTreeMap::new();
-    for (id, state, from_at, to_at) in spans {
-        by_id.entry(id).or_default().push(Span {
-            state,
-            from_at,
-            to_at,
-        });
+    for s in spans {
+        by_id.entry(s.sandbox_id).or_default().push(s.span);
     }
     for life in &mut lives {
         life.spans = by_id.remove(&life.sandbox_id).unwrap_or_default();

@@ -830,8 +830,67 @@ async fn the_overview_charts_draw_what_the_builds_and_gc_passes_recorded() {
         failed_bar >= 0.3,
         "the failed step ran its sleep: {failed_bar} s"
     );
-    screenshot(&api.base, &format!("/ui/builds/{mixed}"), "waterfall.png").await;
+
+    // A cached prefix, a step its node was lost in, and the reconciler that closed the attempt:
+    // the step is drawn failed up to the build's end, the reconciler's action a marker.
+    let lost = fx
+        .start_build(
+            "chart-app",
+            &[],
+            json!({"fromImage": "busybox", "force": false, "steps": [
+                step("RUN", &["echo one > one.txt"]),
+                step("RUN", &["echo two > two.txt"]),
+                step("RUN", &["sleep 60"]),
+            ]}),
+        )
+        .await;
+    for _ in 0..600 {
+        let logs = fx.logs(lost).await;
+        if logs.iter().any(|l| l.2.starts_with("[3/3] RUN sleep 60")) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     fx.stop().await;
+    let mut closed = false;
+    for _ in 0..200 {
+        if strata::reconcilers::attempt_expiry::pass(&env)
+            .await
+            .unwrap()
+            .applied
+            == 1
+        {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(closed, "the reconciler never closed the attempt");
+    let page = http
+        .get(format!("{}/ui/builds/{lost}", api.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let waterfall = svg(&page, "waterfall");
+    let outcomes: Vec<(String, String)> = elements(waterfall, "rect")
+        .into_iter()
+        .filter(|r| r["data-kind"] == "step")
+        .map(|r| (r["data-name"].clone(), r["data-outcome"].clone()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [("1", "cached"), ("2", "cached"), ("3", "failed")].map(|(a, b)| (a.into(), b.into())),
+        "{waterfall}"
+    );
+    assert!(
+        waterfall.contains("<title>AttemptExpired.v1 by reconciler/chart-gc</title>"),
+        "the reconciler's action is a marker: {waterfall}"
+    );
+    screenshot(&api.base, &format!("/ui/builds/{lost}"), "waterfall.png").await;
 }
 
 /// `strata bench ui` runs end to end on a small store (in a schema of the test's database) and

@@ -243,9 +243,21 @@ pub async fn show_build(
     }
     body.push_str("</table>");
 
+    // The failed step: the one the failure names, else the one the attempt was inside when it
+    // ended (a node lost mid-step), drawn up to the end of the build.
     let failure = answer.failure.as_ref().and_then(|f| {
+        let in_flight = || {
+            t.steps
+                .iter()
+                .find(|s| s.started.is_some() && s.ended.is_none())
+                .map(|s| s.step)
+        };
         Some(super::waterfall::Failure {
-            step: f.step.as_deref()?.parse().ok()?,
+            step: f
+                .step
+                .as_deref()
+                .and_then(|s| s.parse().ok())
+                .or_else(in_flight)?,
             at: t.phases.iter().rev().find_map(|p| p.to)?,
         })
     });
