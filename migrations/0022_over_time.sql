@@ -72,21 +72,23 @@ WHERE e.type = 'GcPassFenced.v1' AND e.stream_id = 'gcpass-' || g.pass_id;
 -- `paused` to its resume or end. `to_at` is NULL while it lasts.
 CREATE TABLE sandbox_spans (
     sandbox_id text        NOT NULL,
+    -- The stream version of the event that opened the span (two may share a timestamp).
+    opened_by  bigint      NOT NULL,
     state      text        NOT NULL CHECK (state IN ('starting', 'running', 'paused')),
     from_at    timestamptz NOT NULL,
     to_at      timestamptz,
-    PRIMARY KEY (sandbox_id, from_at)
+    PRIMARY KEY (sandbox_id, opened_by)
 );
 
 CREATE INDEX sandbox_spans_open_idx ON sandbox_spans (sandbox_id) WHERE to_at IS NULL;
 
-INSERT INTO sandbox_spans (sandbox_id, state, from_at, to_at)
-SELECT sandbox_id,
+INSERT INTO sandbox_spans (sandbox_id, opened_by, state, from_at, to_at)
+SELECT sandbox_id, version,
        CASE WHEN type = 'SandboxRunning.v1' THEN 'running'
             WHEN type IN ('SandboxRequested.v1', 'SandboxResumed.v1') THEN 'starting'
             ELSE 'paused' END,
        recorded_at, next_at
-FROM (SELECT substr(stream_id, length('sandbox-') + 1) AS sandbox_id, type, recorded_at,
+FROM (SELECT substr(stream_id, length('sandbox-') + 1) AS sandbox_id, version, type, recorded_at,
              lead(recorded_at) OVER (PARTITION BY stream_id ORDER BY version) AS next_at
       FROM events
       WHERE type IN ('SandboxRequested.v1', 'SandboxRunning.v1', 'SandboxPaused.v1',

@@ -273,7 +273,7 @@ pub async fn sandbox_lives(
     }
     let spans: Vec<SpanOf> = sqlx::query_as(
         "SELECT sandbox_id, state, from_at, to_at FROM sandbox_spans
-         WHERE sandbox_id = ANY($1) ORDER BY from_at",
+         WHERE sandbox_id = ANY($1) ORDER BY from_at, opened_by",
     )
     .bind(&ids)
     .fetch_all(pool)

@@ -22,7 +22,7 @@ impl InlineProjection for SandboxesProjection {
     ) -> Result<(), sqlx::Error> {
         for item in super::events_of::<Event>(events, CATEGORY) {
             let (id, recorded, event) = item?;
-            spans(conn, id, recorded.recorded_at, &event).await?;
+            spans(conn, id, recorded, &event).await?;
             match event {
                 Event::Requested {
                     request: r,
@@ -151,9 +151,10 @@ impl InlineProjection for SandboxesProjection {
 async fn spans(
     conn: &mut PgConnection,
     id: &str,
-    at: DateTime<Utc>,
+    recorded: &RecordedEvent,
     event: &Event,
 ) -> Result<(), sqlx::Error> {
+    let at = recorded.recorded_at;
     let opens = match event {
         Event::Requested { .. } | Event::Resumed { .. } => Some("starting"),
         Event::Running { .. } => Some("running"),
@@ -168,10 +169,11 @@ async fn spans(
         .await?;
     if let Some(state) = opens {
         sqlx::query(
-            "INSERT INTO sandbox_spans (sandbox_id, state, from_at) VALUES ($1, $2, $3)
-             ON CONFLICT DO NOTHING",
+            "INSERT INTO sandbox_spans (sandbox_id, opened_by, state, from_at)
+             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
         )
         .bind(id)
+        .bind(recorded.version as i64)
         .bind(state)
         .bind(at)
         .execute(&mut *conn)

@@ -31,6 +31,7 @@ mod ops_readme;
 mod ops_traces;
 mod ops_ui;
 mod ops_why;
+mod over_time_migration;
 mod placement;
 mod projections;
 mod reconcilers;
