@@ -9,13 +9,15 @@ use strata::events::{
 };
 use uuid::Uuid;
 
+type Time = chrono::DateTime<chrono::Utc>;
+
 /// Appends raw events (type and payload) to `stream` on a store with no read models, as the
 /// older version wrote them; returns each event's recorded time.
 async fn append(
     store: &EventStore,
     stream: &str,
     events: &[(&str, serde_json::Value)],
-) -> Vec<chrono::DateTime<chrono::Utc>> {
+) -> Vec<Time> {
     let mut times = vec![];
     for (event_type, data) in events {
         store
@@ -31,7 +33,7 @@ async fn append(
             )])
             .await
             .unwrap();
-        let at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        let at: Time = sqlx::query_scalar(
             "SELECT recorded_at FROM events WHERE stream_id = $1 ORDER BY version DESC LIMIT 1",
         )
         .bind(stream)
@@ -110,12 +112,7 @@ async fn the_charts_read_models_are_filled_from_the_events_before_them() {
 
     strata::db::migrate(&db.pool).await.unwrap();
 
-    let row: (
-        Option<chrono::DateTime<chrono::Utc>>,
-        Option<chrono::DateTime<chrono::Utc>>,
-        i32,
-        i32,
-    ) = sqlx::query_as(
+    let row: (Option<Time>, Option<Time>, i32, i32) = sqlx::query_as(
         "SELECT queued_at, acquired_at, steps_cached, steps_run FROM builds WHERE build_id = $1",
     )
     .bind(build)
@@ -128,12 +125,7 @@ async fn the_charts_read_models_are_filled_from_the_events_before_them() {
         "the first acquisition, every attempt's steps"
     );
 
-    let passes: Vec<(
-        String,
-        String,
-        Option<chrono::DateTime<chrono::Utc>>,
-        Option<String>,
-    )> =
+    let passes: Vec<(String, String, Option<Time>, Option<String>)> =
         sqlx::query_as("SELECT pass_id, node, ended_at, fenced_by FROM gc_passes ORDER BY pass_id")
             .fetch_all(&db.pool)
             .await
@@ -156,7 +148,7 @@ async fn the_charts_read_models_are_filled_from_the_events_before_them() {
         ]
     );
 
-    let spans: Vec<(String, chrono::DateTime<chrono::Utc>, Option<chrono::DateTime<chrono::Utc>>)> =
+    let spans: Vec<(String, Time, Option<Time>)> =
         sqlx::query_as(
             "SELECT state, from_at, to_at FROM sandbox_spans WHERE sandbox_id = 'sbxold' ORDER BY opened_by",
         )
