@@ -27,6 +27,18 @@ pub struct BuildFacts {
     pub events: Vec<BuildEvent>,
     pub state: build::State,
     pub logs: Vec<LogRow>,
+    /// The pin the build's cache mode came from, when a pin chose it.
+    pub mode_pin: Option<PinFacts>,
+}
+
+/// Who pinned a setting, where and when: the `SettingPinned` a build's resolution read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinFacts {
+    /// `team acme` or `template web of team acme`.
+    pub scope: String,
+    /// `role/node` of whoever appended the pin.
+    pub actor: String,
+    pub at: DateTime<Utc>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +70,7 @@ impl BuildFacts {
             events,
             state,
             logs,
+            mode_pin: None,
         }
     }
 
@@ -108,7 +121,48 @@ pub async fn load(store: &EventStore, build: BuildId) -> Result<BuildFacts, Fact
         });
     }
     let logs = build_logs::lines_of(store.pool(), build).await?;
-    Ok(BuildFacts::new(build, events, logs))
+    let mut facts = BuildFacts::new(build, events, logs);
+    facts.mode_pin = mode_pin(store, &facts).await?;
+    Ok(facts)
+}
+
+/// The pin a build's cache mode resolved from: the last `cache.mode` pin of the level it
+/// resolved at, recorded before the mode was (a later pin did not choose it).
+async fn mode_pin(store: &EventStore, facts: &BuildFacts) -> Result<Option<PinFacts>, FactsError> {
+    use crate::domain::cache_mode::Level;
+    use crate::domain::settings::{self, SettingsScope, CACHE_MODE};
+    let (Some(resolved), Some(reg)) = (&facts.state.cache_mode, &facts.state.registration) else {
+        return Ok(None);
+    };
+    let scope = match resolved.level {
+        Level::Team => SettingsScope::Team(reg.team.clone()),
+        Level::Template => SettingsScope::Template(reg.team.clone(), reg.template.clone()),
+        Level::Service | Level::Default => return Ok(None),
+    };
+    let Some(resolved_at) = facts.time_of(|e| matches!(e, Event::CacheModeResolved { .. })) else {
+        return Ok(None);
+    };
+    let recorded = store
+        .read_stream_all(&crate::streams::settings_stream(&scope))
+        .await
+        .map_err(|source| FactsError::Read {
+            build: facts.build,
+            source,
+        })?;
+    let pin = recorded.iter().rev().find(|r| {
+        r.recorded_at <= resolved_at
+            && matches!(r.decode::<settings::Event>(),
+                Ok(settings::Event::SettingPinned { key, .. }) if key == CACHE_MODE)
+    });
+    Ok(pin.map(|r| PinFacts {
+        scope: scope.to_string(),
+        actor: format!(
+            "{}/{}",
+            r.metadata.actor.role.as_str(),
+            r.metadata.actor.node
+        ),
+        at: r.recorded_at,
+    }))
 }
 
 /// The builds of the same template registered before `facts`' build, newest first (at most

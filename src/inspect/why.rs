@@ -68,7 +68,8 @@ pub struct CacheWhy {
     /// Why the final result was or was not cached.
     pub final_result: String,
     pub steps: Vec<StepWhy>,
-    /// The cache mode the build ran and the setting it came from (`final (team pin)`); `None`
+    /// The cache mode the build ran and the setting it came from (`final (service setting
+    /// STRATA_CACHE_MODE)`, or for a pin `final, pinned for team acme by cli/ops at …`); `None`
     /// for builds started before modes, which ran `steps`.
     pub mode: Option<String>,
 }
@@ -399,7 +400,16 @@ pub fn cache(target: &BuildFacts, prev: Option<&BuildFacts>) -> Option<CacheWhy>
             .state
             .cache_mode
             .as_ref()
-            .map(|m| format!("{} ({})", m.mode, m.level.as_str())),
+            .map(|m| match &target.mode_pin {
+                Some(pin) => format!(
+                    "{}, pinned for {} by {} at {}",
+                    m.mode,
+                    pin.scope,
+                    pin.actor,
+                    pin.at.format("%Y-%m-%d %H:%M:%S UTC")
+                ),
+                None => format!("{} ({})", m.mode, m.level.as_str()),
+            }),
     })
 }
 

@@ -1254,10 +1254,24 @@ async fn pins_move_a_team_and_a_template_between_modes_over_the_service_setting(
             (
                 (r.mode, r.level),
                 strata::domain::ids::TemplateId::parse(&template).unwrap(),
+                id,
             )
         }
     };
-    let (mode, web) = started("web").await;
+    // `strata why` names the pin a build's mode came from: who pinned it, where and when.
+    let why_mode = |build| {
+        let store = &store;
+        async move {
+            strata::inspect::why_build(store, build)
+                .await
+                .unwrap()
+                .cache
+                .expect("the cache section")
+                .mode
+                .expect("the mode")
+        }
+    };
+    let (mode, web, _) = started("web").await;
     assert_eq!(mode, (CacheMode::Final, Level::Service));
 
     let now = chrono::Utc::now();
@@ -1270,13 +1284,28 @@ async fn pins_move_a_team_and_a_template_between_modes_over_the_service_setting(
     strata::app::settings::pin(&store, &ctx(), &team_scope, CACHE_MODE, "steps", now)
         .await
         .unwrap();
-    assert_eq!(started("web").await.0, (CacheMode::Steps, Level::Team));
+    let (mode, _, steps_build) = started("web").await;
+    assert_eq!(mode, (CacheMode::Steps, Level::Team));
+    let steps_why = why_mode(steps_build).await;
+    assert!(
+        steps_why.starts_with("steps, pinned for team acme by cli/operator at "),
+        "{steps_why}"
+    );
     // One template over its team.
+    let web_id = web.clone();
     let web_scope = SettingsScope::Template(team.clone(), web);
     strata::app::settings::pin(&store, &ctx(), &web_scope, CACHE_MODE, "final", now)
         .await
         .unwrap();
-    assert_eq!(started("web").await.0, (CacheMode::Final, Level::Template));
+    let (mode, _, build) = started("web").await;
+    assert_eq!(mode, (CacheMode::Final, Level::Template));
+    let why = why_mode(build).await;
+    assert!(
+        why.starts_with(&format!(
+            "final, pinned for template {web_id} of team acme by cli/operator at "
+        )),
+        "{why}"
+    );
     assert_eq!(started("api").await.0, (CacheMode::Steps, Level::Team));
     // Unpinned, each falls back a level.
     strata::app::settings::unpin(&store, &ctx(), &web_scope, CACHE_MODE, now)
@@ -1285,7 +1314,14 @@ async fn pins_move_a_team_and_a_template_between_modes_over_the_service_setting(
     strata::app::settings::unpin(&store, &ctx(), &team_scope, CACHE_MODE, now)
         .await
         .unwrap();
-    assert_eq!(started("web").await.0, (CacheMode::Final, Level::Service));
+    let (mode, _, build) = started("web").await;
+    assert_eq!(mode, (CacheMode::Final, Level::Service));
+    assert_eq!(
+        why_mode(build).await,
+        "final (service setting STRATA_CACHE_MODE)"
+    );
+    // What the team's stream recorded after a build resolved does not change its answer.
+    assert_eq!(why_mode(steps_build).await, steps_why);
     // A bad pin is refused and changes nothing.
     let err = strata::app::settings::pin(&store, &ctx(), &team_scope, CACHE_MODE, "fast", now)
         .await
