@@ -8,6 +8,8 @@
 //! * `GET /admin/streams?category=&after=&limit=` — the catalog (a projection, may lag); `next`
 //!   is the `after` of the following page, or null at the end.
 //!
+//! * `/admin/settings`: pins of a team or template ([`super::admin_settings`]).
+//!
 //! Every route needs `Authorization: Bearer <STRATA_ADMIN_TOKEN>`: 401 without it or with a wrong
 //! one, 503 when the server has no token (the operator API is never open).
 
@@ -31,6 +33,14 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/admin/streams", get(list_streams))
         .route("/admin/streams/{stream}/events", get(read_stream_events))
         .route("/admin/events", get(read_feed_events))
+        .route(
+            "/admin/settings",
+            get(super::admin_settings::show).put(super::admin_settings::pin),
+        )
+        .route(
+            "/admin/settings/{key}",
+            axum::routing::delete(super::admin_settings::unpin),
+        )
         .route_layer(middleware::from_fn_with_state(state, require_admin_token))
 }
 
@@ -39,6 +49,10 @@ pub fn routes(state: AppState) -> Router<AppState> {
 pub enum AdminError {
     #[error("{0}")]
     BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("writing to the event store: {0}")]
+    Store(String),
     #[error("missing or wrong bearer token; send `Authorization: Bearer <STRATA_ADMIN_TOKEN>`")]
     Unauthorized,
     #[error("the operator API is closed: start the server with STRATA_ADMIN_TOKEN set")]
@@ -53,6 +67,7 @@ impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
         let status = match &self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Closed => StatusCode::SERVICE_UNAVAILABLE,
             Self::Read(ReadError::Database(
@@ -61,7 +76,7 @@ impl IntoResponse for AdminError {
             | Self::Database(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::Read(_) | Self::Database(_) => {
+            Self::Read(_) | Self::Database(_) | Self::Store(_) => {
                 tracing::error!(error = %self, "admin request failed");
                 StatusCode::INTERNAL_SERVER_ERROR
             }

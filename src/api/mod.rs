@@ -1,6 +1,7 @@
 //! HTTP surface: the E2B-compatible API and the operator API.
 
 pub mod admin;
+pub mod admin_settings;
 pub mod e2b;
 pub mod error;
 pub mod sandbox_proxy;

@@ -13,7 +13,61 @@ use crate::domain::ids::{TeamId, TemplateId};
 use crate::domain::settings::{self, SettingsScope, CACHE_MODE};
 use crate::events::command::{execute, load};
 use crate::events::{CommandError, EventStore};
-use crate::streams::{settings_stream, Settings};
+use crate::streams::{settings_stream, template_name_stream, Settings, TemplateName};
+
+/// Why a scope named by an operator is not one.
+#[derive(Debug, thiserror::Error)]
+pub enum ScopeError {
+    #[error("team name {name:?}: {reason}")]
+    Team { name: String, reason: String },
+    #[error("team {team} has no template named {name:?} (build it first, or check the name)")]
+    NoTemplate { team: TeamId, name: String },
+    #[error(transparent)]
+    Store(#[from] CommandError<settings::Error>),
+}
+
+/// The scope `team` (and, when given, its template called `template`, with or without a
+/// `:tag`) names, as the CLI and the operator API take it.
+pub async fn scope_of(
+    store: &EventStore,
+    team: &str,
+    template: Option<&str>,
+) -> Result<SettingsScope, ScopeError> {
+    let team = TeamId::parse(team).map_err(|e| ScopeError::Team {
+        name: team.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let Some(name) = template else {
+        return Ok(SettingsScope::Team(team));
+    };
+    let name = name.split_once(':').map_or(name, |(n, _)| n);
+    let holder = load::<TemplateName>(store, &template_name_stream(&team, name))
+        .await
+        .map_err(|e| ScopeError::Store(e.into_other()))?
+        .state
+        .holder;
+    match holder {
+        Some(template) => Ok(SettingsScope::Template(team, template)),
+        None => Err(ScopeError::NoTemplate {
+            team,
+            name: name.to_owned(),
+        }),
+    }
+}
+
+/// The cache mode a build of `scope` started now resolves (see [`resolve_cache_mode`]).
+pub async fn resolve_in(
+    store: &EventStore,
+    scope: &SettingsScope,
+    service: Option<&str>,
+) -> Result<ResolvedMode, CommandError<settings::Error>> {
+    match scope {
+        SettingsScope::Team(team) => resolve_cache_mode(store, team, None, service).await,
+        SettingsScope::Template(team, template) => {
+            resolve_cache_mode(store, team, Some(template), service).await
+        }
+    }
+}
 
 /// Pins `key` to `value` for `scope`; pinning the value it has already changes nothing.
 pub async fn pin(

@@ -5,11 +5,8 @@
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use strata::app::CommandContext;
-use strata::domain::ids::TeamId;
 use strata::domain::settings::{SettingsScope, CACHE_MODE};
-use strata::events::command::load;
 use strata::events::{Actor, ActorRole, EventStore, Metadata};
-use strata::streams::{template_name_stream, TemplateName};
 
 use strata::config::StorageArgs;
 
@@ -83,18 +80,9 @@ pub async fn run(args: SettingsArgs) -> anyhow::Result<()> {
         }
         SettingsCommand::Show { scope } => {
             let resolved = resolve_scope(&store, &scope).await?;
-            let (team, template) = match &resolved {
-                SettingsScope::Team(team) => (team, None),
-                SettingsScope::Template(team, template) => (team, Some(template)),
-            };
             let service = std::env::var("STRATA_CACHE_MODE").ok();
-            let mode = strata::app::settings::resolve_cache_mode(
-                &store,
-                team,
-                template,
-                service.as_deref(),
-            )
-            .await?;
+            let mode =
+                strata::app::settings::resolve_in(&store, &resolved, service.as_deref()).await?;
             println!("{CACHE_MODE} = {} ({})", mode.mode, mode.level.as_str());
             if matches!(
                 mode.level,
@@ -113,19 +101,5 @@ pub async fn run(args: SettingsArgs) -> anyhow::Result<()> {
 }
 
 async fn resolve_scope(store: &EventStore, scope: &ScopeArgs) -> anyhow::Result<SettingsScope> {
-    let team = TeamId::parse(&scope.team).with_context(|| format!("team name {:?}", scope.team))?;
-    let Some(name) = &scope.template else {
-        return Ok(SettingsScope::Team(team));
-    };
-    let name = name.split_once(':').map_or(name.as_str(), |(n, _)| n);
-    let holder = load::<TemplateName>(store, &template_name_stream(&team, name))
-        .await?
-        .state
-        .holder;
-    match holder {
-        Some(template) => Ok(SettingsScope::Template(team, template)),
-        None => {
-            bail!("team {team} has no template named {name:?} (build it first, or check the name)")
-        }
-    }
+    Ok(strata::app::settings::scope_of(store, &scope.team, scope.template.as_deref()).await?)
 }

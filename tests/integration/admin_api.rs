@@ -250,3 +250,121 @@ async fn history_feed_and_catalog_paginate() {
     let (_, all) = get_json(&client, &format!("{base}/admin/streams"), Some(TOKEN)).await;
     assert_eq!(all["streams"].as_array().unwrap().len(), 3);
 }
+
+/// Pins through the operator API: shown with the level each value comes from, pinned and
+/// unpinned for a team and a template, bad values and unknown scopes refused, each change on
+/// the scope's stream under the operator who made it.
+#[tokio::test]
+async fn settings_are_pinned_and_unpinned_through_the_operator_api() {
+    let db = common::test_db().await;
+    let data = common::data_dir();
+    let api = common::api::serve(
+        db.pool.clone(),
+        data.path(),
+        Some(TOKEN),
+        &["--cache-mode", "final"],
+    )
+    .await;
+    let builds = common::build_api::Api {
+        store: strata::app::event_store(db.pool.clone()),
+        team: strata::domain::ids::TeamId::parse("acme").unwrap(),
+    };
+    let (web, _) = builds.register("web").await;
+    let client = reqwest::Client::new();
+    let url = |q: &str| format!("{}/admin/settings?{q}", api.base);
+    let send = |req: reqwest::RequestBuilder| async move {
+        let resp = req.bearer_auth(TOKEN).send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json::<serde_json::Value>().await.unwrap())
+    };
+
+    let (status, _) = get_json(&client, &url("team=acme"), None).await;
+    assert_eq!(status, 401);
+    let (status, shown) = send(client.get(url("team=acme"))).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["pins"], serde_json::json!({}));
+    assert_eq!(shown["cache_mode"]["value"], "final");
+    assert_eq!(
+        shown["cache_mode"]["level"],
+        "service setting STRATA_CACHE_MODE"
+    );
+
+    let pin = |q: &'static str, key: &'static str, value: &'static str| {
+        client
+            .put(url(q))
+            .json(&serde_json::json!({"key": key, "value": value, "by": "alice"}))
+    };
+    let (status, team) = send(pin("team=acme", "cache.mode", "off")).await;
+    assert_eq!(status, 200, "{team}");
+    assert_eq!(team["scope"], "team acme");
+    assert_eq!(team["pins"]["cache.mode"]["value"], "off");
+    assert_eq!(
+        (&team["cache_mode"]["value"], &team["cache_mode"]["level"]),
+        (&serde_json::json!("off"), &serde_json::json!("team pin"))
+    );
+    for (key, value, says) in [
+        ("cache.mode", "fast", "\"fast\""),
+        ("cache.speed", "off", "cache.speed"),
+    ] {
+        let (status, body) = send(pin("team=acme", key, value)).await;
+        assert_eq!(status, 400, "{key}={value}: {body}");
+        assert!(body["error"].as_str().unwrap().contains(says), "{body}");
+    }
+    let (status, tpl) = send(client.get(url("team=acme&template=web"))).await;
+    assert_eq!(status, 200, "{tpl}");
+    assert_eq!(
+        tpl["cache_mode"]["level"], "team pin",
+        "the team's pin reaches its templates"
+    );
+    let (status, tpl) = send(pin("team=acme&template=web:latest", "cache.mode", "steps")).await;
+    assert_eq!(status, 200, "{tpl}");
+    assert_eq!(tpl["scope"], format!("template {web} of team acme"));
+    assert_eq!(
+        (&tpl["cache_mode"]["value"], &tpl["cache_mode"]["level"]),
+        (
+            &serde_json::json!("steps"),
+            &serde_json::json!("template pin")
+        )
+    );
+    for q in ["team=acme&template=nope", "team=Not%20A%20Team"] {
+        let (status, body) = send(client.get(url(q))).await;
+        assert_eq!(status, 404, "{q}: {body}");
+    }
+
+    let (status, team) = send(
+        client
+            .delete(format!("{}/admin/settings/cache.mode?team=acme", api.base))
+            .json(&serde_json::json!({"by": "bob"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{team}");
+    assert_eq!(team["pins"], serde_json::json!({}));
+    assert_eq!(team["cache_mode"]["value"], "final");
+
+    // The audit trail: who moved the team, in order.
+    let (status, page) = send(client.get(format!(
+        "{}/admin/streams/settings-team:acme/events",
+        api.base
+    )))
+    .await;
+    assert_eq!(status, 200, "{page}");
+    let trail: Vec<(String, String)> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_owned(),
+                e["metadata"]["actor"]["node"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        trail,
+        [
+            ("SettingPinned.v1".to_string(), "alice".to_string()),
+            ("SettingUnpinned.v1".to_string(), "bob".to_string()),
+        ],
+        "{page}"
+    );
+}
