@@ -293,6 +293,11 @@ pub struct ServeArgs {
     /// was started with; a value that is not a mode is skipped with a line in the build log.
     #[arg(long, env = "STRATA_CACHE_MODE")]
     pub cache_mode: Option<String>,
+    /// The sandbox backend builds and launched sandboxes run on unless a team or template pin
+    /// says otherwise (`strata settings pin ... sandbox.backend=…`): `namespace`, the only one
+    /// today. An unknown value is skipped, and the build log says so.
+    #[arg(long, env = "STRATA_SANDBOX_BACKEND")]
+    pub sandbox_backend: Option<String>,
 }
 
 /// Identity of this process in event metadata and logs.

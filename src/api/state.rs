@@ -49,6 +49,8 @@ pub struct ProtocolSettings {
     pub sandbox_domain: String,
     /// `STRATA_CACHE_MODE`, as given: resolved (and, when invalid, skipped) per build at start.
     pub cache_mode: Option<String>,
+    /// `STRATA_SANDBOX_BACKEND`, as given: resolved per build and sandbox like the cache mode.
+    pub sandbox_backend: Option<String>,
 }
 
 /// The host of `url` (`http://host:port/…` -> `host`).
@@ -131,6 +133,7 @@ impl AppState {
                     .filter(|d| !d.is_empty())
                     .unwrap_or_else(|| host_of(&serve.public_url()).to_owned()),
                 cache_mode: serve.cache_mode.clone(),
+                sandbox_backend: serve.sandbox_backend.clone(),
             }),
             data_dir: data_dir.to_path_buf(),
             upload_slots: Arc::new(tokio::sync::Semaphore::new(

@@ -40,7 +40,25 @@ pub async fn start_build(
     now: DateTime<Utc>,
     queue_deadline: DateTime<Utc>,
 ) -> Result<AppendOutcome, Error<build::Error>> {
-    start_build_keyed(store, ctx, build, spec, None, None, now, queue_deadline).await
+    start_build_keyed(
+        store,
+        ctx,
+        build,
+        spec,
+        None,
+        Resolved::default(),
+        now,
+        queue_deadline,
+    )
+    .await
+}
+
+/// What a start resolved from the settings, recorded with its freeze (`None`: records none,
+/// and the build runs the default).
+#[derive(Clone, Debug, Default)]
+pub struct Resolved {
+    pub cache_mode: Option<crate::domain::cache_mode::ResolvedMode>,
+    pub sandbox_backend: Option<crate::domain::backend_name::ResolvedBackend>,
 }
 
 /// [`start_build`] with the request's registry credentials entering its digest as
@@ -53,7 +71,7 @@ pub async fn start_build_keyed(
     build: &BuildId,
     spec: TemplateBuildStartV2,
     credentials_fingerprint: Option<crate::domain::ids::Digest>,
-    cache_mode: Option<crate::domain::cache_mode::ResolvedMode>,
+    resolved: Resolved,
     now: DateTime<Utc>,
     queue_deadline: DateTime<Utc>,
 ) -> Result<AppendOutcome, Error<build::Error>> {
@@ -64,7 +82,7 @@ pub async fn start_build_keyed(
         ),
         ..ctx.clone()
     };
-    let (ctx, spec, cache_mode) = (&ctx, &spec, &cache_mode);
+    let (ctx, spec, resolved) = (&ctx, &spec, &resolved);
     let bstream = build_stream(build);
     let bstream = &bstream;
     execute_writes(store, MAX_ROUNDS, move || async move {
@@ -112,7 +130,8 @@ pub async fn start_build_keyed(
             attempt: None,
             present,
             credentials_fingerprint,
-            cache_mode: cache_mode.clone(),
+            cache_mode: resolved.cache_mode.clone(),
+            sandbox_backend: resolved.sandbox_backend.clone(),
         };
         let events = build::decide(&b.state, &command).map_err(CommandError::Rejected)?;
         if events.is_empty() {

@@ -8,9 +8,11 @@
 use chrono::{DateTime, Utc};
 
 use super::{CommandContext, Error};
-use crate::domain::cache_mode::{self, ModeSettings, ResolvedMode};
+use crate::domain::backend_name::{self, ResolvedBackend};
+use crate::domain::cache_mode::{self, ResolvedMode};
 use crate::domain::ids::{TeamId, TemplateId};
-use crate::domain::settings::{self, SettingsScope, CACHE_MODE};
+use crate::domain::setting_levels::LevelValues;
+use crate::domain::settings::{self, SettingsScope, CACHE_MODE, SANDBOX_BACKEND};
 use crate::events::command::{execute, load};
 use crate::events::{CommandError, EventStore};
 use crate::streams::{settings_stream, template_name_stream, Settings, TemplateName};
@@ -113,6 +115,47 @@ pub async fn read(
         .state)
 }
 
+/// The pins a build of `template` in `team` resolves its settings over (each stream read once).
+pub struct PinsInForce {
+    template: settings::State,
+    team: settings::State,
+}
+
+impl PinsInForce {
+    /// The pins of `team` and of its `template` (of no template of the team, when `None`).
+    pub async fn read(
+        store: &EventStore,
+        team: &TeamId,
+        template: Option<&TemplateId>,
+    ) -> Result<PinsInForce, CommandError<settings::Error>> {
+        let template = match template {
+            Some(t) => read(store, &SettingsScope::Template(team.clone(), t.clone())).await?,
+            None => settings::State::default(),
+        };
+        let team = read(store, &SettingsScope::Team(team.clone())).await?;
+        Ok(PinsInForce { template, team })
+    }
+
+    fn values(&self, key: &str, service: Option<&str>) -> LevelValues {
+        let value = |s: &settings::State| s.pins.get(key).map(|p| p.value.clone());
+        LevelValues {
+            template: value(&self.template),
+            team: value(&self.team),
+            service: service.map(str::to_owned),
+        }
+    }
+
+    /// The cache mode: the template's pin, the team's, the service's setting, the default.
+    pub fn cache_mode(&self, service: Option<&str>) -> ResolvedMode {
+        cache_mode::resolve(&self.values(CACHE_MODE, service))
+    }
+
+    /// The sandbox backend, resolved the same way.
+    pub fn sandbox_backend(&self, service: Option<&str>) -> ResolvedBackend {
+        backend_name::resolve(&self.values(SANDBOX_BACKEND, service))
+    }
+}
+
 /// The cache mode a build of `template` in `team` starts with (of any template of the team
 /// without a pin of its own, when `None`): the template's pin, the team's, the service's
 /// setting, the default.
@@ -122,15 +165,7 @@ pub async fn resolve_cache_mode(
     template: Option<&TemplateId>,
     service: Option<&str>,
 ) -> Result<ResolvedMode, CommandError<settings::Error>> {
-    let value = |s: settings::State| s.pins.get(CACHE_MODE).map(|p| p.value.clone());
-    let template = match template {
-        Some(t) => value(read(store, &SettingsScope::Template(team.clone(), t.clone())).await?),
-        None => None,
-    };
-    let team = value(read(store, &SettingsScope::Team(team.clone())).await?);
-    Ok(cache_mode::resolve(&ModeSettings {
-        template,
-        team,
-        service: service.map(str::to_owned),
-    }))
+    Ok(PinsInForce::read(store, team, template)
+        .await?
+        .cache_mode(service))
 }

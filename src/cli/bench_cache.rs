@@ -310,7 +310,10 @@ impl Bench<'_> {
             &build,
             spec,
             None,
-            Some(resolved),
+            strata::app::build::Resolved {
+                cache_mode: Some(resolved),
+                ..Default::default()
+            },
             now,
             queue_deadline,
         )

@@ -101,6 +101,7 @@ pub(super) async fn start_api(
         build_cpu_max: strata::domain::build_spec::Ceilings::DEFAULT.cpu_count,
         build_memory_max_mb: strata::domain::build_spec::Ceilings::DEFAULT.memory_mb,
         cache_mode: None,
+        sandbox_backend: None,
     };
     let state = AppState::new(pool.clone(), &serve, "bench".into(), data_dir)
         .context("preparing the API")?

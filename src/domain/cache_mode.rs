@@ -67,17 +67,13 @@ impl FromStr for CacheMode {
     }
 }
 
-/// Where a resolved value came from, most specific first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Level {
-    Template,
-    Team,
-    Service,
-    Default,
-}
+pub use super::setting_levels::{Level, LevelValues as ModeSettings};
+
+/// The service-wide setting's variable.
+pub const SERVICE_VARIABLE: &str = "STRATA_CACHE_MODE";
 
 impl Level {
+    /// The level's name for the cache mode (`service setting STRATA_CACHE_MODE`).
     pub fn as_str(self) -> &'static str {
         match self {
             Level::Template => "template pin",
@@ -86,14 +82,6 @@ impl Level {
             Level::Default => "default",
         }
     }
-}
-
-/// The settings a build's mode is resolved from; `None` where a level sets nothing.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ModeSettings {
-    pub template: Option<String>,
-    pub team: Option<String>,
-    pub service: Option<String>,
 }
 
 /// What a build resolved: the mode, the level it came from, and the values skipped on the
@@ -107,30 +95,11 @@ pub struct ResolvedMode {
 
 /// The most specific valid setting, else the default.
 pub fn resolve(settings: &ModeSettings) -> ResolvedMode {
-    let mut skipped = Vec::new();
-    for (level, value) in [
-        (Level::Template, &settings.template),
-        (Level::Team, &settings.team),
-        (Level::Service, &settings.service),
-    ] {
-        let Some(value) = value.as_deref().filter(|v| !v.trim().is_empty()) else {
-            continue;
-        };
-        match value.parse() {
-            Ok(mode) => {
-                return ResolvedMode {
-                    mode,
-                    level,
-                    skipped,
-                }
-            }
-            Err(why) => skipped.push((level, why)),
-        }
-    }
+    let r = super::setting_levels::resolve(settings, CacheMode::DEFAULT);
     ResolvedMode {
-        mode: CacheMode::DEFAULT,
-        level: Level::Default,
-        skipped,
+        mode: r.value,
+        level: r.level,
+        skipped: r.skipped,
     }
 }
 

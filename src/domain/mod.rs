@@ -25,6 +25,9 @@
 //! * [`retention`]: which unreferenced objects a GC pass deletes, in which order, and why.
 //! * [`sandbox`]: a launched template, from the create call to its end (placement, fencing,
 //!   deadline).
+//! * [`setting_levels`]: one setting over its levels (template pin, team pin, service,
+//!   default); [`cache_mode`] and [`backend_name`] are the settings it resolves; [`settings`]:
+//!   the pins.
 //! * [`placement`]: which queued builds a free node claims first, given which nodes hold
 //!   their layers (cache-aware placement, with a bounded wait), fair across teams.
 //!
@@ -33,6 +36,7 @@
 //! a pure function over all their states returns the events per stream; the caller appends them
 //! in one transaction with the versions it read.
 
+pub mod backend_name;
 pub mod build;
 pub mod build_spec;
 pub mod cache_entry;
@@ -55,6 +59,7 @@ pub mod promotion;
 pub mod reachability;
 pub mod retention;
 pub mod sandbox;
+pub mod setting_levels;
 pub mod settings;
 pub mod snapshot;
 pub mod start;

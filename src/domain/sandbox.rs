@@ -111,6 +111,11 @@ pub struct SandboxRequest {
     /// `on_timeout="pause"`).
     #[serde(default)]
     pub auto_pause: bool,
+    /// The sandbox backend it runs on, resolved at create over the template's pin, the team's,
+    /// `STRATA_SANDBOX_BACKEND` and the default; `None` for sandboxes requested before the
+    /// setting, which ran the only backend there was (`namespace`).
+    #[serde(default)]
+    pub backend: Option<crate::domain::backend_name::ResolvedBackend>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -623,6 +628,7 @@ mod tests {
             memory_mb: 512,
             envd_token: "tok".into(),
             auto_pause: false,
+            backend: None,
         }
     }
 
@@ -1021,5 +1027,14 @@ mod tests {
         assert!(SandboxId::parse("I-upper").is_err());
         assert!(SandboxId::parse("a-b").is_err());
         assert!(SandboxId::parse("").is_err());
+    }
+
+    #[test]
+    fn a_request_recorded_before_the_backend_setting_decodes_with_none() {
+        let mut json = serde_json::to_value(request()).unwrap();
+        json.as_object_mut().unwrap().remove("backend");
+        let back: SandboxRequest = serde_json::from_value(json).unwrap();
+        assert_eq!(back.backend, None);
+        assert_eq!(back, request());
     }
 }

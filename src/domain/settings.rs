@@ -1,6 +1,6 @@
 //! Pinned settings of one scope, a team or one template of a team: the `settings-{scope}`
 //! aggregate. A pin is the operator's rollback lever: it moves one tenant between values (the
-//! cache mode today) without a deploy, and its events are the audit trail of who moved whom
+//! cache mode, the sandbox backend) without a deploy, and its events are the audit trail of who moved whom
 //! (the actor is in each event's metadata).
 //!
 //! Only known keys with valid values are pinned; a value stored under an older meaning is
@@ -17,6 +17,31 @@ use super::ids::{TeamId, TemplateId};
 
 /// The setting that picks a build's cache mode.
 pub const CACHE_MODE: &str = "cache.mode";
+/// The setting that picks the sandbox backend of a build or a launched sandbox.
+pub const SANDBOX_BACKEND: &str = "sandbox.backend";
+
+/// `value` as the setting `key` stores it (normalized), or why it is not one of its values.
+fn normalize(key: &str, value: &str) -> Result<String, Error> {
+    let invalid = |reason| Error::InvalidValue {
+        key: key.to_owned(),
+        reason,
+    };
+    match key {
+        CACHE_MODE => Ok(value
+            .parse::<CacheMode>()
+            .map_err(invalid)?
+            .as_str()
+            .to_owned()),
+        SANDBOX_BACKEND => Ok(value
+            .parse::<super::backend_name::BackendName>()
+            .map_err(invalid)?
+            .as_str()
+            .to_owned()),
+        _ => Err(Error::UnknownKey {
+            key: key.to_owned(),
+        }),
+    }
+}
 
 /// Where a pin applies.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,31 +116,27 @@ pub enum Command {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
-    #[error("{key:?} is not a setting that can be pinned (known: {CACHE_MODE})")]
+    #[error(
+        "{key:?} is not a setting that can be pinned (known: {CACHE_MODE}, {SANDBOX_BACKEND})"
+    )]
     UnknownKey { key: String },
     #[error("{key}: {reason}")]
     InvalidValue { key: String, reason: String },
 }
 
 fn check_key(key: &str) -> Result<(), Error> {
-    if key == CACHE_MODE {
-        Ok(())
-    } else {
-        Err(Error::UnknownKey {
+    match key {
+        CACHE_MODE | SANDBOX_BACKEND => Ok(()),
+        _ => Err(Error::UnknownKey {
             key: key.to_owned(),
-        })
+        }),
     }
 }
 
 pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
     match command {
         Command::Pin { key, value, now } => {
-            check_key(key)?;
-            let mode: CacheMode = value.parse().map_err(|reason| Error::InvalidValue {
-                key: key.clone(),
-                reason,
-            })?;
-            let value = mode.as_str().to_owned();
+            let value = normalize(key, value)?;
             if state.pins.get(key).is_some_and(|p| p.value == value) {
                 return Ok(vec![]);
             }

@@ -324,6 +324,9 @@ fn summary(event: &Event) -> String {
         Event::CacheModeResolved { resolved } => {
             format!("cache mode {} ({})", resolved.mode, resolved.level.as_str())
         }
+        Event::SandboxBackendResolved { resolved } => {
+            format!("sandbox backend {}", resolved.describe())
+        }
         Event::CacheConsulted { consultation, .. } => {
             format!("cache lookup: {:?}", consultation.found)
         }

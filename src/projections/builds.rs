@@ -202,6 +202,7 @@ async fn apply_one(
         Event::ContextBound { .. }
         | Event::CacheConsulted { .. }
         | Event::CacheModeResolved { .. }
+        | Event::SandboxBackendResolved { .. }
         | Event::BaseImageResolved { .. }
         | Event::UploadClaimed { .. }
         | Event::UploadClaimReleased { .. } => {}

@@ -346,6 +346,23 @@ impl Executor<'_> {
         ),
         WorkerError,
     > {
+        if let Some(backend) = &job.sandbox_backend {
+            for (level, why) in &backend.skipped {
+                self.log.info(
+                    None,
+                    format!(
+                        "[sandbox] {}: {why}; skipped",
+                        level.describe(crate::domain::backend_name::SERVICE_VARIABLE)
+                    ),
+                );
+            }
+            // One backend today, so every node runs it; a second is a new arm here.
+            match backend.backend {
+                crate::domain::backend_name::BackendName::Namespace => self
+                    .log
+                    .info(None, format!("[sandbox] backend {}", backend.describe())),
+            }
+        }
         if let Some(mode) = &job.cache_mode {
             for (level, why) in &mode.skipped {
                 self.log

@@ -21,6 +21,9 @@ pub struct BuildJob {
     pub credentials: Result<Option<crate::domain::build_spec::RegistryCredentials>, String>,
     /// The cache mode the build was started with; `None`: started before modes, `steps`.
     pub cache_mode: Option<crate::domain::cache_mode::ResolvedMode>,
+    /// The sandbox backend the build was started with; `None`: started before the setting,
+    /// `namespace`.
+    pub sandbox_backend: Option<crate::domain::backend_name::ResolvedBackend>,
 }
 
 impl BuildJob {

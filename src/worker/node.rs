@@ -391,6 +391,7 @@ impl Worker {
             base_pin: state.base_pin.clone(),
             credentials,
             cache_mode: state.cache_mode.clone(),
+            sandbox_backend: state.sandbox_backend.clone(),
         };
         log.info(
             None,

@@ -171,6 +171,7 @@ async fn wants_of(
         base_pin: state.base_pin.clone(),
         credentials: Ok(None),
         cache_mode: state.cache_mode.clone(),
+        sandbox_backend: state.sandbox_backend.clone(),
     };
     let resolved =
         match base::resolve_locally(node.store, node.catalog, &job.team, &job.spec.base).await {

@@ -360,6 +360,10 @@ impl Hosting {
             .record
             .ok_or("the template's snapshot has no record; rebuild the template")?;
         let runtime = record.runtime_context();
+        // One backend today, so this node runs every sandbox; a second is a new arm here.
+        match request.backend.as_ref().map(|b| b.backend) {
+            None | Some(crate::domain::backend_name::BackendName::Namespace) => {}
+        }
         let layers = state.boot_layers().unwrap_or(&record.layers).to_vec();
         let mut spec = BootSpec::new(layers);
         spec.context = ExecDefaults {

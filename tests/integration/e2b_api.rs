@@ -1320,6 +1320,55 @@ async fn pins_move_a_team_and_a_template_between_modes_over_the_service_setting(
         why_mode(build).await,
         "final (service setting STRATA_CACHE_MODE)"
     );
+    // The sandbox backend resolves over the same levels: a team pin of the one backend, an
+    // unknown value skipped.
+    strata::app::settings::pin(
+        &store,
+        &ctx(),
+        &team_scope,
+        strata::domain::settings::SANDBOX_BACKEND,
+        "Namespace",
+        now,
+    )
+    .await
+    .unwrap();
+    let (_, _, build) = started("web").await;
+    let state = strata::events::command::load::<strata::streams::Build>(
+        &store,
+        &strata::streams::build_stream(&build),
+    )
+    .await
+    .unwrap()
+    .state;
+    let backend = state.sandbox_backend.expect("recorded at start");
+    assert_eq!(
+        (backend.backend.as_str(), backend.level),
+        ("namespace", Level::Team)
+    );
+    let err = strata::app::settings::pin(
+        &store,
+        &ctx(),
+        &team_scope,
+        strata::domain::settings::SANDBOX_BACKEND,
+        "firecracker",
+        now,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("\"firecracker\" is not a sandbox backend"),
+        "{err}"
+    );
+    strata::app::settings::unpin(
+        &store,
+        &ctx(),
+        &team_scope,
+        strata::domain::settings::SANDBOX_BACKEND,
+        now,
+    )
+    .await
+    .unwrap();
     // What the team's stream recorded after a build resolved does not change its answer.
     assert_eq!(why_mode(steps_build).await, steps_why);
     // A bad pin is refused and changes nothing.
@@ -1345,6 +1394,8 @@ async fn pins_move_a_team_and_a_template_between_modes_over_the_service_setting(
         trail,
         [
             ("SettingPinned.v1".to_string(), "operator".to_string()),
+            ("SettingPinned.v1".to_string(), "operator".to_string()),
+            ("SettingUnpinned.v1".to_string(), "operator".to_string()),
             ("SettingPinned.v1".to_string(), "operator".to_string()),
             ("SettingUnpinned.v1".to_string(), "operator".to_string()),
         ]

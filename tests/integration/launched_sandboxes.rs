@@ -56,8 +56,21 @@ async fn a_sandbox_on_a_killed_node_ends_lost_and_nothing_of_it_survives_the_nex
     let spec = json!({"fromImage": "busybox", "force": false, "steps": [
         {"type": "RUN", "args": ["echo launched > marker"], "force": false},
     ]});
-    let (_, _, built) = sdk.build("launchable", &[], spec).await;
+    let (_, build, built) = sdk.build("launchable", &[], spec).await;
     assert_eq!(built["status"], "ready", "{built}");
+    // The node says which sandbox backend the build resolved, and from which setting.
+    let lines = strata::projections::build_logs::lines_of(
+        &db.pool,
+        strata::domain::ids::BuildId::parse(&build).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.message == "[sandbox] backend namespace (default)"),
+        "{lines:#?}"
+    );
 
     let (status, created) = sdk
         .call(
@@ -83,6 +96,20 @@ async fn a_sandbox_on_a_killed_node_ends_lost_and_nothing_of_it_survives_the_nex
     // The public URL's host, as no STRATA_SANDBOX_DOMAIN is set; never null.
     assert_eq!(created["domain"], "127.0.0.1", "{created}");
     let id = created["sandboxID"].as_str().unwrap().to_owned();
+    let store = strata::app::event_store(db.pool.clone());
+    let requested = strata::app::sandbox::state(
+        &store,
+        &strata::domain::sandbox::SandboxId::parse(&id).unwrap(),
+    )
+    .await
+    .unwrap()
+    .request
+    .expect("requested");
+    assert_eq!(
+        requested.backend.map(|b| b.describe()).as_deref(),
+        Some("namespace (default)"),
+        "the backend is resolved at create, like a build's"
+    );
     let http = reqwest::Client::new();
     assert_eq!(agent_health(&http, &api.base, &id).await, 204);
     let sandboxes_dir = node.path().join("sandboxes");

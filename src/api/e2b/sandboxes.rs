@@ -162,6 +162,10 @@ async fn create_sandbox(
         .map_err(|e| command_error(e, |e| ApiError::internal("reading the build", &e)))?
         .state;
     let resources = build.registration.map(|r| r.resources).unwrap_or_default();
+    let backend = app::settings::PinsInForce::read(&state.events, &team, Some(&found.template))
+        .await
+        .map_err(|e| ApiError::internal("reading the settings pins", &e))?
+        .sandbox_backend(state.protocol.sandbox_backend.as_deref());
     let id = SandboxId::from_random(rand::random());
     let request = SandboxRequest {
         team,
@@ -177,6 +181,7 @@ async fn create_sandbox(
         memory_mb: resources.effective_memory_mb(),
         envd_token: random_token(),
         auto_pause,
+        backend: Some(backend),
     };
     let ctx = CommandContext::new(api_metadata(state));
     app::sandbox::request(&state.events, &ctx, &id, request, Utc::now())

@@ -40,14 +40,13 @@ pub async fn start_build(
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     check_build_of(&state, &team.0, &template_id, &build_id).await?;
     // The template's pin, the team's, the service's setting: what the build runs for life.
-    let cache_mode = crate::app::settings::resolve_cache_mode(
-        &state.events,
-        &team.0,
-        Some(&template_id),
-        state.protocol.cache_mode.as_deref(),
-    )
-    .await
-    .map_err(|e| ApiError::internal("reading the cache mode pins", &e))?;
+    let pins = crate::app::settings::PinsInForce::read(&state.events, &team.0, Some(&template_id))
+        .await
+        .map_err(|e| ApiError::internal("reading the settings pins", &e))?;
+    let resolved = crate::app::build::Resolved {
+        cache_mode: Some(pins.cache_mode(state.protocol.cache_mode.as_deref())),
+        sandbox_backend: Some(pins.sandbox_backend(state.protocol.sandbox_backend.as_deref())),
+    };
 
     if let BaseSource::Image { reference, .. } = &spec.base {
         ImageRef::parse(reference)
@@ -85,7 +84,7 @@ pub async fn start_build(
         &build_id,
         spec,
         fingerprint,
-        Some(cache_mode),
+        resolved,
         now,
         queue_deadline,
     )

@@ -60,6 +60,9 @@ pub enum Command {
         /// The cache mode resolved from the settings at start (`CacheModeResolved`); `None`
         /// records none, and the build runs the default.
         cache_mode: Option<crate::domain::cache_mode::ResolvedMode>,
+        /// The sandbox backend resolved at start (`SandboxBackendResolved`); `None` records
+        /// none, and the build runs the default.
+        sandbox_backend: Option<crate::domain::backend_name::ResolvedBackend>,
     },
     /// A worker claims a queued build.
     AcquireAttempt {
@@ -259,6 +262,7 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
             present,
             credentials_fingerprint,
             cache_mode,
+            sandbox_backend,
         } => {
             let mut events = start(
                 state,
@@ -269,19 +273,24 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
                 attempt.as_ref(),
                 present,
             )?;
-            // Right after the freeze, before any attempt: every attempt reads it.
-            if let (Some(resolved), Some(at)) = (
-                cache_mode,
-                events
+            // Right after the freeze, before any attempt: every attempt reads them.
+            if let Some(at) = events
+                .iter()
+                .position(|e| matches!(e, Event::BuildFrozen { .. }))
+            {
+                let resolved = cache_mode
                     .iter()
-                    .position(|e| matches!(e, Event::BuildFrozen { .. })),
-            ) {
-                events.insert(
-                    at + 1,
-                    Event::CacheModeResolved {
-                        resolved: resolved.clone(),
-                    },
-                );
+                    .map(|r| Event::CacheModeResolved {
+                        resolved: r.clone(),
+                    })
+                    .chain(
+                        sandbox_backend
+                            .iter()
+                            .map(|r| Event::SandboxBackendResolved {
+                                resolved: r.clone(),
+                            }),
+                    );
+                events.splice(at + 1..at + 1, resolved);
             }
             Ok(events)
         }

@@ -265,6 +265,9 @@ pub struct State {
     /// The cache mode resolved at freeze, and from which setting; `None` for builds frozen
     /// before modes existed, which ran the per-step cache (`steps`).
     pub cache_mode: Option<ResolvedMode>,
+    /// The sandbox backend resolved at freeze; `None` for builds frozen before the setting
+    /// existed, which ran the only backend there was (`namespace`).
+    pub sandbox_backend: Option<crate::domain::backend_name::ResolvedBackend>,
 }
 
 impl State {
@@ -370,6 +373,12 @@ pub enum Event {
     /// the values skipped on the way; appended with `BuildFrozen`.
     #[serde(rename = "CacheModeResolved.v1")]
     CacheModeResolved { resolved: ResolvedMode },
+    /// The sandbox backend every attempt runs the build's steps on, with the setting it came
+    /// from; appended with `BuildFrozen`, after `CacheModeResolved`.
+    #[serde(rename = "SandboxBackendResolved.v1")]
+    SandboxBackendResolved {
+        resolved: crate::domain::backend_name::ResolvedBackend,
+    },
     #[serde(rename = "AttemptAcquired.v1")]
     AttemptAcquired {
         epoch: Epoch,
@@ -542,6 +551,9 @@ pub fn evolve(mut state: State, event: &Event) -> State {
             };
         }
         Event::CacheModeResolved { resolved } => state.cache_mode = Some(resolved.clone()),
+        Event::SandboxBackendResolved { resolved } => {
+            state.sandbox_backend = Some(resolved.clone())
+        }
         Event::AttemptAcquired {
             epoch,
             node,

@@ -148,6 +148,7 @@ impl World {
             present: Default::default(),
             credentials_fingerprint: None,
             cache_mode: None,
+            sandbox_backend: None,
         })
     }
 }
@@ -569,6 +570,7 @@ fn credentials_enter_the_recorded_digest_only_keyed() {
             present: Default::default(),
             credentials_fingerprint: fp,
             cache_mode: None,
+            sandbox_backend: None,
         })
     };
     let mut w = World::registered();
@@ -949,6 +951,7 @@ fn step(w: &mut World, now: &mut i64, op: &Op) -> (Option<Command>, bool) {
                 present: Default::default(),
                 credentials_fingerprint: None,
                 cache_mode: None,
+                sandbox_backend: None,
             }
         }
         Op::Acquire => Command::AcquireAttempt {
@@ -1191,6 +1194,7 @@ fn the_cache_mode_is_recorded_with_the_freeze_and_kept_by_a_replayed_start() {
         present: Default::default(),
         credentials_fingerprint: None,
         cache_mode: mode,
+        sandbox_backend: None,
     };
     assert_eq!(
         w.build.cache_mode(),
@@ -1212,4 +1216,44 @@ fn the_cache_mode_is_recorded_with_the_freeze_and_kept_by_a_replayed_start() {
     assert_eq!(json["type"], "CacheModeResolved.v1");
     let back: Event = serde_json::from_value(json).unwrap();
     assert_eq!(back, events[1]);
+}
+
+#[test]
+fn the_sandbox_backend_is_recorded_after_the_cache_mode_with_the_freeze() {
+    use crate::domain::backend_name::{self, BackendName};
+    use crate::domain::cache_mode::{resolve, ModeSettings};
+    use crate::domain::setting_levels::{Level, LevelValues};
+    let mut w = World::registered();
+    let backend = backend_name::resolve(&LevelValues {
+        team: Some("namespace".into()),
+        ..Default::default()
+    });
+    let events = w
+        .run(Command::StartBuild {
+            spec: spec_copying(&[]),
+            now: t(1),
+            queue_deadline: t(300),
+            attempt: None,
+            present: Default::default(),
+            credentials_fingerprint: None,
+            cache_mode: Some(resolve(&ModeSettings::default())),
+            sandbox_backend: Some(backend.clone()),
+        })
+        .unwrap();
+    assert!(matches!(
+        &events[..],
+        [
+            Event::BuildFrozen { .. },
+            Event::CacheModeResolved { .. },
+            Event::SandboxBackendResolved { resolved }
+        ] if *resolved == backend
+    ));
+    let kept = w.build.sandbox_backend.as_ref().unwrap();
+    assert_eq!(
+        (kept.backend, kept.level),
+        (BackendName::Namespace, Level::Team)
+    );
+    let json = serde_json::to_value(&events[2]).unwrap();
+    assert_eq!(json["type"], "SandboxBackendResolved.v1");
+    assert_eq!(serde_json::from_value::<Event>(json).unwrap(), events[2]);
 }

@@ -353,6 +353,7 @@ fn a_live_sandbox_roots_its_stack_even_when_its_template_is_deleted_and_an_ended
         memory_mb: 512,
         envd_token: "t".into(),
         auto_pause: false,
+        backend: None,
     };
     let sandbox = |n: u8, phase: SandboxPhase, paused: Option<&[u8]>| {
         let id = SandboxId::parse(&format!("isbx{n}")).unwrap();

@@ -183,7 +183,10 @@ impl Api {
             &build,
             spec,
             None,
-            Some(resolved),
+            strata::app::build::Resolved {
+                cache_mode: Some(resolved),
+                ..Default::default()
+            },
             Utc::now(),
             Utc::now() + chrono::Duration::hours(1),
         )
