@@ -53,6 +53,20 @@ fn bucket_of(column: &str) -> String {
     format!("floor(extract(epoch FROM {column} - $1) / $2)::int4")
 }
 
+/// Rows of `sql` over `w`: `$1` is the window's start, `$2` the bucket width in seconds (see
+/// [`bucket_of`]), `$3` the window's end.
+async fn bucketed<T>(pool: &sqlx::PgPool, w: &Window, sql: &str) -> Result<Vec<T>, sqlx::Error>
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
+    sqlx::query_as(sql)
+        .bind(w.from)
+        .bind(w.width_seconds())
+        .bind(w.end())
+        .fetch_all(pool)
+        .await
+}
+
 /// Builds in one bucket.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BuildBucket {
@@ -81,41 +95,36 @@ impl BuildBucket {
 /// One [`BuildBucket`] per bucket of `w`.
 pub async fn builds(pool: &sqlx::PgPool, w: &Window) -> Result<Vec<BuildBucket>, sqlx::Error> {
     let mut out = vec![BuildBucket::default(); w.buckets as usize];
-    let started: Vec<(i32, i64)> = sqlx::query_as(&format!(
-        "SELECT {b} AS i, count(*) FROM builds
+    let started: Vec<(i32, i64)> = bucketed(
+        pool,
+        w,
+        &format!(
+            "SELECT {b} AS i, count(*) FROM builds
          WHERE queued_at >= $1 AND queued_at < $3 GROUP BY 1",
-        b = bucket_of("queued_at")
-    ))
-    .bind(w.from)
-    .bind(w.width_seconds())
-    .bind(w.end())
-    .fetch_all(pool)
+            b = bucket_of("queued_at")
+        ),
+    )
     .await?;
-    let ended: Vec<(i32, i64, i64, i64, i64)> = sqlx::query_as(&format!(
-        "SELECT {b} AS i, count(*) FILTER (WHERE phase = 'ready'),
+    let ended: Vec<(i32, i64, i64, i64, i64)> = bucketed(
+        pool,
+        w,
+        &format!(
+            "SELECT {b} AS i, count(*) FILTER (WHERE phase = 'ready'),
                 count(*) FILTER (WHERE phase = 'error'),
                 coalesce(sum(steps_cached), 0)::int8, coalesce(sum(steps_run), 0)::int8
          FROM builds WHERE finished_at >= $1 AND finished_at < $3 GROUP BY 1",
-        b = bucket_of("finished_at")
-    ))
-    .bind(w.from)
-    .bind(w.width_seconds())
-    .bind(w.end())
-    .fetch_all(pool)
+            b = bucket_of("finished_at")
+        ),
+    )
     .await?;
-    let waits: Vec<(i32, i64, Option<f64>, Option<f64>)> = sqlx::query_as(&format!(
+    let waits: Vec<(i32, i64, Option<f64>, Option<f64>)> = bucketed(pool, w, &format!(
         "SELECT {b} AS i, count(*),
                 percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM acquired_at - queued_at)::float8),
                 percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM acquired_at - queued_at)::float8)
          FROM builds WHERE acquired_at >= $1 AND acquired_at < $3 AND queued_at IS NOT NULL
          GROUP BY 1",
         b = bucket_of("acquired_at")
-    ))
-    .bind(w.from)
-    .bind(w.width_seconds())
-    .bind(w.end())
-    .fetch_all(pool)
-    .await?;
+    )).await?;
     for (i, n) in started {
         if let Some(b) = out.get_mut(i as usize) {
             b.started = n;
@@ -168,19 +177,22 @@ type StoreRow = (
 /// One [`GcBucket`] per bucket of `w`.
 pub async fn gc(pool: &sqlx::PgPool, w: &Window) -> Result<Vec<GcBucket>, sqlx::Error> {
     let mut out = vec![GcBucket::default(); w.buckets as usize];
-    let passes: Vec<(i32, i64, i64, i64)> = sqlx::query_as(&format!(
-        "SELECT {b} AS i, count(*), coalesce(sum(deleted_objects), 0)::int8,
+    let passes: Vec<(i32, i64, i64, i64)> = bucketed(
+        pool,
+        w,
+        &format!(
+            "SELECT {b} AS i, count(*), coalesce(sum(deleted_objects), 0)::int8,
                 coalesce(sum(deleted_bytes), 0)::int8
          FROM gc_passes WHERE started_at >= $1 AND started_at < $3 GROUP BY 1",
-        b = bucket_of("started_at")
-    ))
-    .bind(w.from)
-    .bind(w.width_seconds())
-    .bind(w.end())
-    .fetch_all(pool)
+            b = bucket_of("started_at")
+        ),
+    )
     .await?;
     // The last measured pass of each bucket, and the last one before the window (bucket -1).
-    let sizes: Vec<StoreRow> = sqlx::query_as(&format!(
+    let sizes: Vec<StoreRow> = bucketed(
+        pool,
+        w,
+        &format!(
         "(SELECT DISTINCT ON (i) {b} AS i, pass_id, started_at, total_bytes, budget_bytes, classes
           FROM gc_passes
           WHERE started_at >= $1 AND started_at < $3 AND total_bytes IS NOT NULL
@@ -189,11 +201,8 @@ pub async fn gc(pool: &sqlx::PgPool, w: &Window) -> Result<Vec<GcBucket>, sqlx::
          (SELECT -1, pass_id, started_at, total_bytes, budget_bytes, classes FROM gc_passes
           WHERE started_at < $1 AND total_bytes IS NOT NULL ORDER BY started_at DESC LIMIT 1)",
         b = bucket_of("started_at")
-    ))
-    .bind(w.from)
-    .bind(w.width_seconds())
-    .bind(w.end())
-    .fetch_all(pool)
+    ),
+    )
     .await?;
     for (i, n, objects, bytes) in passes {
         if let Some(b) = out.get_mut(i as usize) {

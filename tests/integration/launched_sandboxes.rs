@@ -428,15 +428,7 @@ async fn a_paused_sandbox_outlives_its_template_and_node_and_resumes_on_another_
     // Its life on /ui/sandboxes: starting and running on the first node, paused, a resume that
     // failed (paused again), a resume on the second node, running there; each span ended, in
     // order.
-    let page = http
-        .get(format!("{}/ui/sandboxes", api.base))
-        .bearer_auth(common::chromium::TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = common::chromium::page(&api.base, "/ui/sandboxes").await;
     let bars: Vec<&str> = page
         .split("<rect ")
         .skip(1)

@@ -601,15 +601,7 @@ async fn the_overview_charts_draw_what_the_builds_and_gc_passes_recorded() {
         .unwrap();
 
     let http = no_redirects();
-    let page = http
-        .get(format!("{}/ui", api.base))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = common::chromium::page(&api.base, "/ui").await;
     let window = strata::projections::activity::Window::ending_at(
         strata::streams::database_now(&fx.db.pool).await.unwrap(),
         chrono::Duration::hours(1),
@@ -785,15 +777,7 @@ async fn the_overview_charts_draw_what_the_builds_and_gc_passes_recorded() {
 
     // The waterfall of the build with a cached prefix and a failed step: one bar per step with
     // the outcome its events recorded, each as wide as its duration within a pixel.
-    let page = http
-        .get(format!("{}/ui/builds/{mixed}", api.base))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = common::chromium::page(&api.base, &format!("/ui/builds/{mixed}")).await;
     let waterfall = svg(&page, "waterfall");
     let total: f64 = waterfall
         .split("data-seconds=\"")
@@ -866,15 +850,7 @@ async fn the_overview_charts_draw_what_the_builds_and_gc_passes_recorded() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert!(closed, "the reconciler never closed the attempt");
-    let page = http
-        .get(format!("{}/ui/builds/{lost}", api.base))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = common::chromium::page(&api.base, &format!("/ui/builds/{lost}")).await;
     let waterfall = svg(&page, "waterfall");
     let outcomes: Vec<(String, String)> = elements(waterfall, "rect")
         .into_iter()

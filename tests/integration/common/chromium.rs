@@ -8,6 +8,18 @@ use std::time::Duration;
 /// The admin token the tests' APIs are served with when they show the operator page.
 pub const TOKEN: &str = "ui-admin-token-7f3a9c";
 
+/// The HTML of `path` (a `/ui` page) of the API at `base`, fetched with [`TOKEN`].
+pub async fn page(base: &str, path: &str) -> String {
+    let resp = reqwest::Client::new()
+        .get(format!("{base}{path}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "{path}");
+    resp.text().await.unwrap()
+}
+
 pub fn artifacts() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui");
     std::fs::create_dir_all(&dir).unwrap();
