@@ -169,3 +169,65 @@ pub async fn resolve_cache_mode(
         .await?
         .cache_mode(service))
 }
+
+/// A pin in force, with who pinned it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinInForce {
+    pub scope: SettingsScope,
+    pub key: String,
+    pub value: String,
+    pub pinned_at: DateTime<Utc>,
+    /// `role/node` of the append that pinned it.
+    pub by: String,
+}
+
+/// Every pin in force, of every team and template (the settings streams hold only pins, a few
+/// events each), ordered by scope and key.
+pub async fn all_pins(store: &EventStore) -> Result<Vec<PinInForce>, crate::events::ReadError> {
+    use crate::domain::ids::stream;
+    let events = store.read_categories(&["settings"]).await?;
+    let mut pins: std::collections::BTreeMap<(String, String), PinInForce> = Default::default();
+    for e in &events {
+        let Some((_, parts)) = stream::decode(e.stream_id.as_str()) else {
+            continue;
+        };
+        let scope = match parts.as_slice() {
+            [kind, team] if kind == "team" => TeamId::parse(team).ok().map(SettingsScope::Team),
+            [kind, team, template] if kind == "template" => TeamId::parse(team)
+                .ok()
+                .zip(TemplateId::parse(template).ok())
+                .map(|(team, template)| SettingsScope::Template(team, template)),
+            _ => None,
+        };
+        let (Some(scope), Ok(event)) = (scope, e.decode::<settings::Event>()) else {
+            continue;
+        };
+        match event {
+            settings::Event::SettingPinned {
+                key,
+                value,
+                pinned_at,
+            } => {
+                let by = format!(
+                    "{}/{}",
+                    e.metadata.actor.role.as_str(),
+                    e.metadata.actor.node
+                );
+                pins.insert(
+                    (e.stream_id.as_str().to_owned(), key.clone()),
+                    PinInForce {
+                        scope,
+                        key,
+                        value,
+                        pinned_at,
+                        by,
+                    },
+                );
+            }
+            settings::Event::SettingUnpinned { key, .. } => {
+                pins.remove(&(e.stream_id.as_str().to_owned(), key));
+            }
+        }
+    }
+    Ok(pins.into_values().collect())
+}

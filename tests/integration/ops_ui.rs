@@ -445,6 +445,30 @@ async fn the_teams_page_and_metrics_show_the_limits_and_the_team_at_one() {
     let globex = common::http_build::SdkClient::new(&api.base, &db.url, "globex").await;
     globex.register("theirs").await;
 
+    // A pin, then one unpinned: only what is in force is listed, with who pinned it.
+    let store = strata::app::event_store(db.pool.clone());
+    let ctx = || {
+        strata::app::CommandContext::new(strata::events::Metadata::new(strata::events::Actor::new(
+            strata::events::ActorRole::Cli,
+            "ops-alice",
+        )))
+    };
+    let acme = strata::domain::settings::SettingsScope::Team(
+        strata::domain::ids::TeamId::parse("acme").unwrap(),
+    );
+    let globex_scope = strata::domain::settings::SettingsScope::Team(
+        strata::domain::ids::TeamId::parse("globex").unwrap(),
+    );
+    let now = chrono::Utc::now();
+    for (scope, value) in [(&acme, "final"), (&globex_scope, "off")] {
+        strata::app::settings::pin(&store, &ctx(), scope, "cache.mode", value, now)
+            .await
+            .unwrap();
+    }
+    strata::app::settings::unpin(&store, &ctx(), &globex_scope, "cache.mode", now)
+        .await
+        .unwrap();
+
     let http = no_redirects();
     let page = http
         .get(format!("{}/ui/teams", api.base))
@@ -469,6 +493,14 @@ async fn the_teams_page_and_metrics_show_the_limits_and_the_team_at_one() {
     assert!(
         teams.contains("<tr><td>globex</td><td>0</td><td>1 of 2</td>"),
         "{teams}"
+    );
+    let pins = &page[page.find("<table id=\"pins\">").unwrap()..];
+    let pins = &pins[..pins.find("</table>").unwrap()];
+    assert_eq!(pins.matches("<tr><td>").count(), 1, "{pins}");
+    assert!(
+        pins.contains("<tr><td>team acme</td><td><code>cache.mode</code></td><td>final</td>")
+            && pins.contains("<td>cli/ops-alice</td>"),
+        "{pins}"
     );
 
     // With STRATA_METRICS_TOKEN set, a scrape without it (or with another) is refused.

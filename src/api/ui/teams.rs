@@ -1,5 +1,6 @@
-//! `GET /ui/teams`: the limits every team is held to (ADR 0024) and what each team holds now,
-//! so an operator sees who is at a limit and why their builds wait.
+//! `GET /ui/teams`: the limits every team is held to (ADR 0024), what each team holds now, so
+//! an operator sees who is at a limit and why their builds wait, and the settings pinned for
+//! teams and templates (ADR 0030) with who pinned them.
 
 use std::fmt::Write as _;
 
@@ -48,7 +49,39 @@ pub async fn show_teams(State(state): State<AppState>) -> Result<Html<String>, U
         );
     }
     body.push_str("</table>");
+    body.push_str(&pins(&state).await?);
     Ok(page("teams", &body))
+}
+
+/// The pins in force: scope, setting, value, when and by whom.
+async fn pins(state: &AppState) -> Result<String, UiError> {
+    let pins = crate::app::settings::all_pins(&state.events).await?;
+    let mut out = String::from(
+        "<h2>Pinned settings</h2><p>Over the service's settings, a template's pin over its \
+         team's; <code>strata settings</code> or <code>/admin/settings</code> move them, and \
+         <code>strata history settings-team:&lt;team&gt;</code> is who moved whom.</p>\
+         <table id=\"pins\"><tr><th>scope</th><th>setting</th><th>value</th><th>pinned</th>\
+         <th>by</th></tr>",
+    );
+    if pins.is_empty() {
+        out.push_str(
+            "<tr><td colspan=\"5\">Nothing is pinned: every build resolves the service's \
+             settings.</td></tr>",
+        );
+    }
+    for p in &pins {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&p.scope.to_string()),
+            escape(&p.key),
+            escape(&p.value),
+            p.pinned_at.format("%Y-%m-%d %H:%M:%S"),
+            escape(&p.by),
+        );
+    }
+    out.push_str("</table>");
+    Ok(out)
 }
 
 /// `n`, or `n of max` marked when the team is at its limit.
