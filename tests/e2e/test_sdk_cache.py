@@ -125,3 +125,86 @@ def test_a_checkpoint_whose_layer_blob_is_gone_is_unapplied_and_the_build_succee
     out = strata.cli("template", "exec", "--team", team_name, "unapplied", "--", "/bin/sh", "-c",
                      "cat /home/user/one /home/user/two").stdout
     assert out == f"{nonce}\n{nonce}\n"
+
+
+def pin(strata, team_name, value):
+    """Pins (or, with None, unpins) the team's cache mode through the operator API."""
+    url = f"{strata.url}/admin/settings"
+    if value is None:
+        url, method, body = f"{url}/cache.mode?team={team_name}", "DELETE", b"{}"
+    else:
+        url, method = f"{url}?team={team_name}", "PUT"
+        body = json.dumps({"key": "cache.mode", "value": value, "by": "e2e-operator"}).encode()
+    req = urllib.request.Request(url, data=body, method=method, headers={
+        "Authorization": "Bearer e2e-admin", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+def test_a_team_pin_moves_its_builds_between_modes_and_a_running_build_keeps_its_own(strata, team, context_dir):
+    import threading
+
+    team_name, opts = team
+    nonce = uuid.uuid4().hex
+
+    def tpl(last="echo last-v1 > /home/user/last", sleep=0):
+        t = (
+            Template(file_context_path=str(context_dir))
+            .from_image("busybox")
+            .run_cmd(f"echo {nonce} > /home/user/first")
+            .copy("app/config.txt", "/home/user/config.txt")
+        )
+        if sleep:
+            t = t.run_cmd(f"sleep {sleep}")
+        return t.run_cmd(last)
+
+    # Off: an unchanged rebuild runs every step, and nothing is written to the cache.
+    assert pin(strata, team_name, "off")["cache_mode"]["level"] == "team pin"
+    build(tpl(), "pinned", opts)
+    _, messages, executed, cached = build(tpl(), "pinned", opts)
+    assert "[cache] mode off (team pin)" in messages, messages
+    assert executed == [1, 2, 3] and cached == [], messages
+
+    # Final: the first build finds nothing (off wrote no entry) and runs every step; the
+    # unchanged rebuild is a final hit; a changed last step runs every step.
+    pin(strata, team_name, "final")
+    _, messages, executed, _ = build(tpl(), "pinned", opts)
+    assert executed == [1, 2, 3], messages
+    assert "[cache] final result: cache hit" not in messages, messages
+    _, messages, executed, cached = build(tpl(), "pinned", opts)
+    assert "[cache] mode final (team pin)" in messages, messages
+    assert "[cache] final result: cache hit" in messages, messages
+    assert executed == [] and cached == [1, 2, 3], messages
+    _, messages, executed, _ = build(tpl("echo last-v2 > /home/user/last"), "pinned", opts)
+    assert executed == [1, 2, 3], messages
+
+    # A pin moved while a build runs does not move that build: it resolved `final` at start
+    # and publishes its final result although the team is `off` by the time it ends.
+    started = threading.Event()
+    running = {}
+
+    def slow():
+        logs = []
+
+        def on_log(entry):
+            logs.append(entry.message)
+            if entry.message.startswith("[3/4] RUN sleep"):
+                started.set()
+
+        Template.build(tpl(sleep=3), "slow", on_build_logs=on_log, **opts)
+        running["messages"] = logs
+
+    worker = threading.Thread(target=slow)
+    worker.start()
+    assert started.wait(120), "the slow build never reached its sleep"
+    pin(strata, team_name, "off")
+    worker.join(180)
+    assert "[cache] mode final (team pin)" in running["messages"], running["messages"]
+    pin(strata, team_name, "final")
+    _, messages, executed, _ = build(tpl(sleep=3), "slow", opts)
+    assert executed == [] and "[cache] final result: cache hit" in messages, messages
+
+    # Unpinned: the service's setting (here none, so the default) applies again.
+    assert pin(strata, team_name, None)["pins"] == {}
+    _, messages, _, _ = build(tpl(), "pinned", opts)
+    assert "[cache] mode steps (default)" in messages, messages
