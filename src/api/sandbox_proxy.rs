@@ -30,6 +30,26 @@ fn client() -> &'static reqwest::Client {
     })
 }
 
+/// What the sandbox uses now, from its node's agent (`GET /metrics`, envd's body); `None`
+/// when it runs nowhere now (paused, or its node is gone) or the agent does not answer.
+pub async fn agent_metrics(
+    row: &crate::projections::sandboxes::SandboxRow,
+) -> Option<crate::envd::metrics::MetricsBody> {
+    let url = row.agent_url.as_deref()?;
+    let resp = client()
+        .get(format!("{}/metrics", url.trim_end_matches('/')))
+        .header(SANDBOX_HEADER, &row.sandbox_id)
+        .header(crate::envd::server::TOKEN_HEADER, &row.envd_token)
+        .timeout(std::time::Duration::from_secs(10))
+        .send()
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    serde_json::from_slice(&resp.bytes().await.ok()?).ok()
+}
+
 /// Headers that belong to one hop, not to the request.
 fn hop_by_hop(name: &HeaderName) -> bool {
     matches!(

@@ -8,12 +8,13 @@
 //! * [`agent`]: the sandboxes a node's agent answers for; [`server`]: its routes and the
 //!   `process.Process` service; [`files`]: `/files` and `filesystem.Filesystem`;
 //!   [`processes`]: the processes it started, by pid; [`watches`]: directory watches
-//!   (ADR 0028).
+//!   (ADR 0028); [`metrics`]: what a sandbox uses now.
 
 pub mod agent;
 pub mod connect;
 pub mod files;
 pub mod messages;
+pub mod metrics;
 pub mod processes;
 pub mod server;
 pub mod watches;

@@ -30,6 +30,7 @@ pub fn router(agents: Arc<Agents>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/envs", get(envs))
+        .route("/metrics", get(super::metrics::serve))
         .route("/process.Process/Start", post(start))
         .route("/process.Process/List", post(list))
         .route("/process.Process/SendSignal", post(send_signal))

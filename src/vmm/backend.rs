@@ -257,6 +257,24 @@ pub trait Sandbox: Send {
             "this sandbox backend cannot signal processes".into(),
         ))
     }
+    /// What the sandbox uses now (`Sandbox.get_metrics`); `None` when the backend cannot say.
+    fn usage(&self) -> Option<Usage> {
+        None
+    }
     /// Kills everything and removes every trace on the host.
     async fn destroy(self: Box<Self>) -> Result<()>;
+}
+
+/// One sample of what a sandbox uses. CPU is cumulative (two samples give a rate); the rest
+/// are levels now. A total of 0 means the sandbox has no limit of its own there.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub cpu_usec: u64,
+    /// Its CPU quota in cores (the node's cores when it has none).
+    pub cpu_count: f64,
+    pub memory_bytes: u64,
+    pub memory_cache_bytes: u64,
+    pub memory_limit_bytes: u64,
+    pub disk_bytes: u64,
+    pub disk_limit_bytes: u64,
 }

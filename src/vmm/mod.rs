@@ -38,7 +38,7 @@ pub mod users;
 
 pub use backend::{
     BootSpec, CommandLine, CopyRequest, ExecDefaults, ExecOutcome, ExecRequest, Limits, Network,
-    OutputLine, OutputSink, OutputStream, Sandbox, SandboxBackend,
+    OutputLine, OutputSink, OutputStream, Sandbox, SandboxBackend, Usage,
 };
 pub use blob_store::{BlobSink, BlobStore, LocalBlobStore, StoredBlob};
 pub use blob_url::open_blob_store;

@@ -41,7 +41,7 @@ def built(strata, tmp_path_factory):
         .run_cmd("echo built > /home/user/built.txt")
     )
     Template.build(template, name, api_key=o["api_key"], api_url=o["api_url"])
-    return {"opts": o, "name": name, "team": team}
+    return {"opts": o, "name": name, "team": team, "strata": strata}
 
 
 def test_a_built_template_launches_and_runs_commands_as_its_user(built):
@@ -151,7 +151,6 @@ def test_info_list_timeout_and_kill(built, strata):
     a = Sandbox.create(built["name"], metadata={"run": marker, "n": "1"}, **built["opts"])
     b = Sandbox.create(built["name"], metadata={"run": marker, "n": "2"}, **built["opts"])
     try:
-        assert a.get_metrics() == []
         info = a.get_info()
         assert info.sandbox_id == a.sandbox_id
         assert info.metadata == {"run": marker, "n": "1"}
@@ -190,6 +189,36 @@ def test_info_list_timeout_and_kill(built, strata):
                 s.kill()
             except Exception:
                 pass
+
+
+def test_metrics_are_what_the_sandbox_uses_now(built):
+    import datetime
+
+    sbx = Sandbox.create(built["name"], timeout=120, **built["opts"])
+    try:
+        sbx.commands.run("dd if=/dev/urandom of=/home/user/blob bs=1M count=6 2>/dev/null")
+        sbx.commands.run("timeout 5 sh -c 'while :; do :; done'", background=True)
+        time.sleep(0.5)
+        [m] = sbx.get_metrics()
+        assert m.cpu_count >= 1
+        assert m.cpu_used_pct > 20, m
+        assert 0 < m.mem_used <= m.mem_total, m
+        assert m.disk_used >= 6 << 20 and m.disk_total >= m.disk_used, m
+        assert abs((datetime.datetime.now(datetime.timezone.utc) - m.timestamp).total_seconds()) < 60, m
+        # A window that leaves out the present has nothing; another team's sandbox is not found.
+        later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+        assert sbx.get_metrics(start=later) == []
+        other = opts_of_other_team(built)
+        with pytest.raises(NotFoundException):
+            Sandbox.get_metrics(sbx.sandbox_id, **other)
+    finally:
+        sbx.kill()
+
+
+def opts_of_other_team(built):
+    o = dict(built["opts"])
+    o["api_key"] = built["strata"].key(f"other{uuid.uuid4().hex[:8]}")
+    return o
 
 
 def test_another_teams_sandbox_is_not_found(built, strata):

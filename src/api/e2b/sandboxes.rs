@@ -514,13 +514,42 @@ pub async fn pause(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[derive(Debug, Default, Deserialize)]
+pub struct MetricsQuery {
+    /// Unix seconds; the SDK sends them only when its caller gives them.
+    start: Option<i64>,
+    end: Option<i64>,
+}
+
+/// `GET /sandboxes/{id}/metrics`: one sample of what the sandbox uses now, taken by its node
+/// (E2B keeps a series; strata answers the present), `[]` when it runs nowhere now (paused)
+/// or when `start`..`end` leaves out the present.
 pub async fn metrics(
     State(state): State<AppState>,
     Team(team): Team,
     Path(id): Path<String>,
+    Query(range): Query<MetricsQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    live_of_team(&state, &team, &id).await?;
-    Ok(Json(serde_json::json!([])))
+    let (_, row) = live_of_team(&state, &team, &id).await?;
+    let now = Utc::now().timestamp();
+    if range.start.is_some_and(|s| s > now) || range.end.is_some_and(|e| e < now) {
+        return Ok(Json(serde_json::json!([])));
+    }
+    let Some(m) = crate::api::sandbox_proxy::agent_metrics(&row).await else {
+        return Ok(Json(serde_json::json!([])));
+    };
+    let at = chrono::DateTime::from_timestamp(m.ts, 0).unwrap_or_else(Utc::now);
+    Ok(Json(serde_json::json!([{
+        "timestamp": at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "timestampUnix": m.ts,
+        "cpuCount": m.cpu_count.ceil().max(1.0) as u32,
+        "cpuUsedPct": m.cpu_used_pct,
+        "memUsed": m.mem_used,
+        "memTotal": m.mem_total,
+        "memCache": m.mem_cache,
+        "diskUsed": m.disk_used,
+        "diskTotal": m.disk_total,
+    }])))
 }
 
 #[derive(Debug, Deserialize)]

@@ -219,6 +219,39 @@ pub struct SandboxCgroup {
     v2: bool,
 }
 
+/// CPU time (µs) `pids` and the children they reaped have used (`/proc/<pid>/stat` fields 14
+/// to 17), for a cgroup v1 node whose cpu hierarchy keeps no account.
+fn processes_cpu_usec(pids: &[i32]) -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    pids.iter()
+        .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            // The command may hold spaces and parentheses: fields start after the last ')'.
+            let rest = &stat[stat.rfind(')')? + 1..];
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // rest starts at field 3 (state); utime is field 14.
+            let times = fields.get(11..15)?;
+            Some(
+                times
+                    .iter()
+                    .filter_map(|t| t.parse::<u64>().ok())
+                    .sum::<u64>(),
+            )
+        })
+        .sum::<u64>()
+        * 1_000_000
+        / ticks
+}
+
+/// What a sandbox's cgroup has used; `None` where the controller is not there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupUsage {
+    pub cpu_usec: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    pub cache_bytes: Option<u64>,
+}
+
 impl SandboxCgroup {
     /// The `cgroup.procs` files a new member writes itself into.
     pub fn procs_files(&self) -> Vec<PathBuf> {
@@ -227,6 +260,41 @@ impl SandboxCgroup {
 
     pub fn dirs(&self) -> &[PathBuf] {
         &self.dirs
+    }
+
+    /// CPU time used so far (µs), memory charged now and the part of it that is page cache,
+    /// from whichever controller files this cgroup has (v2 `cpu.stat`, `memory.current`,
+    /// `memory.stat`; v1 `cpuacct.usage`, `memory.usage_in_bytes`, `memory.stat`).
+    pub fn usage(&self) -> CgroupUsage {
+        let read = |name: &str| {
+            self.dirs
+                .iter()
+                .find_map(|d| fs::read_to_string(d.join(name)).ok())
+        };
+        let field = |text: &str, key: &str| {
+            text.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse::<u64>().ok()).flatten()
+            })
+        };
+        let number = |name: &str| read(name).and_then(|t| t.trim().parse::<u64>().ok());
+        let stat = read("memory.stat").unwrap_or_default();
+        if self.v2 {
+            CgroupUsage {
+                cpu_usec: read("cpu.stat").and_then(|t| field(&t, "usage_usec")),
+                memory_bytes: number("memory.current"),
+                cache_bytes: field(&stat, "file"),
+            }
+        } else {
+            CgroupUsage {
+                // Without a cpuacct hierarchy of its own: what its processes used.
+                cpu_usec: number("cpuacct.usage")
+                    .map(|ns| ns / 1000)
+                    .or_else(|| Some(processes_cpu_usec(&self.members()))),
+                memory_bytes: number("memory.usage_in_bytes"),
+                cache_bytes: field(&stat, "cache"),
+            }
+        }
     }
 
     /// Host pids of every member.

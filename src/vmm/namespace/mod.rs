@@ -893,6 +893,26 @@ impl Sandbox for NamespaceSandbox {
         ))
     }
 
+    fn usage(&self) -> Option<crate::vmm::backend::Usage> {
+        let cgroup = self.cgroup.as_ref()?.usage();
+        let cores = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);
+        let disk_limit = self
+            .disk
+            .as_ref()
+            .map(|d| d.limit())
+            .or(self.limits.disk_max)
+            .unwrap_or(0);
+        Some(crate::vmm::backend::Usage {
+            cpu_usec: cgroup.cpu_usec.unwrap_or(0),
+            cpu_count: self.limits.cpus.unwrap_or(cores),
+            memory_bytes: cgroup.memory_bytes.unwrap_or(0),
+            memory_cache_bytes: cgroup.cache_bytes.unwrap_or(0),
+            memory_limit_bytes: self.limits.memory_bytes.unwrap_or(0),
+            disk_bytes: crate::metrics::storage::tree_bytes(&self.upper()),
+            disk_limit_bytes: disk_limit,
+        })
+    }
+
     async fn exec(&mut self, request: ExecRequest, output: OutputSink) -> Result<ExecOutcome> {
         let argv = match request.command {
             CommandLine::Shell(cmd) => vec!["/bin/sh".into(), "-c".into(), cmd],
