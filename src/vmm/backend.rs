@@ -178,6 +178,9 @@ pub struct CopyRequest {
     pub owner: Option<String>,
     pub mode: Option<String>,
     pub policy: ArchivePolicy,
+    /// A directory source whose destination did not exist gives that destination to `owner`
+    /// (Docker's `COPY --chown`), not to root (E2B's COPY).
+    pub owns_created_dest: bool,
 }
 
 impl CopyRequest {
@@ -188,6 +191,7 @@ impl CopyRequest {
             owner: None,
             mode: None,
             policy: ArchivePolicy::upload(),
+            owns_created_dest: false,
         }
     }
 }

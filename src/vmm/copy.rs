@@ -33,6 +33,10 @@ pub struct CopySpec {
     /// The current USER.
     pub user: String,
     pub policy: ArchivePolicy,
+    /// A directory source whose destination did not exist gives that destination to the
+    /// owner, as Docker's `COPY --chown` does (E2B's COPY leaves it to root).
+    #[serde(default)]
+    pub owns_created_dest: bool,
 }
 
 /// `doublestar.SplitPattern(src + "/")`'s base: the components before the first one that has a
@@ -98,7 +102,12 @@ pub fn run_copy(root: &Path, archive: impl Read, spec: &CopySpec) -> Result<(), 
             .map_err(|_| format!("COPY source {:?} is not in the uploaded archive", spec.src))?;
         if meta.is_dir() {
             chown_tree(&src, uid, gid, mode)?;
+            let created = fs::symlink_metadata(&dest).is_err();
             fs::create_dir_all(&dest).map_err(|e| format!("creating {dest_text}: {e}"))?;
+            if created && spec.owns_created_dest {
+                std::os::unix::fs::lchown(&dest, Some(uid), Some(gid))
+                    .map_err(|e| format!("chown {dest_text}: {e}"))?;
+            }
             merge(&src, &dest)
         } else {
             let name = src

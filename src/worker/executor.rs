@@ -851,6 +851,9 @@ impl Executor<'_> {
                 let mut request = CopyRequest::new(name, dest.clone());
                 request.owner = owner.clone();
                 request.mode = mode.clone();
+                // A Dockerfile's COPY --from --chown: a directory's new destination is the
+                // owner's, as Docker makes it.
+                request.owns_created_dest = true;
                 let copied = self
                     .guarded(run.sandbox.copy_in(archive.path(), request))
                     .await?;

@@ -168,6 +168,7 @@ RUN /out/bin/app | grep -q 1.2 && echo tested > /tested
 FROM busybox
 COPY --from=build /out/bin/app /usr/local/bin/app
 COPY --from=docs /out/doc /usr/share/doc/app/
+COPY --from=docs --chown=1000:1000 /out/doc /opt/docs
 RUN app > /built-with.txt
 """
 
@@ -186,6 +187,9 @@ def test_a_multi_stage_build_copies_between_stages_on_the_server(strata, team, t
     got = exec_in(strata, team_name, "multi", "app; cat /usr/share/doc/app/README /built-with.txt; "
                   "test ! -e /src && echo no-build-tree")
     assert got == "app 1.2\nmanual\napp 1.2\nno-build-tree\n", got
+    # --chown gives a directory's new destination to the owner too, as Docker does.
+    owners = exec_in(strata, team_name, "multi", "stat -c %u:%g /opt/docs /opt/docs/README")
+    assert owners == "1000:1000\n1000:1000\n", owners
 
     # --target builds a stage on another (FROM build) and leaves the rest.
     out = build(strata, opts["api_key"], "-t", "multi-test", "--target", "test", str(ctx))

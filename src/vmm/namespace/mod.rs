@@ -996,6 +996,7 @@ impl Sandbox for NamespaceSandbox {
                 self.context.user.clone()
             },
             policy: request.policy,
+            owns_created_dest: request.owns_created_dest,
         };
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let (status, timed_out) = self
