@@ -58,6 +58,9 @@ pub struct StepRow {
     /// The lookup's verdict for this step's key, from the build log.
     pub cache_verdict: Option<String>,
     pub checkpoint: Option<String>,
+    /// The bytes of the layer this step's checkpoint added, when the page looked it up in the
+    /// blob store (the events do not carry it).
+    pub checkpoint_bytes: Option<u64>,
     pub log_excerpt: Vec<String>,
 }
 
@@ -257,6 +260,7 @@ fn steps(facts: &BuildFacts) -> Vec<StepRow> {
             ended,
             cache_verdict: cache_verdict.or_else(|| (outcome == "cached").then(|| "cached".into())),
             checkpoint,
+            checkpoint_bytes: None,
             log_excerpt: body[from..].iter().map(|s| s.to_string()).collect(),
         });
     }

@@ -281,6 +281,11 @@ async fn the_operator_page_is_gated_reads_builds_and_renders_in_chromium() {
         "the RUN's log excerpt: {dom}"
     );
     assert!(dom.contains("checkpointed"));
+    // Each checkpoint's size, from the blob store, in the table and on the bar's hover.
+    assert!(
+        sized_checkpoint_titles(&dom) >= 1,
+        "a checkpoint's size on hover: {dom}"
+    );
     assert!(dom.contains("<table id=\"attempts\">"));
     // The waterfall: one bar per phase and per step, each step's outcome as the events say.
     assert!(dom.contains("<svg id=\"waterfall\""), "{dom}");
@@ -535,6 +540,14 @@ async fn the_teams_page_and_metrics_show_the_limits_and_the_team_at_one() {
         !metrics.contains_key("strata_team_limit{setting=\"STRATA_TEAM_MAX_RUNNING_BUILDS\"}"),
         "a limit of none is not reported"
     );
+}
+
+/// How many bars' hover titles name a checkpoint with its size (`…, checkpoint <id> (1.5 KiB)`).
+fn sized_checkpoint_titles(page: &str) -> usize {
+    page.split("<title>")
+        .filter_map(|t| t.split_once("</title>").map(|(t, _)| t))
+        .filter(|t| t.contains(", checkpoint ") && t.ends_with("B)"))
+        .count()
 }
 
 /// The `data-` attributes of every `<tag ` element in `svg`, in order.

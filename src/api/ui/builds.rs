@@ -181,6 +181,34 @@ async fn recent_events(state: &AppState) -> Result<String, ReadError> {
     Ok(out)
 }
 
+/// Fills in the size of the layer each checkpointed step added: the top layer of its
+/// snapshot, as the blob store has it. A size that cannot be read is left out.
+async fn checkpoint_sizes(state: &AppState, t: &mut timeline::Timeline) {
+    use crate::domain::ids::SnapshotId;
+    use crate::streams::{snapshot_stream, Snapshot};
+    for step in t.steps.iter_mut().filter(|s| s.outcome == "checkpointed") {
+        let Some(id) = step
+            .checkpoint
+            .as_deref()
+            .and_then(|c| SnapshotId::parse(c).ok())
+        else {
+            continue;
+        };
+        let Ok(loaded) =
+            crate::events::command::load::<Snapshot>(&state.events, &snapshot_stream(&id)).await
+        else {
+            continue;
+        };
+        let Some(top) = loaded.state.record.and_then(|r| r.layers.last().copied()) else {
+            continue;
+        };
+        let blobs = state.blobs.clone();
+        if let Ok(Ok(Some(bytes))) = tokio::task::spawn_blocking(move || blobs.size(&top)).await {
+            step.checkpoint_bytes = Some(bytes);
+        }
+    }
+}
+
 fn parse_build(id: &str) -> Result<BuildId, UiError> {
     uuid::Uuid::parse_str(id)
         .map(BuildId::from_uuid)
@@ -212,7 +240,8 @@ pub async fn show_build(
 ) -> Result<Html<String>, UiError> {
     let build = parse_build(&id)?;
     let (facts, answer) = load_why(&state, build).await?;
-    let t = timeline::timeline(&facts);
+    let mut t = timeline::timeline(&facts);
+    checkpoint_sizes(&state, &mut t).await;
     let reg = facts.state.registration.as_ref();
     let mut body = String::new();
     let _ = write!(
@@ -337,7 +366,7 @@ pub async fn show_build(
         let _ = write!(
             body,
             "<tr class=\"step\"><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td>\
-             <td class=\"{class}\">{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td><pre>{}</pre></td></tr>",
+             <td class=\"{class}\">{}</td><td>{}</td><td><code>{}</code>{}</td><td>{}</td><td><pre>{}</pre></td></tr>",
             s.step,
             escape(&s.instruction),
             s.outcome,
@@ -345,6 +374,9 @@ pub async fn show_build(
             escape(&verdict),
             escape(&reason),
             escape(s.checkpoint.as_deref().unwrap_or("")),
+            s.checkpoint_bytes
+                .map(|b| format!(" {}", crate::metrics::storage::human_bytes(b)))
+                .unwrap_or_default(),
             s.epoch.map(|e| e.to_string()).unwrap_or_default(),
             escape(&s.log_excerpt.join("\n")),
         );

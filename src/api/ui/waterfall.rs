@@ -75,6 +75,9 @@ pub fn render(t: &Timeline, failure: Option<&Failure>) -> Option<String> {
         }
         if let Some(c) = &s.checkpoint {
             let _ = write!(detail, ", checkpoint {c}");
+            if let Some(bytes) = s.checkpoint_bytes {
+                let _ = write!(detail, " ({})", crate::metrics::storage::human_bytes(bytes));
+            }
         }
         bars.push(Bar {
             kind: "step",
@@ -219,6 +222,7 @@ mod tests {
             ended: to.map(at),
             cache_verdict: Some(if outcome == "cached" { "hit" } else { "miss" }.into()),
             checkpoint: None,
+            checkpoint_bytes: None,
             log_excerpt: Vec::new(),
         }
     }
