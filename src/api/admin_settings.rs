@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::admin::AdminError;
 use super::AppState;
 use crate::app::settings::{self, ScopeError};
+use crate::domain::backend_name::SERVICE_VARIABLE;
 use crate::domain::settings::SettingsScope;
 use crate::events::{Actor, ActorRole, CommandContext, CommandError, Metadata};
 
@@ -52,6 +53,8 @@ pub struct SettingsView {
     pub pins: std::collections::BTreeMap<String, PinView>,
     /// The cache mode a build started now resolves: value, level, values skipped on the way.
     pub cache_mode: ResolvedView,
+    /// The sandbox backend, resolved the same way.
+    pub sandbox_backend: ResolvedView,
 }
 
 #[derive(Debug, Serialize)]
@@ -90,8 +93,9 @@ fn context(by: Option<&str>) -> CommandContext {
 
 async fn view(state: &AppState, scope: &SettingsScope) -> Result<SettingsView, AdminError> {
     let pins = settings::read(&state.events, scope).await?;
-    let mode =
-        settings::resolve_in(&state.events, scope, state.protocol.cache_mode.as_deref()).await?;
+    let in_force = settings::pins_in(&state.events, scope).await?;
+    let mode = in_force.cache_mode(state.protocol.cache_mode.as_deref());
+    let backend = in_force.sandbox_backend(state.protocol.sandbox_backend.as_deref());
     Ok(SettingsView {
         scope: scope.to_string(),
         pins: pins
@@ -114,6 +118,15 @@ async fn view(state: &AppState, scope: &SettingsScope) -> Result<SettingsView, A
                 .skipped
                 .iter()
                 .map(|(level, why)| format!("{}: {why}", level.as_str()))
+                .collect(),
+        },
+        sandbox_backend: ResolvedView {
+            value: backend.backend.to_string(),
+            level: backend.level.describe(SERVICE_VARIABLE),
+            skipped: backend
+                .skipped
+                .iter()
+                .map(|(level, why)| format!("{}: {why}", level.describe(SERVICE_VARIABLE)))
                 .collect(),
         },
     })

@@ -34,7 +34,7 @@ fn client() -> &'static reqwest::Client {
 /// when it runs nowhere now (paused, or its node is gone) or the agent does not answer.
 pub async fn agent_metrics(
     row: &crate::projections::sandboxes::SandboxRow,
-) -> Option<crate::envd::metrics::MetricsBody> {
+) -> Option<crate::envd::metrics::Metrics> {
     let url = row.agent_url.as_deref()?;
     let resp = client()
         .get(format!("{}/metrics", url.trim_end_matches('/')))

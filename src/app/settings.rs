@@ -57,16 +57,15 @@ pub async fn scope_of(
     }
 }
 
-/// The cache mode a build of `scope` started now resolves (see [`resolve_cache_mode`]).
-pub async fn resolve_in(
+/// The pins a build of `scope` started now resolves its settings over.
+pub async fn pins_in(
     store: &EventStore,
     scope: &SettingsScope,
-    service: Option<&str>,
-) -> Result<ResolvedMode, CommandError<settings::Error>> {
+) -> Result<PinsInForce, CommandError<settings::Error>> {
     match scope {
-        SettingsScope::Team(team) => resolve_cache_mode(store, team, None, service).await,
+        SettingsScope::Team(team) => PinsInForce::read(store, team, None).await,
         SettingsScope::Template(team, template) => {
-            resolve_cache_mode(store, team, Some(template), service).await
+            PinsInForce::read(store, team, Some(template)).await
         }
     }
 }

@@ -247,7 +247,11 @@ impl Shared<'_> {
                 let (context, out) = (context.to_path_buf(), archive.reopen()?);
                 tokio::task::spawn_blocking(move || write_archive(&context, &files, out)).await??
             };
-            say(&format!("uploading {} ({})", copy.src, human_bytes(bytes)));
+            say(&format!(
+                "uploading {} ({})",
+                copy.src,
+                strata::metrics::storage::human_bytes(bytes)
+            ));
             client.upload(&link, archive.path()).await?;
         }
         let spec = start_request(plan, &build.copies, self.templates, self.args.no_cache);
@@ -607,13 +611,5 @@ fn failure_text(plan: &BuildPlan, path: &Path, message: &str, step: Option<&str>
             plan.ready_cmd.as_deref().unwrap_or("none")
         ),
         _ => format!("the build failed: {message}"),
-    }
-}
-
-fn human_bytes(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{b} B"),
     }
 }

@@ -117,12 +117,5 @@ impl Progress {
 
 /// `12.3 MiB`.
 pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    format!("{v:.1} {}", UNITS[i])
+    strata::metrics::storage::human_bytes(n)
 }

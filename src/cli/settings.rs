@@ -5,7 +5,9 @@
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use strata::app::CommandContext;
-use strata::domain::settings::{SettingsScope, CACHE_MODE};
+use strata::domain::backend_name;
+use strata::domain::setting_levels::Level;
+use strata::domain::settings::{SettingsScope, CACHE_MODE, SANDBOX_BACKEND};
 use strata::events::{Actor, ActorRole, EventStore, Metadata};
 
 use strata::config::StorageArgs;
@@ -30,12 +32,13 @@ struct ScopeArgs {
 
 #[derive(Debug, Subcommand)]
 enum SettingsCommand {
-    /// Pin KEY=VALUE (`cache.mode=final`): every build started from now on resolves it, over
-    /// the service's setting (and, for a template, over the team's pin).
+    /// Pin KEY=VALUE (`cache.mode=final`, `sandbox.backend=namespace`): every build (and
+    /// sandbox) started from now on resolves it, over the service's setting (and, for a
+    /// template, over the team's pin).
     Pin {
         #[command(flatten)]
         scope: ScopeArgs,
-        /// `cache.mode=off|final|steps`.
+        /// `cache.mode=off|final|steps` or `sandbox.backend=namespace`.
         setting: String,
     },
     /// Remove the pin of KEY; builds fall back to the next level.
@@ -80,19 +83,29 @@ pub async fn run(args: SettingsArgs) -> anyhow::Result<()> {
         }
         SettingsCommand::Show { scope } => {
             let resolved = resolve_scope(&store, &scope).await?;
-            let service = std::env::var("STRATA_CACHE_MODE").ok();
-            let mode =
-                strata::app::settings::resolve_in(&store, &resolved, service.as_deref()).await?;
+            let pins = strata::app::settings::pins_in(&store, &resolved).await?;
+            let mode = pins.cache_mode(std::env::var("STRATA_CACHE_MODE").ok().as_deref());
             println!("{CACHE_MODE} = {} ({})", mode.mode, mode.level.as_str());
-            if matches!(
-                mode.level,
-                strata::domain::cache_mode::Level::Service
-                    | strata::domain::cache_mode::Level::Default
-            ) {
-                println!("  (no pin applies; the service setting is the API's STRATA_CACHE_MODE, read here from this shell's)");
-            }
             for (level, why) in &mode.skipped {
                 println!("  skipped at the {}: {why}", level.as_str());
+            }
+            let backend = pins.sandbox_backend(
+                std::env::var(backend_name::SERVICE_VARIABLE)
+                    .ok()
+                    .as_deref(),
+            );
+            println!("{SANDBOX_BACKEND} = {}", backend.describe());
+            for (level, why) in &backend.skipped {
+                println!(
+                    "  skipped at the {}: {why}",
+                    level.describe(backend_name::SERVICE_VARIABLE)
+                );
+            }
+            if [mode.level, backend.level]
+                .iter()
+                .any(|l| matches!(l, Level::Service | Level::Default))
+            {
+                println!("  (where no pin applies, the service setting is the API's, read here from this shell's environment)");
             }
         }
     }

@@ -18,9 +18,6 @@ use crate::vmm::Usage;
 pub const CPU_WINDOW: Duration = Duration::from_millis(200);
 
 /// envd's `/metrics` body, as the agent sends it and the control plane reads it.
-pub type MetricsBody = Metrics;
-
-/// envd's `/metrics` body.
 #[derive(Debug, Serialize, serde::Deserialize, PartialEq)]
 pub struct Metrics {
     /// Unix seconds of the second reading.

@@ -288,6 +288,16 @@ async fn settings_are_pinned_and_unpinned_through_the_operator_api() {
         shown["cache_mode"]["level"],
         "service setting STRATA_CACHE_MODE"
     );
+    assert_eq!(
+        (
+            &shown["sandbox_backend"]["value"],
+            &shown["sandbox_backend"]["level"]
+        ),
+        (
+            &serde_json::json!("namespace"),
+            &serde_json::json!("default")
+        )
+    );
 
     let pin = |q: &'static str, key: &'static str, value: &'static str| {
         client
