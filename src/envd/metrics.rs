@@ -76,9 +76,17 @@ fn node_memory() -> u64 {
         .map_or(0, |kib| kib << 10)
 }
 
+/// One reading, off the runtime's threads: it reads cgroup files and the sandbox's disk.
+async fn read(sandbox: &std::sync::Arc<super::agent::LiveSandbox>) -> Option<Usage> {
+    let sandbox = sandbox.clone();
+    tokio::task::spawn_blocking(move || sandbox.with(|s| Ok(s.usage())).ok().flatten())
+        .await
+        .ok()
+        .flatten()
+}
+
 pub async fn serve(Authorized(sandbox): Authorized) -> Response {
-    let read = || sandbox.with(|s| Ok(s.usage())).ok().flatten();
-    let Some(first) = read() else {
+    let Some(first) = read(&sandbox).await else {
         return (
             StatusCode::NOT_IMPLEMENTED,
             "this sandbox's backend reports no usage",
@@ -87,7 +95,7 @@ pub async fn serve(Authorized(sandbox): Authorized) -> Response {
     };
     let started = Instant::now();
     tokio::time::sleep(CPU_WINDOW).await;
-    let Some(second) = read() else {
+    let Some(second) = read(&sandbox).await else {
         return super::server::not_found_response(&sandbox.id);
     };
     let body = metrics(

@@ -45,12 +45,6 @@ pub fn human_bytes(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[i])
 }
 
-/// Bytes of the regular files below `dir` (without following symlinks): what a sandbox's
-/// writable layer holds.
-pub fn tree_bytes(dir: &Path) -> u64 {
-    walk(dir).0
-}
-
 /// Sums regular file sizes below `dir` without following symlinks. Unreadable entries (a
 /// sandbox removing its files meanwhile) are skipped: this is a gauge, not an inventory.
 fn walk(dir: &Path) -> (u64, u64) {

@@ -171,14 +171,25 @@ impl LayerCache {
 
 /// Bytes of the files under `dir` (allocated blocks, as `du` counts them).
 pub fn tree_bytes(dir: &Path) -> u64 {
+    tree_bytes_bounded(dir, usize::MAX)
+}
+
+/// [`tree_bytes`], reading at most `entries` directory entries (never following a symlink):
+/// a lower bound when the tree is larger, for trees a tenant controls.
+pub fn tree_bytes_bounded(dir: &Path, entries: usize) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let mut total = 0;
+    let mut seen = 0usize;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = fs::read_dir(&d) else {
+        let Ok(read) = fs::read_dir(&d) else {
             continue;
         };
-        for entry in entries.flatten() {
+        for entry in read.flatten() {
+            seen += 1;
+            if seen > entries {
+                return total;
+            }
             let Ok(meta) = entry.metadata() else { continue };
             total += meta.blocks() * 512;
             if meta.is_dir() {
@@ -192,6 +203,23 @@ pub fn tree_bytes(dir: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bounded_walk_stops_after_its_entries_and_never_follows_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..50 {
+            std::fs::write(dir.path().join(format!("f{i}")), vec![1u8; 8192]).unwrap();
+        }
+        std::os::unix::fs::symlink("/", dir.path().join("root")).unwrap();
+        let whole = tree_bytes(dir.path());
+        assert!(whole >= 50 * 8192, "{whole}");
+        let bounded = tree_bytes_bounded(dir.path(), 10);
+        assert!(bounded <= 10 * 16384 && bounded > 0, "{bounded}");
+        assert!(
+            whole < 1 << 30,
+            "the symlink to / was not followed: {whole}"
+        );
+    }
     use crate::vmm::blob_store::{BlobStore, LocalBlobStore};
     use crate::vmm::layer::seal_dir;
 

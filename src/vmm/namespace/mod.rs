@@ -382,6 +382,9 @@ struct Running {
     pid1: i32,
 }
 
+/// Entries a usage walk of a writable layer reads at most.
+const USAGE_WALK_ENTRIES: usize = 100_000;
+
 pub struct NamespaceSandbox {
     backend: NamespaceBackend,
     id: String,
@@ -908,7 +911,12 @@ impl Sandbox for NamespaceSandbox {
             memory_bytes: cgroup.memory_bytes.unwrap_or(0),
             memory_cache_bytes: cgroup.cache_bytes.unwrap_or(0),
             memory_limit_bytes: self.limits.memory_bytes.unwrap_or(0),
-            disk_bytes: crate::metrics::storage::tree_bytes(&self.upper()),
+            // A walk of the writable layer that stops after a bounded number of entries: a
+            // tenant's million files must not make every metrics call a full scan on the host.
+            disk_bytes: crate::vmm::layer_budget::tree_bytes_bounded(
+                &self.upper(),
+                USAGE_WALK_ENTRIES,
+            ),
             disk_limit_bytes: disk_limit,
         })
     }
