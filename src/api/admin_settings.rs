@@ -92,8 +92,8 @@ fn context(by: Option<&str>) -> CommandContext {
 }
 
 async fn view(state: &AppState, scope: &SettingsScope) -> Result<SettingsView, AdminError> {
-    let pins = settings::read(&state.events, scope).await?;
     let in_force = settings::pins_in(&state.events, scope).await?;
+    let pins = in_force.own(scope).clone();
     let mode = in_force.cache_mode(state.protocol.cache_mode.as_deref());
     let backend = in_force.sandbox_backend(state.protocol.sandbox_backend.as_deref());
     Ok(SettingsView {

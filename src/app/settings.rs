@@ -135,6 +135,14 @@ impl PinsInForce {
         Ok(PinsInForce { template, team })
     }
 
+    /// The pins of `scope` itself (the template's for a template scope, else the team's).
+    pub fn own(&self, scope: &SettingsScope) -> &settings::State {
+        match scope {
+            SettingsScope::Team(_) => &self.team,
+            SettingsScope::Template(..) => &self.template,
+        }
+    }
+
     fn values(&self, key: &str, service: Option<&str>) -> LevelValues {
         let value = |s: &settings::State| s.pins.get(key).map(|p| p.value.clone());
         LevelValues {
@@ -153,20 +161,6 @@ impl PinsInForce {
     pub fn sandbox_backend(&self, service: Option<&str>) -> ResolvedBackend {
         backend_name::resolve(&self.values(SANDBOX_BACKEND, service))
     }
-}
-
-/// The cache mode a build of `template` in `team` starts with (of any template of the team
-/// without a pin of its own, when `None`): the template's pin, the team's, the service's
-/// setting, the default.
-pub async fn resolve_cache_mode(
-    store: &EventStore,
-    team: &TeamId,
-    template: Option<&TemplateId>,
-    service: Option<&str>,
-) -> Result<ResolvedMode, CommandError<settings::Error>> {
-    Ok(PinsInForce::read(store, team, template)
-        .await?
-        .cache_mode(service))
 }
 
 /// A pin in force, with who pinned it.
