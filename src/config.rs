@@ -70,14 +70,11 @@ pub struct SandboxDiskArgs {
 pub struct DiskMax(pub Option<u64>);
 
 fn parse_disk_max(text: &str) -> Result<DiskMax, String> {
-    if text.trim() == "none" {
-        return Ok(DiskMax(None));
-    }
-    match parse_bytes(text)? {
-        n if n < crate::vmm::namespace::scratch::FLOOR => Err(format!(
+    match parse_size_limit(text)?.0 {
+        Some(n) if n < crate::vmm::namespace::scratch::FLOOR => Err(format!(
             "{text:?} is below the smallest sandbox disk, 64MiB"
         )),
-        n => Ok(DiskMax(Some(n))),
+        n => Ok(DiskMax(n)),
     }
 }
 
@@ -112,6 +109,12 @@ pub struct TeamLimitArgs {
     /// Steps one build may have; a start with more gets a 400.
     #[arg(long, env = "STRATA_BUILD_MAX_STEPS", default_value_t = Limit(crate::domain::team_limits::TeamLimits::DEFAULT.steps_per_build), value_name = "N|none")]
     pub build_max_steps: Limit,
+
+    /// Bytes one team's uploaded context archives may take in the blob store, each distinct
+    /// archive once (`50GiB`, `500MB`, bytes, or none); an upload that would pass it gets a
+    /// 413 before a byte of it is stored. Garbage collection frees room.
+    #[arg(long, env = "STRATA_TEAM_MAX_STORED_UPLOADS", default_value = "50GiB", value_parser = parse_size_limit, value_name = "SIZE|none")]
+    pub team_max_stored_uploads: SizeLimit,
 }
 
 impl TeamLimitArgs {
@@ -121,6 +124,7 @@ impl TeamLimitArgs {
             queued_builds: self.team_max_queued_builds.0,
             pending_uploads: self.team_max_pending_uploads.0,
             steps_per_build: self.build_max_steps.0,
+            stored_upload_bytes: self.team_max_stored_uploads.0,
         }
     }
 }
@@ -149,6 +153,17 @@ impl std::fmt::Display for Limit {
             Some(n) => write!(f, "{n}"),
             None => f.write_str("none"),
         }
+    }
+}
+
+/// A size limit, or `none` for no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SizeLimit(pub Option<u64>);
+
+fn parse_size_limit(text: &str) -> Result<SizeLimit, String> {
+    match text.trim() {
+        "none" => Ok(SizeLimit(None)),
+        t => parse_bytes(t).map(|n| SizeLimit(Some(n))),
     }
 }
 

@@ -8,7 +8,8 @@
 //! * [`build_spec`]: the E2B request bodies as validated types, the request digest, and the
 //!   command-context fold.
 //! * [`team`]: tenants and their API keys.
-//! * [`team_limits`]: what one team may hold at once (fair share of a shared service).
+//! * [`team_limits`]: what one team may hold at once (fair share of a shared service);
+//!   [`byte_size`]: sizes as its messages say them.
 //! * [`template`]: the template aggregate and the team-scoped name claim.
 //! * [`build`]: the build aggregate (upload bindings and intents, freeze, attempts, fencing,
 //!   publishing, terminal states) and its E2B status view.
@@ -39,6 +40,7 @@
 pub mod backend_name;
 pub mod build;
 pub mod build_spec;
+pub mod byte_size;
 pub mod cache_entry;
 pub mod cache_key;
 pub mod cache_mode;

@@ -1,7 +1,8 @@
 //! What one team may hold at once: the fair-share limits of a shared build service.
 //!
 //! Each limit counts something a team holds while it waits or works (builds waiting or queued,
-//! builds running, upload links not yet used) or the size of one request (steps per build).
+//! builds running, upload links not yet used), what it keeps stored (the bytes of its uploads),
+//! or the size of one request (steps per build).
 //! The service applies the same limits to every team; `None` is no limit. The counting happens
 //! where the rows are (`projections::team_usage`, inside the append's transaction, so a burst
 //! of concurrent requests cannot slip past); this module says what the limits are, what each
@@ -9,6 +10,7 @@
 
 use std::fmt;
 
+use super::byte_size::human_bytes;
 use super::ids::TeamId;
 
 /// The limits one team is held to.
@@ -23,6 +25,9 @@ pub struct TeamLimits {
     pub pending_uploads: Option<u32>,
     /// Steps in one build's start request (`STRATA_BUILD_MAX_STEPS`).
     pub steps_per_build: Option<u32>,
+    /// Bytes of the team's uploaded context archives the blob store holds, each distinct
+    /// archive once (`STRATA_TEAM_MAX_STORED_UPLOADS`). Garbage collection frees them.
+    pub stored_upload_bytes: Option<u64>,
 }
 
 impl TeamLimits {
@@ -31,6 +36,7 @@ impl TeamLimits {
         queued_builds: Some(100),
         pending_uploads: Some(1000),
         steps_per_build: Some(500),
+        stored_upload_bytes: Some(50 << 30),
     };
 
     /// No limit at all: what every setting at `none` gives.
@@ -39,13 +45,36 @@ impl TeamLimits {
         queued_builds: None,
         pending_uploads: None,
         steps_per_build: None,
+        stored_upload_bytes: None,
     };
 
-    pub fn max(&self, held: Held) -> Option<u32> {
+    pub fn max(&self, held: Held) -> Option<u64> {
         match held {
-            Held::RunningBuilds => self.running_builds,
-            Held::QueuedBuilds => self.queued_builds,
-            Held::PendingUploads => self.pending_uploads,
+            Held::RunningBuilds => self.running_builds.map(u64::from),
+            Held::QueuedBuilds => self.queued_builds.map(u64::from),
+            Held::PendingUploads => self.pending_uploads.map(u64::from),
+            Held::StoredUploadBytes => self.stored_upload_bytes,
+        }
+    }
+
+    /// Refuses, before a byte is read, an upload of `declared` bytes that cannot fit beside the
+    /// `stored` bytes the team's uploads already take. An upload whose bytes the team already
+    /// stores would fit, but its digest is known only once it is read: near the limit such a
+    /// repeat is refused too, and the SDK never sends one (the link says `present`).
+    pub fn check_upload(
+        &self,
+        team: &TeamId,
+        stored: u64,
+        declared: u64,
+    ) -> Result<(), UploadOverQuota> {
+        match self.stored_upload_bytes {
+            Some(max) if stored.saturating_add(declared) > max => Err(UploadOverQuota {
+                team: team.clone(),
+                stored,
+                declared,
+                max,
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -57,13 +86,24 @@ impl TeamLimits {
         }
     }
 
-    /// The limits as `(setting, value)` rows, for `/ui` and `/metrics`.
-    pub fn rows(&self) -> [(&'static str, Option<u32>); 4] {
+    /// The limits as `(setting, value)` rows, for `/ui` and `/metrics`; the stored-uploads
+    /// value is in bytes.
+    pub fn rows(&self) -> [(&'static str, Option<u64>); 5] {
         [
-            (Held::RunningBuilds.setting(), self.running_builds),
-            (Held::QueuedBuilds.setting(), self.queued_builds),
-            (Held::PendingUploads.setting(), self.pending_uploads),
-            ("STRATA_BUILD_MAX_STEPS", self.steps_per_build),
+            (Held::RunningBuilds.setting(), self.max(Held::RunningBuilds)),
+            (Held::QueuedBuilds.setting(), self.max(Held::QueuedBuilds)),
+            (
+                Held::PendingUploads.setting(),
+                self.max(Held::PendingUploads),
+            ),
+            (
+                "STRATA_BUILD_MAX_STEPS",
+                self.steps_per_build.map(u64::from),
+            ),
+            (
+                Held::StoredUploadBytes.setting(),
+                self.max(Held::StoredUploadBytes),
+            ),
         ]
     }
 }
@@ -74,6 +114,8 @@ pub enum Held {
     RunningBuilds,
     QueuedBuilds,
     PendingUploads,
+    /// Counted in bytes, not items.
+    StoredUploadBytes,
 }
 
 impl Held {
@@ -82,6 +124,15 @@ impl Held {
             Held::RunningBuilds => "STRATA_TEAM_MAX_RUNNING_BUILDS",
             Held::QueuedBuilds => "STRATA_TEAM_MAX_QUEUED_BUILDS",
             Held::PendingUploads => "STRATA_TEAM_MAX_PENDING_UPLOADS",
+            Held::StoredUploadBytes => "STRATA_TEAM_MAX_STORED_UPLOADS",
+        }
+    }
+
+    /// `max` as the sentence says it: a count, or a size.
+    fn amount(self, max: u64) -> String {
+        match self {
+            Held::StoredUploadBytes => human_bytes(max),
+            _ => max.to_string(),
         }
     }
 
@@ -90,6 +141,7 @@ impl Held {
             Held::RunningBuilds => "builds running",
             Held::QueuedBuilds => "builds waiting or queued",
             Held::PendingUploads => "upload links not yet used",
+            Held::StoredUploadBytes => "of uploads stored",
         }
     }
 
@@ -102,12 +154,13 @@ impl Held {
             Held::PendingUploads => {
                 "finish or abandon the builds waiting for uploads, then ask for the link again"
             }
+            Held::StoredUploadBytes => STORED_UPLOADS_REMEDY,
         }
     }
 
     /// Whether `count` (the team's holding with the new one in it) is over `max`.
-    pub fn over(self, team: &TeamId, count: u64, max: u32) -> Option<OverLimit> {
-        (count > u64::from(max)).then(|| OverLimit {
+    pub fn over(self, team: &TeamId, count: u64, max: u64) -> Option<OverLimit> {
+        (count > max).then(|| OverLimit {
             team: team.clone(),
             held: self,
             max,
@@ -120,7 +173,7 @@ impl Held {
 pub struct OverLimit {
     pub team: TeamId,
     pub held: Held,
-    pub max: u32,
+    pub max: u64,
 }
 
 impl fmt::Display for OverLimit {
@@ -129,12 +182,34 @@ impl fmt::Display for OverLimit {
             f,
             "team {} already has {} {} (the limit, {}); {}",
             self.team.as_str(),
-            self.max,
+            self.held.amount(self.max),
             self.held.noun(),
             self.held.setting(),
             self.held.remedy()
         )
     }
+}
+
+/// What frees room under `STRATA_TEAM_MAX_STORED_UPLOADS`.
+const STORED_UPLOADS_REMEDY: &str = "garbage collection removes uploads no build has used for \
+     STRATA_GC_KEEP (and sooner under STRATA_STORAGE_BUDGET); upload again once it has, or ask \
+     the operator for a larger limit";
+
+/// An upload that cannot fit in what its team may store (HTTP 413, before a byte is read).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "team {} stores {} of uploads; this upload of {} would pass its limit of {} \
+     (STRATA_TEAM_MAX_STORED_UPLOADS); {STORED_UPLOADS_REMEDY}",
+    team.as_str(),
+    human_bytes(*stored),
+    human_bytes(*declared),
+    human_bytes(*max)
+)]
+pub struct UploadOverQuota {
+    pub team: TeamId,
+    pub stored: u64,
+    pub declared: u64,
+    pub max: u64,
 }
 
 /// A start request with more steps than one build may have.
@@ -166,6 +241,36 @@ mod tests {
     }
 
     #[test]
+    fn an_upload_is_refused_when_it_cannot_fit_beside_what_the_team_stores() {
+        let limits = TeamLimits {
+            stored_upload_bytes: Some(10 << 20),
+            ..TeamLimits::NONE
+        };
+        assert_eq!(limits.check_upload(&team(), 4 << 20, 6 << 20), Ok(()));
+        let err = limits
+            .check_upload(&team(), 4 << 20, (6 << 20) + 1)
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("team acme stores 4.0 MiB of uploads; this upload of 6.0 MiB would pass its limit of 10.0 MiB (STRATA_TEAM_MAX_STORED_UPLOADS)"),
+            "{text}"
+        );
+        assert_eq!(
+            TeamLimits::NONE.check_upload(&team(), u64::MAX, u64::MAX),
+            Ok(())
+        );
+        // Counted after the fact (inside the completion's append), the limit is a size.
+        let over = Held::StoredUploadBytes
+            .over(&team(), (10 << 20) + 1, 10 << 20)
+            .unwrap();
+        assert!(
+            over.to_string()
+                .starts_with("team acme already has 10.0 MiB of uploads stored"),
+            "{over}"
+        );
+    }
+
+    #[test]
     fn a_zero_limit_refuses_the_first() {
         assert!(Held::PendingUploads.over(&team(), 1, 0).is_some());
     }
@@ -191,8 +296,9 @@ mod tests {
         assert_eq!(limits.max(Held::RunningBuilds), Some(8));
         assert_eq!(limits.max(Held::QueuedBuilds), Some(100));
         assert_eq!(limits.max(Held::PendingUploads), Some(1000));
+        assert_eq!(limits.max(Held::StoredUploadBytes), Some(50 << 30));
         let settings: Vec<_> = limits.rows().iter().map(|(s, _)| *s).collect();
-        assert_eq!(settings.len(), 4);
+        assert_eq!(settings.len(), 5);
         assert!(settings.iter().all(|s| s.starts_with("STRATA_")));
     }
 }

@@ -33,17 +33,7 @@ pub fn usage(data_dir: &Path) -> Vec<StorageUsage> {
         .collect()
 }
 
-/// `bytes` in binary units with one decimal (`1.5 MiB`), for tables operators read.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < UNITS.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    format!("{v:.1} {}", UNITS[i])
-}
+pub use crate::domain::byte_size::human_bytes;
 
 /// Sums regular file sizes below `dir` without following symlinks. Unreadable entries (a
 /// sandbox removing its files meanwhile) are skipped: this is a gauge, not an inventory.

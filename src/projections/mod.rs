@@ -10,7 +10,8 @@
 //!   [`build_logs`]: the reads of the worker's log lines; [`team_usage`]: what a team holds,
 //!   and the admission check that holds it to its limits; [`sandboxes`]: launched sandboxes
 //!   and their running and paused spans (inline); [`gc_passes`]: what each GC pass measured
-//!   (inline); [`activity`]: all of these over time, in a fixed number of buckets.
+//!   (inline); [`stored_uploads`]: what each team's uploads take in the blob store (inline,
+//!   for its stored-bytes limit); [`activity`]: all of these over time, in a fixed number of buckets.
 //! * [`registry`] / [`run_all`]: the projections this version ships, and running them.
 
 pub mod activity;
@@ -21,6 +22,7 @@ pub mod gc_passes;
 mod projection;
 mod runner;
 pub mod sandboxes;
+pub mod stored_uploads;
 pub mod stream_catalog;
 pub mod team_usage;
 pub mod templates;
@@ -64,6 +66,7 @@ pub fn standing_inline() -> Vec<Arc<dyn crate::events::InlineProjection>> {
         Arc::new(templates::TemplatesProjection),
         Arc::new(sandboxes::SandboxesProjection),
         Arc::new(gc_passes::GcPassesProjection),
+        Arc::new(stored_uploads::StoredUploadsProjection),
     ]
 }
 

@@ -18,7 +18,7 @@ use crate::events::{AdmissionCheck, AdmissionRefused, InlineProjection, Recorded
 pub struct TeamCap {
     pub team: TeamId,
     pub held: Held,
-    pub max: u32,
+    pub max: u64,
 }
 
 #[async_trait]
@@ -38,7 +38,7 @@ pub fn admission(limits: &TeamLimits, team: &TeamId, held: Held) -> Option<Admis
 }
 
 /// The check that holds `team` to at most `max` of `held` (none without a `max`).
-pub fn cap(team: &TeamId, held: Held, max: Option<u32>) -> Option<AdmissionCheck> {
+pub fn cap(team: &TeamId, held: Held, max: Option<u64>) -> Option<AdmissionCheck> {
     max.map(|max| {
         AdmissionCheck::new(TeamCap {
             team: team.clone(),
@@ -54,6 +54,9 @@ where
     X: sqlx::Executor<'c, Database = sqlx::Postgres>,
 {
     let sql = match held {
+        Held::StoredUploadBytes => {
+            return super::stored_uploads::team_bytes(executor, team).await;
+        }
         Held::RunningBuilds => {
             "SELECT count(*) FROM builds WHERE team_id = $1 AND phase = 'active'"
         }
@@ -79,21 +82,33 @@ pub struct TeamHoldings {
     pub running: i64,
     pub queued: i64,
     pub pending_uploads: i64,
+    /// Bytes its uploads take in the blob store, each distinct archive once.
+    pub stored_upload_bytes: i64,
 }
 
-/// Every team holding anything now (running, waiting or queued builds, unused upload links),
-/// the most running first. At most `limit` rows.
+/// Every team holding anything now (running, waiting or queued builds, unused upload links,
+/// stored uploads), the most running first. At most `limit` rows.
 pub async fn holdings(pool: &sqlx::PgPool, limit: i64) -> Result<Vec<TeamHoldings>, sqlx::Error> {
-    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
-        "SELECT b.team_id,
-                count(*) FILTER (WHERE b.phase = 'active'),
-                count(*) FILTER (WHERE b.phase IN ('waiting', 'queued')),
-                coalesce(sum((SELECT count(*) FROM upload_intents i WHERE i.build_id = b.build_id))
-                         FILTER (WHERE b.phase = 'waiting'), 0)::bigint
-         FROM builds b
-         WHERE b.phase IN ('waiting', 'queued', 'active')
-         GROUP BY b.team_id
-         ORDER BY 2 DESC, 3 DESC, b.team_id
+    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        "WITH held AS (
+           SELECT b.team_id,
+                  count(*) FILTER (WHERE b.phase = 'active') AS running,
+                  count(*) FILTER (WHERE b.phase IN ('waiting', 'queued')) AS queued,
+                  coalesce(sum((SELECT count(*) FROM upload_intents i
+                                WHERE i.build_id = b.build_id))
+                           FILTER (WHERE b.phase = 'waiting'), 0)::bigint AS pending
+           FROM builds b
+           WHERE b.phase IN ('waiting', 'queued', 'active')
+           GROUP BY b.team_id
+         ), stored AS (
+           SELECT team_id, sum(size)::bigint AS bytes
+           FROM (SELECT DISTINCT team_id, blob_digest, size FROM stored_uploads) s
+           GROUP BY team_id
+         )
+         SELECT coalesce(h.team_id, s.team_id), coalesce(h.running, 0), coalesce(h.queued, 0),
+                coalesce(h.pending, 0), coalesce(s.bytes, 0)
+         FROM held h FULL JOIN stored s ON s.team_id = h.team_id
+         ORDER BY 2 DESC, 3 DESC, 5 DESC, 1
          LIMIT $1",
     )
     .bind(limit)
@@ -101,11 +116,14 @@ pub async fn holdings(pool: &sqlx::PgPool, limit: i64) -> Result<Vec<TeamHolding
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(team, running, queued, pending_uploads)| TeamHoldings {
-            team,
-            running,
-            queued,
-            pending_uploads,
-        })
+        .map(
+            |(team, running, queued, pending_uploads, stored_upload_bytes)| TeamHoldings {
+                team,
+                running,
+                queued,
+                pending_uploads,
+                stored_upload_bytes,
+            },
+        )
         .collect())
 }

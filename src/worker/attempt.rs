@@ -66,7 +66,7 @@ pub async fn acquire(
         crate::projections::team_usage::cap(
             &r.team,
             crate::domain::team_limits::Held::RunningBuilds,
-            max_running,
+            max_running.map(u64::from),
         )
     }));
     let executed = retry_store_errors(build, "acquiring", || async {

@@ -1401,3 +1401,125 @@ async fn pins_move_a_team_and_a_template_between_modes_over_the_service_setting(
         ]
     );
 }
+
+/// A tar.gz of one file of `len` pseudo-random bytes from `seed`: gzip cannot shrink it, so the
+/// archive's size is about `len`.
+fn incompressible_archive(seed: u64, len: usize) -> Vec<u8> {
+    use rand::{RngCore, SeedableRng};
+    let mut data = vec![0u8; len];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut data);
+    tar_gz(&[("app/blob.bin", &data)])
+}
+
+async fn stored_uploads(db: &common::TestDb, team: &str) -> u64 {
+    strata::projections::stored_uploads::team_bytes(
+        &db.pool,
+        &strata::domain::ids::TeamId::parse(team).unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
+/// `STRATA_TEAM_MAX_STORED_UPLOADS`: an upload that cannot fit beside what the team's uploads
+/// already take is refused with a 413 naming the limit before a byte of it is stored; its
+/// URL is released; another team is not held to the first team's bytes.
+#[tokio::test]
+async fn an_upload_past_the_teams_stored_limit_is_refused_before_a_byte_is_stored() {
+    let (db, data, api) = setup(&["--team-max-stored-uploads", "1MiB"]).await;
+    let acme = client(&api, key_for(&db, "acme").await);
+    let (template, _) = acme.register("stored-limit").await;
+    let first = incompressible_archive(1, 600 << 10);
+    let (_, url) = acme.link(&template, HASH_A).await;
+    assert_eq!(acme.put(&url, first.clone()).await.0, 200);
+    assert_eq!(stored_uploads(&db, "acme").await, first.len() as u64);
+    assert_eq!(stored_blobs(data.path()), 1);
+
+    let second = incompressible_archive(2, 600 << 10);
+    let (_, url) = acme.link(&template, HASH_B).await;
+    let (status, body) = acme.put(&url, second.clone()).await;
+    assert_eq!(status, 413, "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("team acme stores 600.")
+            && message.contains("would pass its limit of 1.0 MiB (STRATA_TEAM_MAX_STORED_UPLOADS)"),
+        "{message}"
+    );
+    assert_eq!(
+        stored_blobs(data.path()),
+        1,
+        "the refused upload stored nothing"
+    );
+    assert_eq!(stored_uploads(&db, "acme").await, first.len() as u64);
+    assert_eq!(
+        claim_releases(&db).await,
+        1,
+        "the refused upload's URL was released"
+    );
+
+    // The same bytes under another team count against that team alone.
+    let other = client(&api, key_for(&db, "other").await);
+    let (template, _) = other.register("stored-limit").await;
+    let (_, url) = other.link(&template, HASH_B).await;
+    assert_eq!(other.put(&url, second).await.0, 200);
+    assert_eq!(stored_uploads(&db, "acme").await, first.len() as u64);
+}
+
+/// Two uploads that each fit the team's stored-uploads limit alone, but not together: both
+/// pass the check against `Content-Length` (each is being received while the other is), and the
+/// completion's append counts the team's stored bytes in its own transaction, so exactly one
+/// commits and the other answers 413.
+#[tokio::test]
+async fn two_uploads_that_fit_alone_but_not_together_cannot_both_commit() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (db, data, api) = setup(&["--team-max-stored-uploads", "1MiB"]).await;
+    let acme = client(&api, key_for(&db, "acme").await);
+    let (template, _) = acme.register("stored-race").await;
+    let mut started = Vec::new();
+    for (seed, hash) in [(1, HASH_A), (2, HASH_B)] {
+        let archive = incompressible_archive(seed, 600 << 10);
+        let (_, url) = acme.link(&template, hash).await;
+        let rest = url.strip_prefix("http://").unwrap();
+        let (host, path) = rest.split_at(rest.find('/').unwrap());
+        let mut tcp = tokio::net::TcpStream::connect(host).await.unwrap();
+        let head = format!(
+            "PUT {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            archive.len()
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        tcp.write_all(&archive[..archive.len() / 2]).await.unwrap();
+        started.push((tcp, archive));
+    }
+    // Both are being stored (each was checked against the limit before its staging file was
+    // made) before either body ends.
+    let staging = data.path().join("blobs/tmp");
+    let receiving = async {
+        while std::fs::read_dir(&staging).map_or(0, |d| d.count()) < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), receiving)
+        .await
+        .expect("both uploads are being received");
+    let finished = started.into_iter().map(|(mut tcp, archive)| async move {
+        tcp.write_all(&archive[archive.len() / 2..]).await.unwrap();
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).await.unwrap();
+        answer
+    });
+    let answers = futures::future::join_all(finished).await;
+    let statuses: Vec<&str> = answers
+        .iter()
+        .map(|a| a.split(' ').nth(1).unwrap_or(""))
+        .collect();
+    let mut sorted = statuses.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["200", "413"], "{answers:?}");
+    let refused = answers.iter().find(|a| a.contains(" 413 ")).unwrap();
+    assert!(
+        refused.contains("already has 1.0 MiB of uploads stored")
+            && refused.contains("STRATA_TEAM_MAX_STORED_UPLOADS"),
+        "{refused}"
+    );
+    let stored = stored_uploads(&db, "acme").await;
+    assert!(stored > 600 << 10 && stored <= 1 << 20, "{stored}");
+}

@@ -719,6 +719,12 @@ async fn a_link_does_not_call_deleted_content_present_and_the_upload_comes_again
     // A first build uploads the archive and ends: nothing in flight binds it any more.
     let (_, first) = fx.api.register("up").await;
     fx.api.upload(&blobs, first, &hash, &archive).await;
+    let stored = || strata::projections::stored_uploads::team_bytes(&fx.db.pool, &fx.api.team);
+    assert_eq!(
+        stored().await.unwrap(),
+        archive.len() as u64,
+        "the team's uploads take the archive's bytes"
+    );
     let link = |build| {
         let api = &fx.api;
         let hash = hash.clone();
@@ -757,6 +763,12 @@ async fn a_link_does_not_call_deleted_content_present_and_the_upload_comes_again
         .find(|p| p.tier == strata::domain::retention::Tier::Upload)
         .unwrap_or_else(|| panic!("the upload was not deleted: {report:?}"));
 
+    assert_eq!(
+        stored().await.unwrap(),
+        0,
+        "deleted bytes no longer count against the team's stored-uploads limit"
+    );
+
     // The next build's link does not call it present: the client sends it again.
     let (_, third) = fx.api.register("up2").await;
     assert!(!link(third).await.present, "deleted bytes are not present");
@@ -768,6 +780,7 @@ async fn a_link_does_not_call_deleted_content_present_and_the_upload_comes_again
     let state = object_state(&fx, &upload.digest).await;
     assert_eq!(state.lifecycle, Lifecycle::Live);
     assert_eq!(state.generation, 2, "registered, deleted, registered again");
+    assert_eq!(stored().await.unwrap(), archive.len() as u64);
 }
 
 /// The reconcile environment of a database of its own, on `blobs`.

@@ -8,7 +8,8 @@
 //! `Content-Length`, the grant's ceiling and the idle limit; publish the bytes
 //! content-addressed (create-if-absent) once their digest is known; then one compare-and-set
 //! completes the intent and binds the generation (intent Pending ∧ build Waiting ∧ binding as
-//! the link saw it). Only then 200. A PUT to a URL whose upload already completed is hashed and
+//! the link saw it), holding the team to its stored-uploads limit in the same append (413 past
+//! it; the limit is also checked against `Content-Length` before a byte is read). Only then 200. A PUT to a URL whose upload already completed is hashed and
 //! stored nowhere: the same bytes are a replay (200), others a conflict (409).
 
 use axum::body::Body;
@@ -22,7 +23,10 @@ use crate::api::upload_ingest::{digest_body, ingest_upload, BodyLimits, IngestEr
 use crate::api::AppState;
 use crate::app::CommandContext;
 use crate::domain::build::upload::{Claim, ClaimUpload, CompleteUpload, UploadError};
+use crate::domain::ids::TeamId;
+use crate::domain::team_limits::Held;
 use crate::domain::upload_url::{verify, UploadGrant, UrlError, METHOD_PUT};
+use crate::events::{AppendError, CommandError};
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -247,6 +251,12 @@ async fn store_upload(
     body: Body,
     span: &tracing::Span,
 ) -> Result<(), ApiError> {
+    let stored = crate::projections::stored_uploads::team_bytes(&state.pool, &grant.team).await?;
+    state
+        .protocol
+        .team_limits
+        .check_upload(&grant.team, stored, limits.declared)
+        .map_err(|e| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()))?;
     let ingested = ingest_upload(
         body.into_data_stream(),
         limits,
@@ -269,7 +279,7 @@ async fn store_upload(
         now: crate::streams::database_now(&state.pool).await?,
         claim: Some(claim),
     };
-    complete(state, &command).await
+    complete(state, &command, &grant.team).await
 }
 
 /// References the received bytes on their `object-…` stream before they are published: if a
@@ -305,11 +315,25 @@ async fn reference_content(
     )))
 }
 
-async fn complete(state: &AppState, cmd: &CompleteUpload) -> Result<(), ApiError> {
-    let ctx = CommandContext::new(api_metadata(state));
+/// Completes the intent, holding the team to its stored-uploads limit inside the append: two
+/// uploads that each fit alone cannot both commit past it. The refused one's bytes stay in the
+/// blob store unreferenced until garbage collection takes them.
+async fn complete(state: &AppState, cmd: &CompleteUpload, team: &TeamId) -> Result<(), ApiError> {
+    let ctx = CommandContext::new(api_metadata(state)).with_admission(
+        crate::projections::team_usage::admission(
+            &state.protocol.team_limits,
+            team,
+            Held::StoredUploadBytes,
+        ),
+    );
     crate::app::upload::complete_upload(&state.events, &ctx, cmd)
         .await
-        .map_err(|e| command_error(e, upload_error))
+        .map_err(|e| match e {
+            CommandError::Append(AppendError::Refused(limit)) => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, limit.0)
+            }
+            e => command_error(e, upload_error),
+        })
 }
 
 /// Expired or altered URLs are 403: the URL is the credential.

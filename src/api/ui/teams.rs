@@ -10,6 +10,8 @@ use axum::response::Html;
 use super::builds::UiError;
 use super::layout::{escape, page};
 use crate::api::AppState;
+use crate::domain::byte_size::human_bytes;
+use crate::domain::team_limits::Held;
 use crate::projections::team_usage;
 
 /// Teams shown at most; the busiest first.
@@ -23,29 +25,39 @@ pub async fn show_teams(State(state): State<AppState>) -> Result<Html<String>, U
          limit is the build nodes' own setting (give every process the same values).</p>\
          <table id=\"limits\"><tr><th>setting</th><th>value</th></tr>",
     );
+    let stored_setting = Held::StoredUploadBytes.setting();
     for (setting, value) in limits.rows() {
+        let shown = match value {
+            None => "none".to_string(),
+            Some(v) if setting == stored_setting => human_bytes(v),
+            Some(v) => v.to_string(),
+        };
         let _ = write!(
             body,
-            "<tr><td><code>{setting}</code></td><td>{}</td></tr>",
-            value.map_or_else(|| "none".to_string(), |v| v.to_string())
+            "<tr><td><code>{setting}</code></td><td>{shown}</td></tr>"
         );
     }
     body.push_str(
         "</table><h2>What teams hold now</h2>\
          <table id=\"teams\"><tr><th>team</th><th>running</th><th>waiting or queued</th>\
-         <th>unused upload links</th></tr>",
+         <th>unused upload links</th><th>uploads stored</th></tr>",
     );
     if teams.is_empty() {
-        body.push_str("<tr><td colspan=\"4\">No team holds anything now.</td></tr>");
+        body.push_str("<tr><td colspan=\"5\">No team holds anything now.</td></tr>");
     }
     for t in &teams {
+        let stored = t.stored_upload_bytes.max(0) as u64;
         let _ = write!(
             body,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}{}</td></tr>",
             escape(&t.team),
             cell(t.running, limits.running_builds),
             cell(t.queued, limits.queued_builds),
             cell(t.pending_uploads, limits.pending_uploads),
+            human_bytes(stored),
+            limits
+                .stored_upload_bytes
+                .map_or_else(String::new, |max| format!(" of {}", human_bytes(max))),
         );
     }
     body.push_str("</table>");
