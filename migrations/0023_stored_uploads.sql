@@ -10,9 +10,10 @@ CREATE TABLE stored_uploads (
     generation  bigint NOT NULL,
     blob_digest text   NOT NULL,
     size        bigint NOT NULL,
-    PRIMARY KEY (team_id, stream_id, generation)
+    PRIMARY KEY (stream_id, generation)
 );
 
+CREATE INDEX stored_uploads_team_idx ON stored_uploads (team_id);
 CREATE INDEX stored_uploads_blob_idx ON stored_uploads (blob_digest);
 
 -- The published generations not since retired, whose bytes no deletion recorded after the

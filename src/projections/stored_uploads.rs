@@ -9,7 +9,7 @@
 use async_trait::async_trait;
 use sqlx::PgConnection;
 
-use crate::domain::ids::{self, TeamId};
+use crate::domain::ids::TeamId;
 use crate::domain::{files, object};
 use crate::events::{InlineProjection, RecordedEvent};
 
@@ -22,22 +22,40 @@ impl InlineProjection for StoredUploadsProjection {
         conn: &mut PgConnection,
         events: &[RecordedEvent],
     ) -> Result<(), sqlx::Error> {
+        // Only the events that move the count are decoded: these streams' other events (and,
+        // in streams written before the unambiguous names, other categories' events) are not
+        // this read model's to judge.
+        let counted: Vec<RecordedEvent> = events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e.event_type.as_str(),
+                    "GenerationPublished.v1" | "GenerationRetired.v1" | "ObjectDeleted.v1"
+                )
+            })
+            .cloned()
+            .collect();
+        let events = counted.as_slice();
         for item in super::events_of::<files::Event>(events, "files") {
             let (_, recorded, event) = item?;
             let stream = recorded.stream_id.as_str();
             match event {
+                // The team is the publishing build's: the `builds` projection (earlier in the
+                // standing list) has its row, as the migration's backfill reads it.
                 files::Event::GenerationPublished {
                     generation,
                     blob_digest,
                     size,
+                    build,
                     ..
                 } => {
                     sqlx::query(
                         "INSERT INTO stored_uploads
                            (team_id, stream_id, generation, blob_digest, size)
-                         VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                         SELECT team_id, $2, $3, $4, $5 FROM builds WHERE build_id = $1
+                         ON CONFLICT DO NOTHING",
                     )
-                    .bind(team_of(stream)?.as_str())
+                    .bind(build.as_uuid())
                     .bind(stream)
                     .bind(generation.0 as i64)
                     .bind(blob_digest.to_string())
@@ -47,10 +65,8 @@ impl InlineProjection for StoredUploadsProjection {
                 }
                 files::Event::GenerationRetired { generation, .. } => {
                     sqlx::query(
-                        "DELETE FROM stored_uploads
-                         WHERE team_id = $1 AND stream_id = $2 AND generation = $3",
+                        "DELETE FROM stored_uploads WHERE stream_id = $1 AND generation = $2",
                     )
-                    .bind(team_of(stream)?.as_str())
                     .bind(stream)
                     .bind(generation.0 as i64)
                     .execute(&mut *conn)
@@ -70,18 +86,6 @@ impl InlineProjection for StoredUploadsProjection {
         }
         Ok(())
     }
-}
-
-/// The team a `files-{team}:{hash}` stream belongs to.
-fn team_of(stream: &str) -> Result<TeamId, sqlx::Error> {
-    ids::stream::decode(stream)
-        .and_then(|(_, parts)| parts.into_iter().next())
-        .and_then(|scope| TeamId::parse(&scope).ok())
-        .ok_or_else(|| {
-            sqlx::Error::Protocol(format!(
-                "stream {stream:?} does not name the team its uploads belong to"
-            ))
-        })
 }
 
 /// Bytes the blob store holds for `team`'s uploads, each distinct archive once.
