@@ -56,7 +56,7 @@ pub struct SandboxDiskArgs {
     /// writes to its own filesystem of this size (`20GiB`, `500MB`, bytes), and a step past it
     /// fails saying so. `none`: sandboxes write to the data disk, unbounded.
     #[arg(long, env = "STRATA_BUILD_DISK_MAX", default_value = "20GiB", value_parser = parse_disk_max, value_name = "SIZE|none")]
-    pub build_disk_max: DiskMax,
+    pub build_disk_max: SizeLimit,
 
     /// Free space on the data disk that no sandbox is ever granted (the blob store, layers and,
     /// under `strata up`, Postgres live there). A sandbox that cannot get what it needs beyond
@@ -65,16 +65,13 @@ pub struct SandboxDiskArgs {
     pub node_disk_reserve: u64,
 }
 
-/// `STRATA_BUILD_DISK_MAX`: a size, or no bound.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiskMax(pub Option<u64>);
-
-fn parse_disk_max(text: &str) -> Result<DiskMax, String> {
+/// `STRATA_BUILD_DISK_MAX`: a size of at least the smallest sandbox disk, or no bound.
+fn parse_disk_max(text: &str) -> Result<SizeLimit, String> {
     match parse_size_limit(text)?.0 {
         Some(n) if n < crate::vmm::namespace::scratch::FLOOR => Err(format!(
             "{text:?} is below the smallest sandbox disk, 64MiB"
         )),
-        n => Ok(DiskMax(n)),
+        n => Ok(SizeLimit(n)),
     }
 }
 

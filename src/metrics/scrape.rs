@@ -54,8 +54,9 @@ static TEAM_LIMITS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     register_int_gauge_vec!(
         "strata_team_limit",
         "The limit every team is held to, by setting (STRATA_TEAM_MAX_RUNNING_BUILDS, \
-         STRATA_TEAM_MAX_QUEUED_BUILDS, STRATA_TEAM_MAX_PENDING_UPLOADS, STRATA_BUILD_MAX_STEPS, and \
-         STRATA_TEAM_MAX_STORED_UPLOADS in bytes), as this process was configured; a setting of none is not reported.",
+         STRATA_TEAM_MAX_QUEUED_BUILDS, STRATA_TEAM_MAX_PENDING_UPLOADS, STRATA_BUILD_MAX_STEPS, \
+         and STRATA_TEAM_MAX_STORED_UPLOADS in bytes), as this process was configured; a \
+         setting of none is not reported.",
         &["setting"]
     )
     .expect("metric registers once")

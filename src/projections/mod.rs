@@ -11,7 +11,8 @@
 //!   and the admission check that holds it to its limits; [`sandboxes`]: launched sandboxes
 //!   and their running and paused spans (inline); [`gc_passes`]: what each GC pass measured
 //!   (inline); [`stored_uploads`]: what each team's uploads take in the blob store (inline,
-//!   for its stored-bytes limit); [`activity`]: all of these over time, in a fixed number of buckets.
+//!   for its stored-bytes limit); [`activity`]: all of these over time, in a fixed number of
+//!   buckets.
 //! * [`registry`] / [`run_all`]: the projections this version ships, and running them.
 
 pub mod activity;

@@ -9,8 +9,8 @@
 use async_trait::async_trait;
 use sqlx::PgConnection;
 
+use crate::domain::files;
 use crate::domain::ids::TeamId;
-use crate::domain::{files, object};
 use crate::events::{InlineProjection, RecordedEvent};
 
 pub struct StoredUploadsProjection;
@@ -25,19 +25,25 @@ impl InlineProjection for StoredUploadsProjection {
         // Only the events that move the count are decoded: these streams' other events (and,
         // in streams written before the unambiguous names, other categories' events) are not
         // this read model's to judge.
-        let counted: Vec<RecordedEvent> = events
-            .iter()
-            .filter(|e| {
-                matches!(
-                    e.event_type.as_str(),
-                    "GenerationPublished.v1" | "GenerationRetired.v1" | "ObjectDeleted.v1"
-                )
-            })
-            .cloned()
-            .collect();
-        let events = counted.as_slice();
-        for item in super::events_of::<files::Event>(events, "files") {
-            let (_, recorded, event) = item?;
+        let counted = |e: &&RecordedEvent| {
+            matches!(
+                (e.stream_id.category(), e.event_type.as_str()),
+                ("files", "GenerationPublished.v1" | "GenerationRetired.v1")
+                    | ("object", "ObjectDeleted.v1")
+            )
+        };
+        for recorded in events.iter().filter(counted) {
+            if recorded.stream_id.category() == "object" {
+                let digest = &recorded.stream_id.as_str()["object-".len()..];
+                sqlx::query("DELETE FROM stored_uploads WHERE blob_digest = $1")
+                    .bind(format!("sha256:{digest}"))
+                    .execute(&mut *conn)
+                    .await?;
+                continue;
+            }
+            let event = recorded
+                .decode::<files::Event>()
+                .map_err(|err| sqlx::Error::Decode(Box::new(err)))?;
             let stream = recorded.stream_id.as_str();
             match event {
                 // The team is the publishing build's: the `builds` projection (earlier in the
@@ -73,15 +79,6 @@ impl InlineProjection for StoredUploadsProjection {
                     .await?;
                 }
                 files::Event::GenerationReserved { .. } => {}
-            }
-        }
-        for item in super::events_of::<object::Event>(events, "object") {
-            let (digest, _, event) = item?;
-            if let object::Event::Deleted { .. } = event {
-                sqlx::query("DELETE FROM stored_uploads WHERE blob_digest = $1")
-                    .bind(format!("sha256:{digest}"))
-                    .execute(&mut *conn)
-                    .await?;
             }
         }
         Ok(())

@@ -487,7 +487,9 @@ async fn the_teams_page_and_metrics_show_the_limits_and_the_team_at_one() {
     assert!(
         limits.contains("<td><code>STRATA_TEAM_MAX_QUEUED_BUILDS</code></td><td>2</td>")
             && limits.contains("<td><code>STRATA_TEAM_MAX_RUNNING_BUILDS</code></td><td>none</td>")
-            && limits.contains("<td><code>STRATA_BUILD_MAX_STEPS</code></td><td>500</td>"),
+            && limits.contains("<td><code>STRATA_BUILD_MAX_STEPS</code></td><td>500</td>")
+            && limits
+                .contains("<td><code>STRATA_TEAM_MAX_STORED_UPLOADS</code></td><td>50.0 GiB</td>"),
         "{limits}"
     );
     let teams = &page[page.find("<table id=\"teams\">").unwrap()..];
@@ -498,6 +500,10 @@ async fn the_teams_page_and_metrics_show_the_limits_and_the_team_at_one() {
     assert!(
         teams.contains("<tr><td>globex</td><td>0</td><td>1 of 2</td>"),
         "{teams}"
+    );
+    assert!(
+        teams.contains("<td>0.0 B of 50.0 GiB</td></tr>"),
+        "no upload yet, against the default limit: {teams}"
     );
     let pins = &page[page.find("<table id=\"pins\">").unwrap()..];
     let pins = &pins[..pins.find("</table>").unwrap()];
@@ -535,6 +541,11 @@ async fn the_teams_page_and_metrics_show_the_limits_and_the_team_at_one() {
     assert_eq!(
         metrics["strata_team_limit{setting=\"STRATA_BUILD_MAX_STEPS\"}"],
         500.0
+    );
+    assert_eq!(
+        metrics["strata_team_limit{setting=\"STRATA_TEAM_MAX_STORED_UPLOADS\"}"],
+        (50u64 << 30) as f64,
+        "the stored-uploads limit is reported in bytes"
     );
     assert!(
         !metrics.contains_key("strata_team_limit{setting=\"STRATA_TEAM_MAX_RUNNING_BUILDS\"}"),

@@ -9,8 +9,9 @@
 //! content-addressed (create-if-absent) once their digest is known; then one compare-and-set
 //! completes the intent and binds the generation (intent Pending ∧ build Waiting ∧ binding as
 //! the link saw it), holding the team to its stored-uploads limit in the same append (413 past
-//! it; the limit is also checked against `Content-Length` before a byte is read). Only then 200. A PUT to a URL whose upload already completed is hashed and
-//! stored nowhere: the same bytes are a replay (200), others a conflict (409).
+//! it; the limit is also checked against `Content-Length` before a byte is read). Only then
+//! 200. A PUT to a URL whose upload already completed is hashed and stored nowhere: the same
+//! bytes are a replay (200), others a conflict (409).
 
 use axum::body::Body;
 use axum::extract::State;
@@ -251,12 +252,14 @@ async fn store_upload(
     body: Body,
     span: &tracing::Span,
 ) -> Result<(), ApiError> {
-    let stored = crate::projections::stored_uploads::team_bytes(&state.pool, &grant.team).await?;
-    state
-        .protocol
-        .team_limits
-        .check_upload(&grant.team, stored, limits.declared)
-        .map_err(|e| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()))?;
+    let team_limits = &state.protocol.team_limits;
+    if team_limits.stored_upload_bytes.is_some() {
+        let stored =
+            crate::projections::stored_uploads::team_bytes(&state.pool, &grant.team).await?;
+        team_limits
+            .check_upload(&grant.team, stored, limits.declared)
+            .map_err(|e| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()))?;
+    }
     let ingested = ingest_upload(
         body.into_data_stream(),
         limits,
