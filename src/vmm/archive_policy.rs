@@ -19,7 +19,16 @@
 //!   archive (this also bounds a decompression bomb); a long name, long link or PAX header
 //!   over 1 MiB is refused before the parser reads it ([`super::tar_guard`]);
 //! * ownership: uploads are written as root (COPY sets the owner afterwards); layers keep the
-//!   numeric owners they store.
+//!   numeric owners they store;
+//! * layers only: a whiteout `.wh.<name>` must name one entry of its own directory, so
+//!   `.wh.`, `.wh..` and `.wh...` (which would name the directory itself or its parent) are
+//!   rejected, as is AUFS metadata (`.wh..wh.<x>` other than the opaque marker).
+//!
+//! Nothing reaches outside the destination: every name an `*at` call creates, opens or
+//! removes is a [`Component`] (one normal name, never `.`, `..` or empty), and directories are
+//! opened one component at a time with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`. The
+//! `extract_tar` fuzz target (`fuzz/`, oracle in [`super::archive_fuzz`]) checks the whole
+//! claim: no archive changes anything outside the destination.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, BufRead, BufReader, Read};
@@ -28,11 +37,13 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
 use super::id_range::{IdRange, IdRangeError};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timestamps};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Timestamps};
 
 /// OCI whiteout prefix, and the marker of an opaque directory.
 pub const WHITEOUT_PREFIX: &str = ".wh.";
 pub const OPAQUE_MARKER: &str = ".wh..wh..opq";
+/// AUFS's metadata prefix: the opaque marker is the only such name an OCI layer may hold.
+pub const WHITEOUT_META_PREFIX: &str = ".wh..wh.";
 /// The overlay xattr that marks a directory as replacing (not merging with) lower ones.
 pub const OVERLAY_OPAQUE_XATTR: &str = "trusted.overlay.opaque";
 
@@ -97,6 +108,10 @@ pub enum ArchiveError {
         "archive entry {entry:?} is a hardlink to {target:?}, which leads outside the archive root"
     )]
     LinkEscapes { entry: String, target: String },
+    #[error("archive entry {entry:?} is a whiteout of {hidden:?}, which is not a file of its directory; a whiteout names one entry beside it (OCI image spec, whiteouts)")]
+    BadWhiteout { entry: String, hidden: String },
+    #[error("archive entry {entry:?} is AUFS whiteout metadata, which OCI layers do not carry; rebuild the image with a current builder")]
+    WhiteoutMetadata { entry: String },
     #[error("archive entry {entry:?} would be written through a symlink or over a non-directory; refusing to follow links while extracting")]
     ThroughLink { entry: String },
     #[error("archive entry {entry:?} replaces a directory with a non-directory")]
@@ -145,26 +160,78 @@ pub fn sniff_gzip<'a>(reader: impl Read + 'a) -> io::Result<Box<dyn Read + 'a>> 
     }
 }
 
+/// One name inside a directory: not empty, not `.` or `..`, without `/` or NUL. The only
+/// kind of name the extractor passes to an `*at` call, so no call made relative to a
+/// directory's descriptor reaches anything but that directory's own entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Component(OsString);
+
+impl Component {
+    /// `bytes` as a component, or `None` when they are not one normal name.
+    pub fn new(bytes: &[u8]) -> Option<Component> {
+        match bytes {
+            b"" | b"." | b".." => None,
+            b if b.contains(&b'/') || b.contains(&0) => None,
+            b => Some(Component(OsString::from_vec(b.to_vec()))),
+        }
+    }
+
+    pub fn as_os_str(&self) -> &OsStr {
+        &self.0
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
 /// Splits an entry name into normal components, rejecting absolute paths and `..`.
-pub fn safe_components(raw: &[u8], entry: &str) -> Result<Vec<OsString>, ArchiveError> {
+pub fn safe_components(raw: &[u8], entry: &str) -> Result<Vec<Component>, ArchiveError> {
+    let unsafe_path = || ArchiveError::UnsafePath {
+        entry: entry.to_string(),
+    };
     if raw.first() == Some(&b'/') {
-        return Err(ArchiveError::UnsafePath {
-            entry: entry.to_string(),
-        });
+        return Err(unsafe_path());
     }
     let mut out = Vec::new();
     for part in raw.split(|b| *b == b'/') {
         match part {
             b"" | b"." => continue,
-            b".." => {
-                return Err(ArchiveError::UnsafePath {
-                    entry: entry.to_string(),
-                })
-            }
-            p => out.push(OsString::from_vec(p.to_vec())),
+            p => out.push(Component::new(p).ok_or_else(unsafe_path)?),
         }
     }
     Ok(out)
+}
+
+/// What a layer entry's name means besides a file: OCI's whiteouts, checked to name one
+/// entry of their own directory.
+enum Whiteout {
+    /// `.wh..wh..opq`: the directory hides what lower layers hold in it.
+    Opaque,
+    /// `.wh.<name>`: `<name>` is deleted.
+    Hides(Component),
+}
+
+fn whiteout(leaf: &Component, entry: &str) -> Result<Option<Whiteout>, ArchiveError> {
+    let name = leaf.as_bytes();
+    if name == OPAQUE_MARKER.as_bytes() {
+        return Ok(Some(Whiteout::Opaque));
+    }
+    if name.starts_with(WHITEOUT_META_PREFIX.as_bytes()) {
+        return Err(ArchiveError::WhiteoutMetadata {
+            entry: entry.to_string(),
+        });
+    }
+    let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX.as_bytes()) else {
+        return Ok(None);
+    };
+    match Component::new(hidden) {
+        Some(hidden) => Ok(Some(Whiteout::Hides(hidden))),
+        None => Err(ArchiveError::BadWhiteout {
+            entry: entry.to_string(),
+            hidden: String::from_utf8_lossy(hidden).into_owned(),
+        }),
+    }
 }
 
 /// Extracts `archive` (plain tar or gzip, sniffed) under the directory `dest`.
@@ -199,7 +266,7 @@ pub fn extract_tar(
     // A layer's directories get their times once everything inside them is written (each
     // entry written later changes its directory's mtime): a layer tree then seals again to the
     // very tar it came from, which republishing a blob from a node's tree relies on.
-    let mut directory_times: Vec<(Vec<OsString>, String, i64)> = Vec::new();
+    let mut directory_times: Vec<(Vec<Component>, String, i64)> = Vec::new();
     let entries = archive.entries().map_err(ArchiveError::Corrupt)?;
     for entry in entries {
         let mut entry = entry.map_err(|e| match super::tar_guard::Refused::in_error(&e) {
@@ -283,23 +350,24 @@ pub fn extract_tar(
         let parent = open_dirs(&root, parents, true, implied_owner, &name)?;
 
         if policy.kind == ArchiveKind::Layer {
-            let leaf_bytes = leaf.as_bytes();
-            if leaf_bytes == OPAQUE_MARKER.as_bytes() {
-                set_opaque(&parent).map_err(io_err)?;
-                continue;
-            }
-            if let Some(hidden) = leaf_bytes.strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
-                let hidden = OsStr::from_bytes(hidden);
-                remove_existing(&parent, hidden, &name, true)?;
-                rustix::fs::mknodat(
-                    &parent,
-                    hidden,
-                    FileType::CharacterDevice,
-                    Mode::empty(),
-                    rustix::fs::makedev(0, 0),
-                )
-                .map_err(|e| io_err(e.into()))?;
-                continue;
+            match whiteout(leaf, &name)? {
+                Some(Whiteout::Opaque) => {
+                    set_opaque(&parent).map_err(io_err)?;
+                    continue;
+                }
+                Some(Whiteout::Hides(hidden)) => {
+                    remove_existing(&parent, &hidden, &name, true)?;
+                    rustix::fs::mknodat(
+                        &parent,
+                        hidden.as_os_str(),
+                        FileType::CharacterDevice,
+                        Mode::empty(),
+                        rustix::fs::makedev(0, 0),
+                    )
+                    .map_err(|e| io_err(e.into()))?;
+                    continue;
+                }
+                None => {}
             }
         }
 
@@ -412,9 +480,14 @@ pub fn extract_tar(
         }
     }
     // Reopened by name, never followed through a symlink, as every entry was; later entries
-    // for one directory win, as they would have.
+    // for one directory win, as they would have. A directory a later entry replaced (a
+    // whiteout, a file, a link) has no time to set.
     for (parts, name, mtime) in directory_times {
-        let dir = open_dirs(&root, &parts, false, None, &name)?;
+        let dir = match open_dirs(&root, &parts, false, None, &name) {
+            Ok(dir) => dir,
+            Err(ArchiveError::ThroughLink { .. }) => continue,
+            Err(e) => return Err(e),
+        };
         set_mtime(&dir, mtime).map_err(|e| ArchiveError::Io {
             entry: name,
             source: e,
@@ -423,67 +496,69 @@ pub fn extract_tar(
     Ok(stats)
 }
 
-fn mkdir(parent: &OwnedFd, name: &OsStr) -> io::Result<()> {
-    rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o755)).map_err(Into::into)
+fn mkdir(parent: &OwnedFd, name: &Component) -> io::Result<()> {
+    rustix::fs::mkdirat(parent, name.as_os_str(), Mode::from_raw_mode(0o755)).map_err(Into::into)
+}
+
+/// Opens the directory `name` in `dir`: never through a symlink, never outside `dir` (the
+/// kernel checks it as well as [`Component`] does, where it has `openat2`).
+fn open_dir(dir: &OwnedFd, name: &Component) -> rustix::io::Result<OwnedFd> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    match rustix::fs::openat2(
+        dir,
+        name.as_os_str(),
+        flags,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    ) {
+        // Kernels before 5.6, or a seccomp profile that hides the call.
+        Err(rustix::io::Errno::NOSYS) => {
+            rustix::fs::openat(dir, name.as_os_str(), flags, Mode::empty())
+        }
+        other => other,
+    }
 }
 
 /// Opens `parts` below `base` one component at a time, never following a symlink; missing
 /// directories are created (0755, owned by `owner` when given) when `create` is set.
 fn open_dirs(
     base: &OwnedFd,
-    parts: &[OsString],
+    parts: &[Component],
     create: bool,
     owner: Option<(u32, u32)>,
     entry: &str,
 ) -> Result<OwnedFd, ArchiveError> {
-    let mut current = rustix::io::dup(base).map_err(|e| ArchiveError::Io {
+    let io_err = |e: io::Error| ArchiveError::Io {
         entry: entry.to_string(),
-        source: e.into(),
-    })?;
+        source: e,
+    };
+    let mut current = rustix::io::dup(base).map_err(|e| io_err(e.into()))?;
     for part in parts {
-        let open = |dir: &OwnedFd| {
-            rustix::fs::openat(
-                dir,
-                part.as_os_str(),
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-        };
-        let next = match open(&current) {
+        let next = match open_dir(&current, part) {
             Ok(fd) => fd,
             Err(rustix::io::Errno::NOENT) if create => {
-                mkdir(&current, part).map_err(|e| ArchiveError::Io {
-                    entry: entry.to_string(),
-                    source: e,
-                })?;
-                let made = open(&current).map_err(|e| ArchiveError::Io {
-                    entry: entry.to_string(),
-                    source: e.into(),
-                })?;
+                mkdir(&current, part).map_err(io_err)?;
+                let made = open_dir(&current, part).map_err(|e| io_err(e.into()))?;
                 if let Some((uid, gid)) = owner {
                     rustix::fs::fchown(
                         &made,
                         Some(rustix::fs::Uid::from_raw(uid)),
                         Some(rustix::fs::Gid::from_raw(gid)),
                     )
-                    .map_err(|e| ArchiveError::Io {
-                        entry: entry.to_string(),
-                        source: e.into(),
-                    })?;
+                    .map_err(|e| io_err(e.into()))?;
                 }
                 made
             }
-            Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::NOTDIR) => {
+            // ELOOP: a symlink (O_NOFOLLOW, RESOLVE_NO_SYMLINKS); ENOTDIR: not a directory;
+            // EXDEV: the kernel saw the path leave `current` (RESOLVE_BENEATH).
+            Err(rustix::io::Errno::LOOP)
+            | Err(rustix::io::Errno::NOTDIR)
+            | Err(rustix::io::Errno::XDEV) => {
                 return Err(ArchiveError::ThroughLink {
                     entry: entry.to_string(),
                 })
             }
-            Err(e) => {
-                return Err(ArchiveError::Io {
-                    entry: entry.to_string(),
-                    source: e.into(),
-                })
-            }
+            Err(e) => return Err(io_err(e.into())),
         };
         current = next;
     }
@@ -494,7 +569,7 @@ fn open_dirs(
 /// whiteout hides whatever was below, directories included).
 fn remove_existing(
     parent: &OwnedFd,
-    name: &OsStr,
+    name: &Component,
     entry: &str,
     recursive: bool,
 ) -> Result<(), ArchiveError> {
@@ -502,7 +577,7 @@ fn remove_existing(
         entry: entry.to_string(),
         source: e,
     };
-    match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+    match rustix::fs::statat(parent, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
         Err(rustix::io::Errno::NOENT) => Ok(()),
         Err(e) => Err(io_err(e.into())),
         Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
@@ -511,40 +586,34 @@ fn remove_existing(
                     entry: entry.to_string(),
                 });
             }
-            let dir = open_dirs(parent, &[name.to_os_string()], false, None, entry)?;
+            let dir = open_dirs(parent, std::slice::from_ref(name), false, None, entry)?;
             remove_tree_at(&dir).map_err(io_err)?;
-            rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR).map_err(|e| io_err(e.into()))
+            rustix::fs::unlinkat(parent, name.as_os_str(), AtFlags::REMOVEDIR)
+                .map_err(|e| io_err(e.into()))
         }
-        Ok(_) => rustix::fs::unlinkat(parent, name, AtFlags::empty()).map_err(|e| io_err(e.into())),
+        Ok(_) => rustix::fs::unlinkat(parent, name.as_os_str(), AtFlags::empty())
+            .map_err(|e| io_err(e.into())),
     }
 }
 
 /// Empties a directory given by fd, without following links.
 fn remove_tree_at(dir: &OwnedFd) -> io::Result<()> {
-    let names: Vec<(OsString, bool)> = {
+    let names: Vec<(Component, bool)> = {
         let mut it = rustix::fs::Dir::read_from(dir)?;
         let mut v = Vec::new();
         while let Some(e) = it.read() {
             let e = e?;
-            let n = e.file_name().to_bytes();
-            if n == b"." || n == b".." {
+            // `.` and `..` are the only entries that are not components.
+            let Some(name) = Component::new(e.file_name().to_bytes()) else {
                 continue;
-            }
-            v.push((
-                OsString::from_vec(n.to_vec()),
-                e.file_type() == FileType::Directory,
-            ))
+            };
+            v.push((name, e.file_type() == FileType::Directory))
         }
         v
     };
     for (name, is_dir) in names {
         if is_dir {
-            let sub = rustix::fs::openat(
-                dir,
-                name.as_os_str(),
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )?;
+            let sub = open_dir(dir, &name)?;
             remove_tree_at(&sub)?;
             rustix::fs::unlinkat(dir, name.as_os_str(), AtFlags::REMOVEDIR)?;
         } else {
@@ -592,14 +661,14 @@ fn set_mtime(fd: &impl AsFd, secs: i64) -> io::Result<()> {
     Ok(())
 }
 
-fn set_mtime_at(parent: &OwnedFd, name: &OsStr, secs: i64) -> io::Result<()> {
+fn set_mtime_at(parent: &OwnedFd, name: &Component, secs: i64) -> io::Result<()> {
     let t = rustix::fs::Timespec {
         tv_sec: secs,
         tv_nsec: 0,
     };
     rustix::fs::utimensat(
         parent,
-        name,
+        name.as_os_str(),
         &Timestamps {
             last_access: t,
             last_modification: t,
@@ -823,6 +892,80 @@ mod tests {
         ));
         let stats = run(&a, &ArchivePolicy::upload()).1.unwrap();
         assert_eq!((stats.entries, stats.bytes), (5, 500));
+    }
+
+    #[test]
+    fn a_whiteout_must_name_an_entry_of_its_own_directory() {
+        for name in [".wh...", "a/.wh...", ".wh..", ".wh.", "a/b/.wh.."] {
+            let a = tar_with(|b| {
+                raw_entry(b, tar::EntryType::Directory, "a/b/", "", b"");
+                raw_entry(b, tar::EntryType::Regular, "a/b/keep", "", b"k");
+                raw_entry(b, tar::EntryType::Regular, name, "", b"");
+            });
+            let outer = tempfile::tempdir().unwrap();
+            std::fs::write(outer.path().join("sibling"), b"s").unwrap();
+            std::fs::create_dir(outer.path().join("dest")).unwrap();
+            let err =
+                extract(&a[..], &outer.path().join("dest"), &ArchivePolicy::layer()).unwrap_err();
+            assert!(
+                matches!(err, ArchiveError::BadWhiteout { ref entry, .. } if entry == name),
+                "{name}: {err}"
+            );
+            assert!(err.to_string().contains("whiteout"), "{err}");
+            assert_eq!(std::fs::read(outer.path().join("sibling")).unwrap(), b"s");
+            assert_eq!(
+                std::fs::read(outer.path().join("dest/a/b/keep")).unwrap(),
+                b"k"
+            );
+        }
+        // In an upload, the same names are only files.
+        let a = tar_with(|b| raw_entry(b, tar::EntryType::Regular, ".wh...", "", b"u"));
+        let (o, r) = run(&a, &ArchivePolicy::upload());
+        r.unwrap();
+        assert_eq!(std::fs::read(o.path().join("dest/.wh...")).unwrap(), b"u");
+    }
+
+    #[test]
+    fn whiteouts_and_the_opaque_marker_still_apply_and_aufs_metadata_is_refused() {
+        let a = tar_with(|b| {
+            raw_entry(b, tar::EntryType::Regular, "gone", "", b"x");
+            raw_entry(b, tar::EntryType::Directory, "d/", "", b"");
+            raw_entry(b, tar::EntryType::Regular, "d/inner", "", b"y");
+            raw_entry(b, tar::EntryType::Regular, ".wh.gone", "", b"");
+            raw_entry(b, tar::EntryType::Regular, ".wh.d", "", b"");
+            raw_entry(b, tar::EntryType::Directory, "o/", "", b"");
+            raw_entry(b, tar::EntryType::Regular, "o/.wh..wh..opq", "", b"");
+        });
+        let (o, r) = run(&a, &ArchivePolicy::layer());
+        r.unwrap();
+        for hidden in ["gone", "d"] {
+            let meta = std::fs::symlink_metadata(o.path().join("dest").join(hidden)).unwrap();
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            assert!(
+                meta.file_type().is_char_device() && meta.rdev() == 0,
+                "{hidden}"
+            );
+        }
+        let mut buf = [0u8; 4];
+        let n = rustix::fs::getxattr(o.path().join("dest/o"), OVERLAY_OPAQUE_XATTR, &mut buf);
+        assert_eq!(n.ok().map(|n| &buf[..n]), Some(&b"y"[..]));
+
+        let a = tar_with(|b| raw_entry(b, tar::EntryType::Directory, ".wh..wh.plnk/", "", b""));
+        let err = run(&a, &ArchivePolicy::layer()).1.unwrap_err();
+        assert!(
+            matches!(err, ArchiveError::WhiteoutMetadata { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_component_is_one_normal_name() {
+        for bad in [&b""[..], b".", b"..", b"a/b", b"/", b"a\0b"] {
+            assert!(Component::new(bad).is_none(), "{bad:?}");
+        }
+        for good in [&b"a"[..], b"...", b".wh...", b"..a", b"\xff"] {
+            assert_eq!(Component::new(good).unwrap().as_bytes(), good);
+        }
     }
 
     #[test]

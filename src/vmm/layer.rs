@@ -292,6 +292,18 @@ fn base_header(
     Ok(h)
 }
 
+/// A tenant's file named `.wh.<x>` would be a whiteout in the layer tar, deleting `<x>` (or,
+/// for `.wh..`, `.wh...`, a whole directory) wherever the layer is extracted: the OCI image
+/// spec reserves the prefix, so the checkpoint refuses the name and says which file it is
+/// (docs/adr/0034).
+fn reserved_name(rel_path: &Path) -> VmmError {
+    VmmError::Seal(format!(
+        "/{}: a file name beginning with \".wh.\" is reserved for layer whiteouts (OCI image \
+         spec) and cannot be kept in a layer; rename or remove it before the step ends",
+        rel_path.display()
+    ))
+}
+
 fn is_opaque(path: &Path) -> bool {
     let mut buf = [0u8; 8];
     matches!(rustix::fs::lgetxattr(path, OVERLAY_OPAQUE_XATTR, &mut buf), Ok(1) if buf[0] == b'y')
@@ -325,6 +337,9 @@ impl<W: TarOut> Walk<'_, W> {
                 VmmError::io(format!("adding {} ({what}) to a layer", rel_path.display()))
             };
             let whiteout = ft.is_char_device() && meta.rdev() == 0;
+            if name.as_bytes().starts_with(WHITEOUT_PREFIX.as_bytes()) {
+                return Err(reserved_name(&rel_path));
+            }
             if tidy == Tidy::AsExtracted && !whiteout {
                 strip_xattrs(&path).map_err(err("removing extended attributes"))?;
                 if !ft.is_dir() {
@@ -815,6 +830,37 @@ mod tests {
         )
         .unwrap();
         assert!(stored == expected, "blob writer: stored bytes differ");
+    }
+
+    #[test]
+    fn a_tenants_file_named_like_a_whiteout_is_refused_naming_it() {
+        let store_dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobStore::open(store_dir.path().join("blobs")).unwrap();
+        for (path, dir) in [
+            ("a/.wh...", false),
+            (".wh..", false),
+            (".wh.", false),
+            ("x/.wh..wh..opq", false),
+            ("etc/.wh.passwd", true),
+        ] {
+            let src = tempfile::tempdir().unwrap();
+            let full = src.path().join(path);
+            fs::create_dir_all(full.parent().unwrap()).unwrap();
+            if dir {
+                fs::create_dir(&full).unwrap();
+            } else {
+                fs::write(&full, b"").unwrap();
+            }
+            let err = seal_dir(src.path(), &blobs, Owners::AsSandbox).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!(
+                    "/{path}: a file name beginning with \".wh.\" is reserved"
+                )),
+                "{err}"
+            );
+            let mut out = Vec::new();
+            assert!(write_layer_tar(src.path(), Owners::AsSandbox, &mut out).is_err());
+        }
     }
 
     #[test]

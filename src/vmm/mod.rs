@@ -4,7 +4,9 @@
 //! * [`namespace`]: the default backend (namespaces + overlayfs + cgroups), with its pid 1
 //!   and in-sandbox agent.
 //! * [`archive_policy`]: what an archive may contain; the one place that writes archives
-//!   (with [`tar_guard`], which caps extension entries before the tar parser reads them).
+//!   (with [`tar_guard`], which caps extension entries before the tar parser reads them);
+//!   `archive_fuzz` (tests and fuzzing only): the oracle that no archive writes outside its
+//!   destination.
 //! * [`copy`], [`users`]: COPY semantics and user resolution, run inside sandboxes;
 //!   [`start_failure`]: why a command could not start, as the agent reports it.
 //! * [`layer`] (with [`layer_staging`], [`layer_sync`], [`layer_budget`]), [`blob_store`]
@@ -13,6 +15,8 @@
 //! * [`process`]: lasting processes, file operations and signals of a launched sandbox.
 //! * [`image`]: the local image catalog, built-in base images and imports.
 
+#[cfg(any(test, fuzzing))]
+pub mod archive_fuzz;
 pub mod archive_policy;
 pub mod backend;
 pub mod blob_store;
