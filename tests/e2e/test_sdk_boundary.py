@@ -27,6 +27,9 @@ if unshare -U -r true 2>/dev/null; then probe userns created; else probe userns 
 if mount -t tmpfs none /mnt 2>/dev/null; then probe mount done; umount /mnt; else probe mount "refused:$(mount -t tmpfs none /mnt 2>&1 | tr ' ' _)"; fi
 probe keyctl "$(perl -e 'my $r = syscall(250, 0, -4, 0); print $r < 0 ? "refused:" . ($! + 0) : "allowed"')"
 probe uid_map "$(tr -s ' ' _ < /proc/self/uid_map)"
+probe personality_aslr_off "$(perl -e 'my $r = syscall(135, 0x80040000); print $r < 0 ? "refused:" . ($! + 0) : "allowed"')"
+probe personality_query "$(perl -e 'my $r = syscall(135, 0xffffffff); print $r < 0 ? "refused:" . ($! + 0) : "allowed"')"
+probe linux32 "$(setarch linux32 uname -m 2>&1 | tr ' ' _)"
 probe cgroup "$(tr '\n' ',' < /proc/self/cgroup)"
 probe mountinfo "$(sha256sum < /proc/self/mountinfo | cut -c1-16)"
 probe mountinfo_host "$(grep -c -e /var/lib -e /tmp/ -e sbx- /proc/self/mountinfo)"
@@ -75,6 +78,11 @@ def test_a_root_step_cannot_reach_the_host(strata, team):
     # with (x86_64 number 250; perl is in every Debian image, keyutils is not): EPERM.
     assert p["keyctl"] == "refused:1", p["keyctl"]
     assert p["uid_map"] == f"_0_{ID_BASE}_65536", p["uid_map"]
+    # personality (x86_64 number 135): Docker's allow-list. ADDR_NO_RANDOMIZE (ASLR off) under
+    # bit 31 passed the earlier per-flag rule; the query and 32-bit Linux still work.
+    assert p["personality_aslr_off"] == "refused:1", p["personality_aslr_off"]
+    assert p["personality_query"] == "allowed", p["personality_query"]
+    assert p["linux32"] == "i686", p["linux32"]
     assert all(line.endswith(":/") for line in p["cgroup"].strip(",").split(",")), p["cgroup"]
     assert p["mountinfo_host"] == "0", p["mountinfo_host"]
     caps = dict(kv.split(":") for kv in p["caps"].strip(",").split(","))

@@ -103,22 +103,37 @@ const NAMESPACE_FLAGS: &[u64] = &[
 ];
 const CLONE_NEWTIME: u64 = 0x80;
 
-/// Personality flags that change the memory layout or its protections; the personalities
-/// Docker allows (Linux, 32-bit Linux, `UNAME26`, and the query `0xffffffff`) carry none.
-const PERSONALITY_FLAGS: &[u64] = &[
-    0x0040000, // ADDR_NO_RANDOMIZE
-    0x0080000, // FDPIC_FUNCPTRS
-    0x0100000, // MMAP_PAGE_ZERO
-    0x0200000, // ADDR_COMPAT_LAYOUT
-    0x0400000, // READ_IMPLIES_EXEC
-    0x0800000, // ADDR_LIMIT_32BIT
-    0x1000000, // SHORT_INODE
-    0x2000000, // WHOLE_SECONDS
-    0x4000000, // STICKY_TIMEOUTS
-    0x8000000, // ADDR_LIMIT_3GB
-];
-/// Set in the query `personality(0xffffffff)` and in no personality.
-const PERSONALITY_QUERY_BIT: u64 = 1 << 31;
+/// The personalities a sandbox may set, Docker's allow-list: Linux, 32-bit Linux
+/// (`PER_LINUX32`), `UNAME26`, both, and the query `0xffffffff`. Every other value is refused:
+/// the flags change the memory layout or its protections (`ADDR_NO_RANDOMIZE` turns ASLR off,
+/// `READ_IMPLIES_EXEC` makes readable memory executable), whatever else is set beside them.
+pub const PERSONALITIES: &[u32] = &[0x0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff];
+
+/// The query: the only allowed value with bit 31 set.
+const PERSONALITY_QUERY: u32 = 0xffff_ffff;
+
+/// The `personality` rules as `(mask, value)` pairs: the call is refused when the argument's
+/// low 32 bits (all the kernel reads) masked by `mask` equal `value` for any pair.
+///
+/// libseccomp takes one comparison per argument per rule, so "not in the list" is spelled as
+/// bits: with bit 31 clear, any bit outside the allowed values' union (the non-query values
+/// are every combination of their bits, which a test checks); with bit 31 set, any bit clear
+/// (the query sets them all).
+pub fn personality_refusals() -> Vec<(u64, u64)> {
+    let allowed_bits = PERSONALITIES
+        .iter()
+        .filter(|p| **p != PERSONALITY_QUERY)
+        .fold(0u32, |bits, p| bits | p);
+    let top = 1u64 << 31;
+    let mut rules = Vec::new();
+    for bit in (0..31).map(|b| 1u64 << b) {
+        if allowed_bits as u64 & bit == 0 {
+            rules.push((bit | top, bit));
+        }
+        rules.push((bit | top, top));
+    }
+    rules
+}
 
 fn err(what: String) -> impl FnOnce(libseccomp::error::SeccompError) -> VmmError {
     move |e| {
@@ -165,16 +180,10 @@ pub fn build() -> Result<Vec<u8>> {
     ctx.add_rule(ScmpAction::Errno(libc::ENOSYS), clone3)
         .map_err(err("clone3".into()))?;
     let personality = ScmpSyscall::from_name("personality").map_err(err("personality".into()))?;
-    // The flag set and bit 31 clear: the query (0xffffffff) sets every bit, no personality
-    // sets bit 31, and libseccomp takes one comparison per argument.
-    for flag in PERSONALITY_FLAGS {
-        let cmp = ScmpArgCompare::new(
-            0,
-            ScmpCompareOp::MaskedEqual(flag | PERSONALITY_QUERY_BIT),
-            *flag,
-        );
+    for (mask, value) in personality_refusals() {
+        let cmp = ScmpArgCompare::new(0, ScmpCompareOp::MaskedEqual(mask), value);
         ctx.add_rule_conditional(eperm, personality, &[cmp])
-            .map_err(err(format!("personality flag {flag:#x}")))?;
+            .map_err(err(format!("personality {value:#x} under {mask:#x}")))?;
     }
     let mut out = tempfile::tempfile().map_err(VmmError::io("creating the seccomp export file"))?;
     ctx.export_bpf(&mut out).map_err(err("export".into()))?;
@@ -230,4 +239,44 @@ pub fn install(program: &[u8]) -> std::result::Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(arg: u32) -> bool {
+        personality_refusals()
+            .iter()
+            .any(|(mask, value)| arg as u64 & mask == *value)
+    }
+
+    #[test]
+    fn exactly_dockers_personalities_pass() {
+        let mut values: Vec<u32> = PERSONALITIES.to_vec();
+        // Every bit alone, with bit 31, and with each allowed value; the trick that passed the
+        // old rule (`0x80040000`: ADDR_NO_RANDOMIZE under bit 31); a spread of others.
+        for bit in 0..32 {
+            let b = 1u32 << bit;
+            values.extend([b, b | 1 << 31, !b]);
+            values.extend(PERSONALITIES.iter().map(|p| p | b));
+        }
+        values.extend([
+            0x8004_0000,
+            0x0040_0000,
+            0x0004_0008,
+            0x7fff_ffff,
+            0xfffe_ffff,
+        ]);
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            values.push(x);
+        }
+        for v in values {
+            assert_eq!(refused(v), !PERSONALITIES.contains(&v), "{v:#x}");
+        }
+    }
 }
