@@ -155,6 +155,36 @@ async fn exec_in_template(
         user: runtime.user,
         workdir: Some(runtime.workdir),
     };
+    // Whatever ends the command (its exit, an error, Ctrl-C or SIGTERM), the sandbox is
+    // destroyed and the backend's spare disks are unmounted before this process exits.
+    let ran = tokio::select! {
+        ran = boot_and_exec(&backend, spec, user, timeout_secs, command) => Some(ran),
+        _ = super::shutdown_signal() => None,
+    };
+    backend.shutdown().await;
+    let Some(outcome) = ran.transpose()? else {
+        eprintln!("strata: interrupted; the sandbox was destroyed");
+        return Ok(130);
+    };
+    Ok(match outcome {
+        ExecOutcome::Exited(code) => code,
+        ExecOutcome::Signaled(signal) => 128 + signal,
+        ExecOutcome::TimedOut => {
+            eprintln!("strata: the command timed out after {timeout_secs} s");
+            124
+        }
+    })
+}
+
+/// Boots the sandbox, runs the command with its output copied to ours, and destroys the
+/// sandbox. Dropped half way (a signal), the sandbox's own drop kills and removes it.
+async fn boot_and_exec(
+    backend: &NamespaceBackend,
+    spec: BootSpec,
+    user: Option<String>,
+    timeout_secs: u64,
+    command: Vec<String>,
+) -> anyhow::Result<ExecOutcome> {
     let mut sandbox = backend
         .boot(spec)
         .await
@@ -179,12 +209,5 @@ async fn exec_in_template(
     let outcome = sandbox.exec(request, tx).await;
     printer.await.ok();
     sandbox.destroy().await.context("destroying the sandbox")?;
-    Ok(match outcome.context("running the command")? {
-        ExecOutcome::Exited(code) => code,
-        ExecOutcome::Signaled(signal) => 128 + signal,
-        ExecOutcome::TimedOut => {
-            eprintln!("strata: the command timed out after {timeout_secs} s");
-            124
-        }
-    })
+    outcome.context("running the command")
 }

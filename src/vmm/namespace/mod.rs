@@ -167,6 +167,15 @@ impl NamespaceBackend {
         })
     }
 
+    /// Unmounts and removes what this backend made ahead of need (spare scratch disks) and
+    /// waits for destroyed sandboxes' disks to be gone: a process calls it before it exits
+    /// (on a signal or an error too), so it leaves no mount or loop device behind. Sandboxes
+    /// still running keep theirs; boots after it make their disks on demand.
+    pub async fn shutdown(&self) {
+        let shared = self.shared.clone();
+        let _ = tokio::task::spawn_blocking(move || shared.scratch.close()).await;
+    }
+
     /// The owner id in this backend's sandbox ids (`sbx-<owner>-…`) and lock file.
     pub fn owner_id(&self) -> &str {
         self.shared.owner.id()
@@ -852,10 +861,14 @@ impl NamespaceSandbox {
                 // not wait for: nothing runs in the sandbox any more, and its grant counts until
                 // the disk is gone. Unmounted before the directory is removed: removing the
                 // disk's files one by one would be wasted work.
-                Some(d) => drop(runtime.spawn_blocking(move || {
-                    backend.shared.scratch.remove(&id, d);
-                    let _ = std::fs::remove_dir_all(&dir);
-                })),
+                Some(d) => {
+                    let removal = backend.shared.scratch.removal();
+                    drop(runtime.spawn_blocking(move || {
+                        backend.shared.scratch.remove(&id, d);
+                        let _ = std::fs::remove_dir_all(&dir);
+                        drop(removal);
+                    }))
+                }
                 None => {
                     let _ = std::fs::remove_dir_all(&dir);
                 }

@@ -23,7 +23,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use crate::metrics::storage::human_bytes;
 use crate::vmm::error::{Result, VmmError};
@@ -93,14 +93,35 @@ pub struct ScratchDisks {
     spares: Arc<Mutex<Spares>>,
     /// Live disks by sandbox id: image file and grant.
     live: Mutex<HashMap<String, (PathBuf, u64)>>,
+    /// Removals of destroyed sandboxes' disks still running in the background.
+    removing: Arc<(Mutex<usize>, Condvar)>,
 }
 
 #[derive(Default)]
 struct Spares {
     ready: Vec<Prepared>,
     making: bool,
+    /// The thread making spares, joined on close so none is left half made.
+    maker: Option<std::thread::JoinHandle<()>>,
     closed: bool,
 }
+
+/// A disk removal under way in the background: [`ScratchDisks::close`] waits for it.
+pub struct Removal {
+    removing: Arc<(Mutex<usize>, Condvar)>,
+}
+
+impl Drop for Removal {
+    fn drop(&mut self) {
+        let (count, done) = &*self.removing;
+        *count.lock().expect("scratch removals") -= 1;
+        done.notify_all();
+    }
+}
+
+/// How long closing waits for background removals of destroyed sandboxes' disks (each takes
+/// about 8 ms; a stuck one is left to the next start's sweep).
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A sandbox directory with a mounted, empty scratch disk.
 struct Prepared {
@@ -155,6 +176,7 @@ impl ScratchDisks {
             new_id,
             spares: Default::default(),
             live: Mutex::new(HashMap::new()),
+            removing: Default::default(),
         })
     }
 
@@ -258,7 +280,7 @@ impl ScratchDisks {
             return;
         };
         let mut spares = self.spares.lock().expect("scratch spares");
-        if !spares.making && spares.ready.len() < SPARES {
+        if !spares.closed && !spares.making && spares.ready.len() < SPARES {
             spares.making = true;
             let (shared, dir, new_id) =
                 (self.spares.clone(), self.dir.clone(), self.new_id.clone());
@@ -282,8 +304,9 @@ impl ScratchDisks {
                         return;
                     }
                 });
-            if spawned.is_err() {
-                spares.making = false;
+            match spawned {
+                Ok(maker) => spares.maker = Some(maker),
+                Err(_) => spares.making = false,
             }
         }
     }
@@ -293,15 +316,57 @@ impl ScratchDisks {
         disk.remove();
         self.live.lock().expect("scratch registry").remove(id);
     }
+
+    /// Counts a removal about to run in the background until the returned value is dropped,
+    /// so that [`ScratchDisks::close`] can wait for it.
+    pub fn removal(&self) -> Removal {
+        *self.removing.0.lock().expect("scratch removals") += 1;
+        Removal {
+            removing: self.removing.clone(),
+        }
+    }
+
+    /// Leaves nothing mounted: no new spares are made, the one being made is waited for, every
+    /// spare is unmounted and removed, and background removals of destroyed sandboxes' disks
+    /// are waited for (up to [`CLOSE_WAIT`]). A process that made disks calls this before it
+    /// exits, signals and errors included; dropping the disks calls it too. Idempotent.
+    pub fn close(&self) {
+        let maker = {
+            let mut spares = self.spares.lock().expect("scratch spares");
+            spares.closed = true;
+            spares.maker.take()
+        };
+        if let Some(maker) = maker {
+            let _ = maker.join();
+        }
+        let ready: Vec<Prepared> = self
+            .spares
+            .lock()
+            .expect("scratch spares")
+            .ready
+            .drain(..)
+            .collect();
+        for p in ready {
+            p.discard();
+        }
+        let (count, done) = &*self.removing;
+        let pending = count.lock().expect("scratch removals");
+        let (pending, waited) = done
+            .wait_timeout_while(pending, CLOSE_WAIT, |n| *n > 0)
+            .expect("scratch removals");
+        if waited.timed_out() {
+            tracing::warn!(
+                pending = *pending,
+                "scratch disks of destroyed sandboxes are still being removed; the next start \
+                 on this data directory sweeps what they leave"
+            );
+        }
+    }
 }
 
 impl Drop for ScratchDisks {
     fn drop(&mut self) {
-        let mut spares = self.spares.lock().expect("scratch spares");
-        spares.closed = true;
-        for p in spares.ready.drain(..) {
-            p.discard();
-        }
+        self.close();
     }
 }
 
