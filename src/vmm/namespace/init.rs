@@ -149,6 +149,11 @@ pub fn run(spec_json: &str) -> i32 {
 /// Sandbox-init once pid 1 runs: forks an agent for each request on the control socket and
 /// reaps it, until pid 1 exits (returns its wait status) or the lifeline breaks (kills pid 1,
 /// reaps it, returns `None`).
+/// Terminals one sandbox may hold at once (its devpts instance's `max=`). Without it every
+/// sandbox draws on the node's `kernel.pty.max` less the host's reserve, one pool: a sandbox
+/// that opened them all left others none (ADR 0034).
+pub const MAX_PTYS: u32 = 256;
+
 fn supervise(pid1: libc::pid_t, seccomp: &[u8]) -> Option<libc::c_int> {
     use super::control::{self, CONTROL_FD};
     use super::lifeline::LIFELINE_FD;
@@ -510,7 +515,10 @@ fn build_dev(root: u32) -> Result<(), String> {
         "/dev/pts",
         "devpts",
         libc::MS_NOSUID | libc::MS_NOEXEC,
-        &format!("newinstance,ptmxmode=0666,mode=0620,gid={}", root + 5),
+        &format!(
+            "newinstance,ptmxmode=0666,mode=0620,gid={},max={MAX_PTYS}",
+            root + 5
+        ),
     )?;
     ensure_dir("/dev/shm", 0o1777)?;
     mount(

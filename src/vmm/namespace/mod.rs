@@ -136,6 +136,7 @@ impl NamespaceBackend {
             return Err(VmmError::NotRoot);
         }
         private_dirs(&config.data_dir)?;
+        ensure_pty_pool();
         let layers = LayerCache::open(config.data_dir.join("layers"), config.ids)?;
         let sandboxes = config.data_dir.join("sandboxes");
         let owner = SandboxOwner::register(&sandboxes)?;
@@ -253,6 +254,29 @@ fn init_program(strata: &Path) -> PathBuf {
         Err(_) => strata.to_path_buf(),
     }
 }
+
+/// The node's terminal pool (`kernel.pty.max`), raised to hold [`PTY_POOL_SANDBOXES`]
+/// sandboxes' worth of terminals ([`init::MAX_PTYS`] each) beside the host's reserve: each
+/// sandbox's devpts caps its own share, and the pool must not run out before the shares do.
+/// A pool an operator set larger is kept; a pty costs memory only while it is open.
+fn ensure_pty_pool() {
+    let path = "/proc/sys/kernel/pty/max";
+    let read = |p: &str| std::fs::read_to_string(p).ok()?.trim().parse::<u64>().ok();
+    let (Some(max), Some(reserve)) = (read(path), read("/proc/sys/kernel/pty/reserve")) else {
+        return;
+    };
+    let want = (reserve + PTY_POOL_SANDBOXES * init::MAX_PTYS as u64).min(1 << 20);
+    if max >= want {
+        return;
+    }
+    match std::fs::write(path, want.to_string()) {
+        Ok(()) => tracing::info!(from = max, to = want, "raised kernel.pty.max so that each sandbox's terminal limit, not the node's, is what a sandbox meets"),
+        Err(e) => tracing::warn!(error = %e, max, want, "cannot raise kernel.pty.max; sandboxes together may run the node out of terminals"),
+    }
+}
+
+/// How many sandboxes' full terminal allowance the node's pool holds.
+const PTY_POOL_SANDBOXES: u64 = 1024;
 
 /// The node directories that hold what sandboxes made (setuid files, device-less trees owned
 /// by the sandbox id range), made `0700 root` so that no other host account reaches into

@@ -1,0 +1,72 @@
+"""What a sandbox counts against in the kernel is its own (ADR 0034), tried through the stock SDK:
+one team's sandbox takes all it can of a counted resource and holds it; another team's sandbox
+still gets its share.
+"""
+
+import time
+import uuid
+
+import pytest
+from e2b import Sandbox, Template
+from e2b.sandbox.commands.command_handle import PtySize
+
+# Holds every terminal it can open, then says how many and why it stopped.
+HOARD_PTYS = r"""
+import os, sys, time
+held = []
+try:
+    while True:
+        held.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+except OSError as e:
+    print(len(held), e.strerror, flush=True)
+time.sleep(600)
+"""
+
+
+def opts(strata, team):
+    return {"api_key": strata.key(team), "api_url": strata.url, "sandbox_url": strata.url}
+
+
+@pytest.fixture(scope="module")
+def two_teams(strata):
+    """A template each for two teams."""
+    teams = []
+    for letter in "ab":
+        o = opts(strata, f"{letter}{uuid.uuid4().hex[:8]}")
+        name = f"counters-{letter}-{uuid.uuid4().hex[:6]}"
+        Template.build(Template().from_image("e2bdev/base"), name, api_key=o["api_key"], api_url=o["api_url"])
+        teams.append((name, o))
+    return teams
+
+
+def test_one_sandbox_holding_every_terminal_it_can_leaves_others_theirs(two_teams):
+    (name_a, opts_a), (name_b, opts_b) = two_teams
+    hoarder = Sandbox.create(name_a, timeout=300, **opts_a)
+    try:
+        hoarder.files.write("/tmp/hoard.py", HOARD_PTYS)
+        hoard = hoarder.commands.run("python3 /tmp/hoard.py > /tmp/hoard.out", background=True)
+        deadline = time.time() + 60
+        while not (said := hoarder.commands.run("cat /tmp/hoard.out 2>/dev/null || true").stdout.strip()):
+            assert time.time() < deadline, "the hoarder never ran out of terminals"
+            time.sleep(0.2)
+        count, reason = said.split(" ", 1)
+
+        other = Sandbox.create(name_b, timeout=120, **opts_b)
+        try:
+            term = other.pty.create(PtySize(rows=24, cols=80))
+            other.pty.send_stdin(term.pid, b"echo other-has-a-terminal; exit 3\n")
+            seen = bytearray()
+            for _, _, chunk in term:
+                if chunk:
+                    seen.extend(chunk)
+                if b"other-has-a-terminal\r\n" in seen:
+                    break
+            assert b"other-has-a-terminal" in seen, bytes(seen)
+        finally:
+            other.kill()
+        # The sandbox's own terminal limit stopped it, not the node's (kernel.pty.max less its
+        # reserve, which every sandbox shared).
+        assert int(count) <= 256 and "No space left on device" in reason, (count, reason)
+        hoard.kill()
+    finally:
+        hoarder.kill()
