@@ -22,6 +22,10 @@ async fn refused(sb: &mut Box<dyn Sandbox>, what: &str, cmd: &str) -> String {
     out.stderr
 }
 
+async fn refused_cmd(sb: &mut Box<dyn Sandbox>, cmd: &str) -> String {
+    refused(sb, cmd, cmd).await
+}
+
 #[tokio::test]
 async fn root_in_a_sandbox_is_nobody_on_the_host() {
     let backend = backend();
@@ -52,6 +56,21 @@ async fn root_in_a_sandbox_is_nobody_on_the_host() {
         use std::os::unix::fs::MetadataExt;
         assert_eq!((m.uid(), m.gid()), (ids.base(), ids.base()), "{name}");
     }
+    // On the host, the scratch disk holding that setuid file is mounted nosuid and nodev.
+    let disk = backend.sandbox_dir(&id).join("disk");
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = mountinfo
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(disk.to_str().unwrap()))
+        .unwrap_or_else(|| panic!("no mount at {}", disk.display()));
+    let options: Vec<&str> = line.split(' ').nth(5).unwrap().split(',').collect();
+    assert!(
+        options.contains(&"nosuid") && options.contains(&"nodev"),
+        "{line}"
+    );
+    // strata's own processes in the sandbox are not dumpable: root there cannot read them.
+    let err = refused_cmd(&mut sb, "cat /proc/1/environ").await;
+    assert!(err.contains("Permission denied"), "{err}");
 
     // Capabilities: root has exactly the sandbox set, a user none.
     let caps = sh(&mut sb, "grep -E '^Cap' /proc/self/status").await;

@@ -86,7 +86,15 @@ pub fn enter(seccomp: &[u8]) -> Result<(), String> {
         } as _,
         "clearing the ambient capabilities",
     )?;
-    set_capabilities(keep, keep, 0)
+    set_capabilities(keep, keep, 0)?;
+    // Not dumpable: no process of the tenant's may ptrace this one or read its memory and
+    // /proc files. Leaving host root made it so already (a credential change resets the flag to
+    // `fs.suid_dumpable`), which a node with `suid_dumpable=1` would undo; said here instead.
+    // SAFETY: prctl on ourselves.
+    check(
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } as _,
+        "making the process not dumpable",
+    )
 }
 
 /// capset(2) with the version 3 (64-bit) layout.

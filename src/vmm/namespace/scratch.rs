@@ -547,7 +547,9 @@ fn mount_image(image: &Path, target: &Path) -> io::Result<()> {
             dev.as_ptr(),
             at.as_ptr(),
             c"ext4".as_ptr(),
-            0,
+            // What a tenant writes is never a setuid program or a device to the host (its
+            // sandbox sees the disk through overlay, whose own mount decides that inside).
+            libc::MS_NOSUID | libc::MS_NODEV,
             c"noinit_itable".as_ptr().cast(),
         )
     };
