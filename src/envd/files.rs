@@ -181,26 +181,33 @@ pub fn signature(path: &str, op: &str, user: &str, token: &str, expiration: Opti
     )
 }
 
-/// A `/files` request is allowed by the token header or by a valid, unexpired signature.
-fn files_allowed(
+/// How a files request is authorized: by the sandbox's token (any path), or by a signed URL,
+/// which covers the one path it was signed for and nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Token,
+    Signed,
+}
+
+fn files_access(
     headers: &HeaderMap,
     sandbox: &LiveSandbox,
     query: &FilesQuery,
     op: &str,
     now_unix: i64,
-) -> bool {
+) -> Option<Access> {
     if has_token(headers, sandbox) {
-        return true;
+        return Some(Access::Token);
     }
     let (Some(sig), Some(path)) = (&query.signature, &query.path) else {
-        return false;
+        return None;
     };
     if query.signature_expiration.is_some_and(|exp| exp < now_unix) {
-        return false;
+        return None;
     }
     let user = query.username.as_deref().unwrap_or("");
     let expected = signature(path, op, user, sandbox.token(), query.signature_expiration);
-    crate::domain::token::tokens_equal(sig, &expected)
+    crate::domain::token::tokens_equal(sig, &expected).then_some(Access::Signed)
 }
 
 fn files_user(query: &FilesQuery, sandbox: &LiveSandbox) -> String {
@@ -216,13 +223,15 @@ async fn download(
     headers: HeaderMap,
     Query(q): Query<FilesQuery>,
 ) -> Response {
-    if !files_allowed(
+    if files_access(
         &headers,
         &sandbox,
         &q,
         "read",
         chrono::Utc::now().timestamp(),
-    ) {
+    )
+    .is_none()
+    {
         return unauthorized();
     }
     let Some(path) = q.path.clone().filter(|p| !p.is_empty()) else {
@@ -337,15 +346,15 @@ async fn upload(
     request: Request,
 ) -> Response {
     let headers = request.headers().clone();
-    if !files_allowed(
+    let Some(access) = files_access(
         &headers,
         &sandbox,
         &q,
         "write",
         chrono::Utc::now().timestamp(),
-    ) {
+    ) else {
         return unauthorized();
-    }
+    };
     let user = files_user(&q, &sandbox);
     let content_type = headers
         .get("content-type")
@@ -357,7 +366,7 @@ async fn upload(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
     let result = if content_type.starts_with("multipart/form-data") {
-        upload_multipart(&sandbox, &q, user, &content_type, request.into_body()).await
+        upload_multipart(&sandbox, &q, access, user, &content_type, request.into_body()).await
     } else {
         let Some(path) = q.path.clone().filter(|p| !p.is_empty()) else {
             return http_error(
@@ -420,9 +429,13 @@ fn async_gunzip(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
+/// Writes each part named `file`. With the token, one part goes to `?path=` and several to
+/// their file names; through a signed URL, the one part goes to the signed path whatever its
+/// file name says, and a second part is refused: the signature covers one path.
 async fn upload_multipart(
     sandbox: &LiveSandbox,
     q: &FilesQuery,
+    access: Access,
     user: String,
     content_type: &str,
     body: Body,
@@ -441,8 +454,19 @@ async fn upload_multipart(
             continue;
         }
         parts += 1;
+        if access == Access::Signed && parts > 1 {
+            return Err(ConnectError::new(
+                Code::PermissionDenied,
+                format!(
+                    "a signed upload URL writes one file, to the path it was signed for ({}); \
+                     the body holds more than one file part, and the rest were not written",
+                    q.path.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
         // With one file, `?path=` names it; otherwise each part's file name is its path.
         let path = match (&q.path, field.file_name()) {
+            (Some(p), _) if access == Access::Signed => p.clone(),
             (Some(p), _) if !p.is_empty() && parts == 1 => p.clone(),
             (_, Some(name)) if !name.is_empty() => name.to_owned(),
             _ => {

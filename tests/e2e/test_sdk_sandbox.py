@@ -331,6 +331,44 @@ def test_signed_file_urls_work_without_the_token_and_a_tampered_one_is_refused(b
         sbx.kill()
 
 
+def test_a_signed_upload_url_writes_one_file_and_only_to_its_path(built):
+    import urllib.error
+    import urllib.request
+
+    sbx = Sandbox.create(built["name"], **built["opts"])
+    try:
+        sbx.files.write("/home/user/.profile-kept", "untouched")
+        url = sbx.upload_url("/home/user/signed-upload.txt", use_signature_expiration=60)
+        headers = {"e2b-sandbox-id": sbx.sandbox_id}
+
+        def post(parts):
+            boundary = uuid.uuid4().hex
+            body = b"".join(
+                f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+                f"Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n"
+                for name, data in parts
+            ) + f"--{boundary}--\r\n".encode()
+            req = urllib.request.Request(
+                url, data=body, method="POST",
+                headers={**headers, "Content-Type": f"multipart/form-data; boundary={boundary}"},
+            )
+            return urllib.request.urlopen(req, timeout=10)
+
+        # One part: written to the signed path, whatever its file name says.
+        with post([("/home/user/.profile-kept", b"mine")]) as r:
+            assert r.status == 200
+        assert sbx.files.read("/home/user/signed-upload.txt") == "mine"
+        assert sbx.files.read("/home/user/.profile-kept") == "untouched"
+        # A second part would be written where its file name says: refused.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            post([("a", b"first"), ("/home/user/.profile-kept", b"pwned")])
+        assert refused.value.code == 403
+        assert b"signed upload URL writes one file" in refused.value.read()
+        assert sbx.files.read("/home/user/.profile-kept") == "untouched"
+    finally:
+        sbx.kill()
+
+
 def test_the_js_sdk_launches_and_drives_a_sandbox(built, strata):
     import json
     import pathlib
