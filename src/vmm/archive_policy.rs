@@ -596,31 +596,82 @@ fn remove_existing(
     }
 }
 
-/// Empties a directory given by fd, without following links.
-fn remove_tree_at(dir: &OwnedFd) -> io::Result<()> {
-    let names: Vec<(Component, bool)> = {
-        let mut it = rustix::fs::Dir::read_from(dir)?;
-        let mut v = Vec::new();
-        while let Some(e) = it.read() {
-            let e = e?;
-            // `.` and `..` are the only entries that are not components.
-            let Some(name) = Component::new(e.file_name().to_bytes()) else {
-                continue;
-            };
-            v.push((name, e.file_type() == FileType::Directory))
+/// Empties a directory given by fd, without following links, one level open at a time: a
+/// tree of any depth (a tenant chooses it) takes two descriptors and no stack. Each level's
+/// device and inode are kept on the way down and checked on the way up (`..`), so a tree moved
+/// meanwhile stops the removal instead of leading it elsewhere.
+fn remove_tree_at(root: &OwnedFd) -> io::Result<()> {
+    let identity = |fd: &OwnedFd| rustix::fs::fstat(fd).map(|st| (st.st_dev, st.st_ino));
+    // The directories from `root` down to `current`: each one's name and identity.
+    let mut path: Vec<(Component, (u64, u64))> = Vec::new();
+    let mut current = rustix::io::dup(root)?;
+    let root_id = identity(&current)?;
+    loop {
+        // Unlink what is not a directory; go down into the first directory there is.
+        let mut below = None;
+        let mut files = Vec::new();
+        {
+            let mut entries = rustix::fs::Dir::read_from(&current)?;
+            while let Some(entry) = entries.read() {
+                let entry = entry?;
+                // `.` and `..` are the only entries that are not components.
+                let Some(name) = Component::new(entry.file_name().to_bytes()) else {
+                    continue;
+                };
+                let is_dir = match entry.file_type() {
+                    FileType::Unknown => {
+                        let st = rustix::fs::statat(
+                            &current,
+                            name.as_os_str(),
+                            AtFlags::SYMLINK_NOFOLLOW,
+                        )?;
+                        FileType::from_raw_mode(st.st_mode) == FileType::Directory
+                    }
+                    kind => kind == FileType::Directory,
+                };
+                if is_dir {
+                    below = Some(name);
+                    break;
+                }
+                files.push(name);
+            }
         }
-        v
-    };
-    for (name, is_dir) in names {
-        if is_dir {
-            let sub = open_dir(dir, &name)?;
-            remove_tree_at(&sub)?;
-            rustix::fs::unlinkat(dir, name.as_os_str(), AtFlags::REMOVEDIR)?;
-        } else {
-            rustix::fs::unlinkat(dir, name.as_os_str(), AtFlags::empty())?;
+        for name in files {
+            rustix::fs::unlinkat(&current, name.as_os_str(), AtFlags::empty())?;
         }
+        if let Some(name) = below {
+            let next = open_dir(&current, &name)?;
+            path.push((name, identity(&next)?));
+            current = next;
+            continue;
+        }
+        // Nothing but files were left, and they are gone: empty, unless a directory listing
+        // stopped early, which the next round finds.
+        let mut left = rustix::fs::Dir::read_from(&current)?;
+        let empty = std::iter::from_fn(|| left.read())
+            .filter_map(|e| e.ok())
+            .all(|e| matches!(e.file_name().to_bytes(), b"." | b".."));
+        if !empty {
+            continue;
+        }
+        let Some((name, _)) = path.pop() else {
+            return Ok(());
+        };
+        let parent = rustix::fs::openat(
+            &current,
+            "..",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let expected = path.last().map_or(root_id, |(_, id)| *id);
+        if identity(&parent)? != expected {
+            return Err(io::Error::other(
+                "a directory being removed moved out of its tree; stopped",
+            ));
+        }
+        rustix::fs::unlinkat(&parent, name.as_os_str(), AtFlags::REMOVEDIR)?;
+        current = parent;
     }
-    Ok(())
 }
 
 fn apply_meta(
@@ -956,6 +1007,54 @@ mod tests {
             matches!(err, ArchiveError::WhiteoutMetadata { .. }),
             "{err}"
         );
+    }
+
+    /// A chain of `depth` directories below `dir`, made by descriptor (its path is longer than
+    /// any path the kernel takes), with a file at each level.
+    fn deep_chain(dir: &Path, depth: usize) {
+        let mut at =
+            rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        for _ in 0..depth {
+            rustix::fs::mkdirat(&at, "d", Mode::from_raw_mode(0o755)).unwrap();
+            let file = rustix::fs::openat(
+                &at,
+                "f",
+                OFlags::WRONLY | OFlags::CREATE,
+                Mode::from_raw_mode(0o644),
+            )
+            .unwrap();
+            drop(file);
+            at = rustix::fs::openat(&at, "d", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_tree_of_any_depth_is_removed_in_little_stack_and_few_descriptors() {
+        // 5,000 levels: one descriptor per level would pass a process's usual 1,024, one
+        // stack frame per level would overflow the 64 KiB this thread has.
+        let outer = tempfile::tempdir().unwrap();
+        std::fs::create_dir(outer.path().join("dest")).unwrap();
+        std::fs::write(outer.path().join("beside"), b"b").unwrap();
+        deep_chain(&outer.path().join("dest"), 5_000);
+        let dest = outer.path().join("dest");
+        std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                let fd = rustix::fs::open(&dest, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+                    .unwrap();
+                remove_tree_at(&fd).unwrap();
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(
+            std::fs::read_dir(outer.path().join("dest"))
+                .unwrap()
+                .count(),
+            0
+        );
+        assert_eq!(std::fs::read(outer.path().join("beside")).unwrap(), b"b");
     }
 
     #[test]
