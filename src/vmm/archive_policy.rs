@@ -596,82 +596,9 @@ fn remove_existing(
     }
 }
 
-/// Empties a directory given by fd, without following links, one level open at a time: a
-/// tree of any depth (a tenant chooses it) takes two descriptors and no stack. Each level's
-/// device and inode are kept on the way down and checked on the way up (`..`), so a tree moved
-/// meanwhile stops the removal instead of leading it elsewhere.
+/// Empties a directory given by fd, without following links, at any depth.
 fn remove_tree_at(root: &OwnedFd) -> io::Result<()> {
-    let identity = |fd: &OwnedFd| rustix::fs::fstat(fd).map(|st| (st.st_dev, st.st_ino));
-    // The directories from `root` down to `current`: each one's name and identity.
-    let mut path: Vec<(Component, (u64, u64))> = Vec::new();
-    let mut current = rustix::io::dup(root)?;
-    let root_id = identity(&current)?;
-    loop {
-        // Unlink what is not a directory; go down into the first directory there is.
-        let mut below = None;
-        let mut files = Vec::new();
-        {
-            let mut entries = rustix::fs::Dir::read_from(&current)?;
-            while let Some(entry) = entries.read() {
-                let entry = entry?;
-                // `.` and `..` are the only entries that are not components.
-                let Some(name) = Component::new(entry.file_name().to_bytes()) else {
-                    continue;
-                };
-                let is_dir = match entry.file_type() {
-                    FileType::Unknown => {
-                        let st = rustix::fs::statat(
-                            &current,
-                            name.as_os_str(),
-                            AtFlags::SYMLINK_NOFOLLOW,
-                        )?;
-                        FileType::from_raw_mode(st.st_mode) == FileType::Directory
-                    }
-                    kind => kind == FileType::Directory,
-                };
-                if is_dir {
-                    below = Some(name);
-                    break;
-                }
-                files.push(name);
-            }
-        }
-        for name in files {
-            rustix::fs::unlinkat(&current, name.as_os_str(), AtFlags::empty())?;
-        }
-        if let Some(name) = below {
-            let next = open_dir(&current, &name)?;
-            path.push((name, identity(&next)?));
-            current = next;
-            continue;
-        }
-        // Nothing but files were left, and they are gone: empty, unless a directory listing
-        // stopped early, which the next round finds.
-        let mut left = rustix::fs::Dir::read_from(&current)?;
-        let empty = std::iter::from_fn(|| left.read())
-            .filter_map(|e| e.ok())
-            .all(|e| matches!(e.file_name().to_bytes(), b"." | b".."));
-        if !empty {
-            continue;
-        }
-        let Some((name, _)) = path.pop() else {
-            return Ok(());
-        };
-        let parent = rustix::fs::openat(
-            &current,
-            "..",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        let expected = path.last().map_or(root_id, |(_, id)| *id);
-        if identity(&parent)? != expected {
-            return Err(io::Error::other(
-                "a directory being removed moved out of its tree; stopped",
-            ));
-        }
-        rustix::fs::unlinkat(&parent, name.as_os_str(), AtFlags::REMOVEDIR)?;
-        current = parent;
-    }
+    super::tree_walk::empty(root)
 }
 
 fn apply_meta(

@@ -174,30 +174,54 @@ pub fn tree_bytes(dir: &Path) -> u64 {
     tree_bytes_bounded(dir, usize::MAX)
 }
 
-/// [`tree_bytes`], reading at most `entries` directory entries (never following a symlink):
-/// a lower bound when the tree is larger, for trees a tenant controls.
+/// [`tree_bytes`], reading at most `entries` directory entries: a lower bound when the tree is
+/// larger, for trees a tenant controls. By descriptor, never through a link, at any depth
+/// ([`super::tree_walk`]); a tree changed under the walk stops it where it was.
 pub fn tree_bytes_bounded(dir: &Path, entries: usize) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0;
-    let mut seen = 0usize;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(read) = fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in read.flatten() {
-            seen += 1;
-            if seen > entries {
-                return total;
+    use super::archive_policy::Component;
+    use super::tree_walk::{walk, Visit, Visitor};
+    use std::os::fd::OwnedFd;
+
+    struct Usage {
+        bytes: u64,
+        seen: usize,
+        limit: usize,
+    }
+    impl Visitor for Usage {
+        fn entry(
+            &mut self,
+            dir: &OwnedFd,
+            name: &Component,
+            _kind: rustix::fs::FileType,
+        ) -> std::io::Result<Visit> {
+            self.seen += 1;
+            if let Ok(st) =
+                rustix::fs::statat(dir, name.as_os_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            {
+                self.bytes += st.st_blocks as u64 * 512;
             }
-            let Ok(meta) = entry.metadata() else { continue };
-            total += meta.blocks() * 512;
-            if meta.is_dir() {
-                stack.push(entry.path());
-            }
+            Ok(Visit::Descend)
+        }
+        fn done(&self) -> bool {
+            self.seen >= self.limit
         }
     }
-    total
+    let flags = rustix::fs::OFlags::RDONLY
+        | rustix::fs::OFlags::DIRECTORY
+        | rustix::fs::OFlags::NOFOLLOW
+        | rustix::fs::OFlags::CLOEXEC;
+    let Ok(root) = rustix::fs::open(dir, flags, rustix::fs::Mode::empty()) else {
+        return 0;
+    };
+    let mut usage = Usage {
+        bytes: 0,
+        seen: 0,
+        limit: entries,
+    };
+    if let Err(e) = walk(&root, &mut usage) {
+        tracing::debug!(dir = %dir.display(), error = %e, "a usage walk stopped early; its count is a lower bound");
+    }
+    usage.bytes
 }
 
 #[cfg(test)]
@@ -219,6 +243,38 @@ mod tests {
             whole < 1 << 30,
             "the symlink to / was not followed: {whole}"
         );
+    }
+
+    #[test]
+    fn a_file_below_any_path_the_kernel_takes_is_counted() {
+        // 3,000 levels of `d/`: a path to the bottom is 6,000 bytes, past PATH_MAX, where a
+        // walk by path stopped counting (a tenant's hiding place).
+        let dir = tempfile::tempdir().unwrap();
+        let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY;
+        let mode = rustix::fs::Mode::from_raw_mode(0o755);
+        let mut at = rustix::fs::open(dir.path(), flags, mode).unwrap();
+        for _ in 0..3_000 {
+            rustix::fs::mkdirat(&at, "d", mode).unwrap();
+            at = rustix::fs::openat(&at, "d", flags, mode).unwrap();
+        }
+        let without = tree_bytes(dir.path());
+        let file = rustix::fs::openat(
+            &at,
+            "bottom",
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CREATE,
+            mode,
+        )
+        .unwrap();
+        rustix::io::write(&file, &vec![7u8; 4 << 20]).unwrap();
+        rustix::fs::fsync(&file).unwrap();
+        let with = tree_bytes(dir.path());
+        assert!(
+            with >= without + (4 << 20),
+            "{without} bytes without the file at the bottom, {with} with it"
+        );
+        // Removed by descriptor too: the temporary directory's own removal goes by path.
+        let root = rustix::fs::open(dir.path(), flags, mode).unwrap();
+        crate::vmm::tree_walk::empty(&root).unwrap();
     }
     use crate::vmm::blob_store::{BlobStore, LocalBlobStore};
     use crate::vmm::layer::seal_dir;

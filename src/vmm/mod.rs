@@ -12,6 +12,8 @@
 //! * [`layer`] (with [`layer_staging`], [`layer_sync`], [`layer_budget`]), [`blob_store`]
 //!   (with [`blob_url`], [`object_blob_store`]), [`depth`], [`compact`]: layer tars,
 //!   content-addressed storage, the overlay depth budget and compaction.
+//! * [`tree_walk`]: walking a tree a tenant shaped, by descriptor and at any depth (usage
+//!   walks, whiteout removal).
 //! * [`process`]: lasting processes, file operations and signals of a launched sandbox.
 //! * [`image`]: the local image catalog, built-in base images and imports.
 
@@ -38,6 +40,7 @@ pub mod object_blob_store;
 pub mod process;
 pub mod start_failure;
 pub mod tar_guard;
+pub mod tree_walk;
 pub mod users;
 
 pub use backend::{
