@@ -213,6 +213,9 @@ pub trait SandboxBackend: Send + Sync {
         let _ = digest;
         Ok(false)
     }
+    /// Releases what the backend holds ahead of need (mounted spare disks), once its process
+    /// is done with it: called before the process exits, so nothing is left on the host.
+    async fn shutdown(&self) {}
 }
 
 #[async_trait]

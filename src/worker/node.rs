@@ -235,6 +235,8 @@ impl Worker {
         // the next start extracts them again from their blobs.
         let layers = self.layers.clone();
         let _ = tokio::task::spawn_blocking(move || layers.wait_for_syncs()).await;
+        // Spare scratch disks and destroyed sandboxes' disks: nothing stays mounted.
+        self.backend.shutdown().await;
         Ok(())
     }
 

@@ -833,6 +833,32 @@ async fn the_strata_worker_binary_builds_queued_builds_and_stops_on_sigterm() {
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(status.success(), "{status}: {stderr}");
+    // Its spare scratch disks went with it: no mount or loop device of its sandboxes is left.
+    let plain = strip_ansi(&stderr);
+    let owner = plain
+        .split("sandbox_owner=")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_hexdigit()).next())
+        .unwrap_or_else(|| panic!("no sandbox_owner in {stderr}"));
+    common::sandbox::assert_no_trace(&format!("sbx-{owner}-"));
+}
+
+/// `text` without its terminal colour sequences (`ESC [ … m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The `Cmd` of the image config in an OCI layout with one manifest.

@@ -168,15 +168,6 @@ impl NamespaceBackend {
         })
     }
 
-    /// Unmounts and removes what this backend made ahead of need (spare scratch disks) and
-    /// waits for destroyed sandboxes' disks to be gone: a process calls it before it exits
-    /// (on a signal or an error too), so it leaves no mount or loop device behind. Sandboxes
-    /// still running keep theirs; boots after it make their disks on demand.
-    pub async fn shutdown(&self) {
-        let shared = self.shared.clone();
-        let _ = tokio::task::spawn_blocking(move || shared.scratch.close()).await;
-    }
-
     /// The owner id in this backend's sandbox ids (`sbx-<owner>-…`) and lock file.
     pub fn owner_id(&self) -> &str {
         self.shared.owner.id()
@@ -309,6 +300,15 @@ fn topmost_occurrences(lowers: Vec<PathBuf>) -> Vec<PathBuf> {
 
 #[async_trait]
 impl SandboxBackend for NamespaceBackend {
+    /// Unmounts and removes the spare scratch disks and waits for destroyed sandboxes' disks
+    /// to be gone: a process calls it before it exits (on a signal or an error too), so it
+    /// leaves no mount or loop device behind. Sandboxes still running keep theirs; boots after
+    /// it make their disks on demand.
+    async fn shutdown(&self) {
+        let shared = self.shared.clone();
+        let _ = tokio::task::spawn_blocking(move || shared.scratch.close()).await;
+    }
+
     fn name(&self) -> &'static str {
         "namespace-v1"
     }
