@@ -366,7 +366,15 @@ async fn upload(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
     let result = if content_type.starts_with("multipart/form-data") {
-        upload_multipart(&sandbox, &q, access, user, &content_type, request.into_body()).await
+        upload_multipart(
+            &sandbox,
+            &q,
+            access,
+            user,
+            &content_type,
+            request.into_body(),
+        )
+        .await
     } else {
         let Some(path) = q.path.clone().filter(|p| !p.is_empty()) else {
             return http_error(
