@@ -511,8 +511,9 @@ fn open_dir(dir: &OwnedFd, name: &Component) -> rustix::io::Result<OwnedFd> {
         Mode::empty(),
         ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     ) {
-        // Kernels before 5.6, or a seccomp profile that hides the call.
-        Err(rustix::io::Errno::NOSYS) => {
+        // Kernels before 5.6, or a seccomp profile that hides the call (ENOSYS, or EPERM
+        // under older container profiles): the Component already keeps the name beneath.
+        Err(rustix::io::Errno::NOSYS) | Err(rustix::io::Errno::PERM) => {
             rustix::fs::openat(dir, name.as_os_str(), flags, Mode::empty())
         }
         other => other,
