@@ -62,6 +62,38 @@ pub async fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
         network: args.sandbox_network.config()?,
         disk: args.sandbox_disk.config(),
     })?;
+    let measured = tokio::select! {
+        measured = measure(&args, &backend) => measured,
+        _ = super::shutdown_signal() => Err(anyhow::anyhow!("interrupted")),
+    };
+    backend.shutdown().await;
+    nothing_left(&args.data_dir, backend.owner_id()).await?;
+    measured
+}
+
+/// Fails when a mount or loop device of the owner's sandboxes outlives the bench (ADR 0034):
+/// what a benchmark leaves on the host is a bug it found.
+async fn nothing_left(data_dir: &std::path::Path, owner: &str) -> anyhow::Result<()> {
+    let sandboxes = data_dir.join("sandboxes");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = strata::vmm::namespace::sweep::traces_of(&sandboxes, owner);
+        if left.is_empty() {
+            println!("left on the host: no mount or loop device of the bench's sandboxes");
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "the bench left these on the host (the next start on {} sweeps them): {}",
+                data_dir.display(),
+                left.join("; ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn measure(args: &BenchSandboxArgs, backend: &NamespaceBackend) -> anyhow::Result<()> {
     let blobs = backend.blobs();
     let (d, b) = (args.data_dir.clone(), blobs.clone());
     let base = tokio::task::spawn_blocking(move || image::ensure_busybox(&d, b.as_ref())).await??;
@@ -405,6 +437,8 @@ async fn network(
         );
     }
     sb.destroy().await?;
+    reaching.shutdown().await;
+    nothing_left(&args.data_dir, reaching.owner_id()).await?;
     inside.sort();
     host.sort();
     let rate = |d: Duration| mib as f64 / d.as_secs_f64();

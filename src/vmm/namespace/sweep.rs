@@ -114,6 +114,36 @@ fn remove_sandbox(sandboxes: &Path, id: &str, cgroups: &CgroupDriver) {
     }
 }
 
+/// What is still on the host of owner `owner`'s sandboxes under `sandboxes`: mount points and
+/// loop devices whose backing files are there. A process checks it is empty before it exits
+/// (benches do); the kernel detaches an unmounted disk's loop device a moment later, so a check
+/// right after an unmount may retry.
+pub fn traces_of(sandboxes: &Path, owner: &str) -> Vec<String> {
+    let mark = format!("sbx-{owner}-");
+    let mut found: Vec<String> = mounts_under(sandboxes)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(&mark))
+        .map(|p| format!("mount {}", p.display()))
+        .collect();
+    for dev in std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let Ok(backing) = std::fs::read_to_string(dev.path().join("loop/backing_file")) else {
+            continue;
+        };
+        let backing = backing.trim();
+        if Path::new(backing).starts_with(sandboxes) && backing.contains(&mark) {
+            found.push(format!(
+                "loop device {} on {backing}",
+                dev.file_name().to_string_lossy()
+            ));
+        }
+    }
+    found
+}
+
 /// Mount points at or under `dir` in this process's mount namespace, deepest first.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
