@@ -275,7 +275,7 @@ async fn measure(args: &BenchSandboxArgs, backend: &NamespaceBackend) -> anyhow:
         checkpoint.as_secs_f64() / durable_baselines[middle].as_secs_f64()
     );
 
-    network(&args, &backend, &base_layers).await?;
+    network(args, backend, &base_layers).await?;
 
     // 3. boot latency by stack depth.
     let scratch = tempfile::tempdir_in(&args.data_dir)?;
