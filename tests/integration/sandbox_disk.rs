@@ -141,6 +141,41 @@ async fn a_node_boots_nothing_that_would_eat_into_its_reserve() {
     assert_eq!(traces_of(&backend), Vec::<String>::new());
 }
 
+#[tokio::test]
+async fn a_destroyed_sandboxs_grant_is_free_at_once() {
+    // The node lends one and a half disks: a sandbox that asks for a whole disk fits, two do
+    // not. Each one writes, is destroyed, and the next is booted at once, while the destroyed
+    // one's image is still being unlinked in the background: it must not count any more.
+    const DISK: u64 = 4 << 30;
+    let st = rustix::fs::statvfs(&node_dir()).unwrap();
+    let free = st.f_bavail * st.f_frsize;
+    assert!(
+        free > 2 * DISK,
+        "this test needs {} GiB free on {}",
+        2 * DISK >> 30,
+        node_dir().display()
+    );
+    let backend = backend_with_disk(DiskConfig {
+        max: Some(DISK),
+        reserve: free - DISK - DISK / 2,
+    });
+    let layers = busybox(&backend).await;
+    for round in 0..4 {
+        let mut s = spec(layers.clone());
+        s.limits.disk_min_free = Some(DISK);
+        let mut sb = match backend.boot(s).await {
+            Ok(sb) => sb,
+            Err(e) => panic!("round {round}: {e}"),
+        };
+        sh(
+            &mut sb,
+            "dd if=/dev/zero of=/written bs=1M count=256 2>/dev/null; sync",
+        )
+        .await;
+        sb.destroy().await.unwrap();
+    }
+}
+
 /// What of `backend`'s sandboxes is on the host: directories and mounts (a fresh backend that
 /// booted nothing has none).
 fn traces_of(backend: &strata::vmm::NamespaceBackend) -> Vec<String> {

@@ -886,6 +886,8 @@ impl NamespaceSandbox {
                 // the disk is gone. Unmounted before the directory is removed: removing the
                 // disk's files one by one would be wasted work.
                 Some(d) => {
+                    // Its processes are gone: its grant is free now, its disk goes after.
+                    backend.shared.scratch.forget(&id);
                     let removal = backend.shared.scratch.removal();
                     drop(runtime.spawn_blocking(move || {
                         backend.shared.scratch.remove(&id, d);

@@ -229,6 +229,7 @@ impl ScratchDisks {
         let need = need.min(disk_free);
         let mut live = self.live.lock().expect("scratch registry");
         let others: u64 = live.values().map(|(image, g)| may_grow(image, *g)).sum();
+        let running = live.len();
         let node_free = statvfs(&self.dir).map(|(f, _)| f).unwrap_or(0);
         let room = cap.map_or(disk_free, |c| c.max(need).min(disk_free));
         let Some(granted) = grant(node_free, self.config.reserve, others, room, need) else {
@@ -236,15 +237,18 @@ impl ScratchDisks {
             prepared.discard();
             return Err(VmmError::Disk(format!(
                 "this node has {} free for sandboxes beyond its reserve of {} \
-                 (STRATA_NODE_DISK_RESERVE), less than the {} this build needs; free space on the \
-                 data disk or wait for running builds to end",
+                 (STRATA_NODE_DISK_RESERVE), less than the {} this build needs ({} free on the \
+                 data disk, of which the {running} running sandboxes' disks may still take {}); \
+                 free space on the data disk or wait for running builds to end",
                 human_bytes(
                     node_free
                         .saturating_sub(self.config.reserve)
                         .saturating_sub(others)
                 ),
                 human_bytes(self.config.reserve),
-                human_bytes(need)
+                human_bytes(need),
+                human_bytes(node_free),
+                human_bytes(others),
             )));
         };
         let mut disk = ScratchDisk {
@@ -313,7 +317,15 @@ impl ScratchDisks {
 
     /// Removes sandbox `id`'s disk (see [`ScratchDisk::remove`]) and forgets its grant.
     pub fn remove(&self, id: &str, disk: ScratchDisk) {
+        self.forget(id);
         disk.remove();
+    }
+
+    /// Forgets sandbox `id`'s grant: nothing writes to its disk any more, so it may grow by
+    /// nothing, whether or not its removal (an unlink of a large image can take a while) has
+    /// run yet. Counted until then, destroyed sandboxes' grants refused the boots that followed
+    /// them for room the node had.
+    pub fn forget(&self, id: &str) {
         self.live.lock().expect("scratch registry").remove(id);
     }
 
