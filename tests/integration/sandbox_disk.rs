@@ -147,12 +147,12 @@ async fn a_destroyed_sandboxs_grant_is_free_at_once() {
     // not. Each one writes, is destroyed, and the next is booted at once, while the destroyed
     // one's image is still being unlinked in the background: it must not count any more.
     const DISK: u64 = 4 << 30;
-    let st = rustix::fs::statvfs(&node_dir()).unwrap();
+    let st = rustix::fs::statvfs(node_dir()).unwrap();
     let free = st.f_bavail * st.f_frsize;
     assert!(
         free > 2 * DISK,
         "this test needs {} GiB free on {}",
-        2 * DISK >> 30,
+        (2 * DISK) >> 30,
         node_dir().display()
     );
     let backend = backend_with_disk(DiskConfig {
