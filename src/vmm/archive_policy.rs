@@ -30,14 +30,16 @@
 //! `extract_tar` fuzz target (`fuzz/`, oracle in [`super::archive_fuzz`]) checks the whole
 //! claim: no archive changes anything outside the destination.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::io::{self, BufRead, BufReader, Read};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use super::id_range::{IdRange, IdRangeError};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Timestamps};
+use super::tree_walk::open_dir;
+pub use super::tree_walk::Component;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timestamps};
 
 /// OCI whiteout prefix, and the marker of an opaque directory.
 pub const WHITEOUT_PREFIX: &str = ".wh.";
@@ -157,31 +159,6 @@ pub fn sniff_gzip<'a>(reader: impl Read + 'a) -> io::Result<Box<dyn Read + 'a>> 
         Ok(Box::new(flate2::read::MultiGzDecoder::new(buffered)))
     } else {
         Ok(Box::new(buffered))
-    }
-}
-
-/// One name inside a directory: not empty, not `.` or `..`, without `/` or NUL. The only
-/// kind of name the extractor passes to an `*at` call, so no call made relative to a
-/// directory's descriptor reaches anything but that directory's own entries.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Component(OsString);
-
-impl Component {
-    /// `bytes` as a component, or `None` when they are not one normal name.
-    pub fn new(bytes: &[u8]) -> Option<Component> {
-        match bytes {
-            b"" | b"." | b".." => None,
-            b if b.contains(&b'/') || b.contains(&0) => None,
-            b => Some(Component(OsString::from_vec(b.to_vec()))),
-        }
-    }
-
-    pub fn as_os_str(&self) -> &OsStr {
-        &self.0
-    }
-
-    pub fn as_bytes(&self) -> &[u8] {
-        self.0.as_bytes()
     }
 }
 
@@ -500,26 +477,6 @@ fn mkdir(parent: &OwnedFd, name: &Component) -> io::Result<()> {
     rustix::fs::mkdirat(parent, name.as_os_str(), Mode::from_raw_mode(0o755)).map_err(Into::into)
 }
 
-/// Opens the directory `name` in `dir`: never through a symlink, never outside `dir` (the
-/// kernel checks it as well as [`Component`] does, where it has `openat2`).
-fn open_dir(dir: &OwnedFd, name: &Component) -> rustix::io::Result<OwnedFd> {
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    match rustix::fs::openat2(
-        dir,
-        name.as_os_str(),
-        flags,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    ) {
-        // Kernels before 5.6, or a seccomp profile that hides the call (ENOSYS, or EPERM
-        // under older container profiles): the Component already keeps the name beneath.
-        Err(rustix::io::Errno::NOSYS) | Err(rustix::io::Errno::PERM) => {
-            rustix::fs::openat(dir, name.as_os_str(), flags, Mode::empty())
-        }
-        other => other,
-    }
-}
-
 /// Opens `parts` below `base` one component at a time, never following a symlink; missing
 /// directories are created (0755, owned by `owner` when given) when `create` is set.
 fn open_dirs(
@@ -588,18 +545,13 @@ fn remove_existing(
                 });
             }
             let dir = open_dirs(parent, std::slice::from_ref(name), false, None, entry)?;
-            remove_tree_at(&dir).map_err(io_err)?;
+            super::tree_walk::empty(&dir).map_err(io_err)?;
             rustix::fs::unlinkat(parent, name.as_os_str(), AtFlags::REMOVEDIR)
                 .map_err(|e| io_err(e.into()))
         }
         Ok(_) => rustix::fs::unlinkat(parent, name.as_os_str(), AtFlags::empty())
             .map_err(|e| io_err(e.into())),
     }
-}
-
-/// Empties a directory given by fd, without following links, at any depth.
-fn remove_tree_at(root: &OwnedFd) -> io::Result<()> {
-    super::tree_walk::empty(root)
 }
 
 fn apply_meta(
@@ -935,54 +887,6 @@ mod tests {
             matches!(err, ArchiveError::WhiteoutMetadata { .. }),
             "{err}"
         );
-    }
-
-    /// A chain of `depth` directories below `dir`, made by descriptor (its path is longer than
-    /// any path the kernel takes), with a file at each level.
-    fn deep_chain(dir: &Path, depth: usize) {
-        let mut at =
-            rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
-        for _ in 0..depth {
-            rustix::fs::mkdirat(&at, "d", Mode::from_raw_mode(0o755)).unwrap();
-            let file = rustix::fs::openat(
-                &at,
-                "f",
-                OFlags::WRONLY | OFlags::CREATE,
-                Mode::from_raw_mode(0o644),
-            )
-            .unwrap();
-            drop(file);
-            at = rustix::fs::openat(&at, "d", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
-                .unwrap();
-        }
-    }
-
-    #[test]
-    fn a_tree_of_any_depth_is_removed_in_little_stack_and_few_descriptors() {
-        // 5,000 levels: one descriptor per level would pass a process's usual 1,024, one
-        // stack frame per level would overflow the 64 KiB this thread has.
-        let outer = tempfile::tempdir().unwrap();
-        std::fs::create_dir(outer.path().join("dest")).unwrap();
-        std::fs::write(outer.path().join("beside"), b"b").unwrap();
-        deep_chain(&outer.path().join("dest"), 5_000);
-        let dest = outer.path().join("dest");
-        std::thread::Builder::new()
-            .stack_size(64 << 10)
-            .spawn(move || {
-                let fd = rustix::fs::open(&dest, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
-                    .unwrap();
-                remove_tree_at(&fd).unwrap();
-            })
-            .unwrap()
-            .join()
-            .unwrap();
-        assert_eq!(
-            std::fs::read_dir(outer.path().join("dest"))
-                .unwrap()
-                .count(),
-            0
-        );
-        assert_eq!(std::fs::read(outer.path().join("beside")).unwrap(), b"b");
     }
 
     #[test]

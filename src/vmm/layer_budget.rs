@@ -178,8 +178,7 @@ pub fn tree_bytes(dir: &Path) -> u64 {
 /// larger, for trees a tenant controls. By descriptor, never through a link, at any depth
 /// ([`super::tree_walk`]); a tree changed under the walk stops it where it was.
 pub fn tree_bytes_bounded(dir: &Path, entries: usize) -> u64 {
-    use super::archive_policy::Component;
-    use super::tree_walk::{walk, Visit, Visitor};
+    use super::tree_walk::{walk, Component, Visit, Visitor};
     use std::os::fd::OwnedFd;
 
     struct Usage {
@@ -250,13 +249,8 @@ mod tests {
         // 3,000 levels of `d/`: a path to the bottom is 6,000 bytes, past PATH_MAX, where a
         // walk by path stopped counting (a tenant's hiding place).
         let dir = tempfile::tempdir().unwrap();
-        let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY;
-        let mode = rustix::fs::Mode::from_raw_mode(0o755);
-        let mut at = rustix::fs::open(dir.path(), flags, mode).unwrap();
-        for _ in 0..3_000 {
-            rustix::fs::mkdirat(&at, "d", mode).unwrap();
-            at = rustix::fs::openat(&at, "d", flags, mode).unwrap();
-        }
+        let at = crate::vmm::tree_walk::deep_chain(dir.path(), 3_000);
+        let mode = rustix::fs::Mode::from_raw_mode(0o644);
         let without = tree_bytes(dir.path());
         let file = rustix::fs::openat(
             &at,
@@ -273,7 +267,12 @@ mod tests {
             "{without} bytes without the file at the bottom, {with} with it"
         );
         // Removed by descriptor too: the temporary directory's own removal goes by path.
-        let root = rustix::fs::open(dir.path(), flags, mode).unwrap();
+        let root = rustix::fs::open(
+            dir.path(),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+            mode,
+        )
+        .unwrap();
         crate::vmm::tree_walk::empty(&root).unwrap();
     }
     use crate::vmm::blob_store::{BlobStore, LocalBlobStore};

@@ -12,8 +12,9 @@
 //! * [`layer`] (with [`layer_staging`], [`layer_sync`], [`layer_budget`]), [`blob_store`]
 //!   (with [`blob_url`], [`object_blob_store`]), [`depth`], [`compact`]: layer tars,
 //!   content-addressed storage, the overlay depth budget and compaction.
-//! * [`tree_walk`]: walking a tree a tenant shaped, by descriptor and at any depth (usage
-//!   walks, whiteout removal).
+//! * [`tree_walk`]: host access to a tree a tenant shaped: one-name `Component`s, directories
+//!   opened only beneath their parent, and walks by descriptor at any depth (usage walks,
+//!   whiteout removal; the extractor opens its directories through it).
 //! * [`process`]: lasting processes, file operations and signals of a launched sandbox.
 //! * [`image`]: the local image catalog, built-in base images and imports.
 

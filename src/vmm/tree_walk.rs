@@ -1,19 +1,65 @@
 //! Walking a directory tree a tenant shaped: by descriptor, never through a link, and in two
-//! descriptors and no recursion whatever its depth or width.
+//! descriptors and no recursion whatever its depth or width. With the two pieces every host
+//! access to such a tree goes through (the archive extractor too): [`Component`], the only
+//! kind of name passed to an `*at` call, and [`open_dir`], which opens one beneath its parent.
 //!
 //! A tenant picks the depth of what it writes (`mkdir` in a loop, `cd` into each), and a path
 //! to its bottom is longer than any path the kernel takes; it may also swap a directory for a
 //! symlink between a listing and an open. So every directory is opened relative to its parent's
-//! descriptor with `O_NOFOLLOW` ([`super::archive_policy::Component`] names only), the walk
+//! descriptor with `O_NOFOLLOW` ([`Component`] names only, [`open_dir`]), the walk
 //! climbs back with `..`, and each level's device and inode are kept on the way down and
 //! checked on the way up: a tree moved while it is walked stops the walk with an error.
 
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 
-use super::archive_policy::Component;
+/// One name inside a directory: not empty, not `.` or `..`, without `/` or NUL. The only
+/// kind of name the extractor passes to an `*at` call, so no call made relative to a
+/// directory's descriptor reaches anything but that directory's own entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Component(OsString);
+
+impl Component {
+    /// `bytes` as a component, or `None` when they are not one normal name.
+    pub fn new(bytes: &[u8]) -> Option<Component> {
+        match bytes {
+            b"" | b"." | b".." => None,
+            b if b.contains(&b'/') || b.contains(&0) => None,
+            b => Some(Component(OsString::from_vec(b.to_vec()))),
+        }
+    }
+
+    pub fn as_os_str(&self) -> &OsStr {
+        &self.0
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+/// Opens the directory `name` in `dir`: never through a symlink, never outside `dir` (the
+/// kernel checks it as well as [`Component`] does, where it has `openat2`).
+pub fn open_dir(dir: &OwnedFd, name: &Component) -> rustix::io::Result<OwnedFd> {
+    match rustix::fs::openat2(
+        dir,
+        name.as_os_str(),
+        DIR_FLAGS,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    ) {
+        // Kernels before 5.6, or a seccomp profile that hides the call (ENOSYS, or EPERM
+        // under older container profiles): the Component already keeps the name beneath.
+        Err(rustix::io::Errno::NOSYS) | Err(rustix::io::Errno::PERM) => {
+            rustix::fs::openat(dir, name.as_os_str(), DIR_FLAGS, Mode::empty())
+        }
+        other => other,
+    }
+}
 
 /// What to do with an entry that is a directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,15 +117,14 @@ pub fn walk(root: &OwnedFd, visitor: &mut impl Visitor) -> io::Result<()> {
             return Ok(());
         }
         if let Some(name) = level.pending.pop() {
-            let next =
-                match rustix::fs::openat(&current, name.as_os_str(), DIR_FLAGS, Mode::empty()) {
-                    Ok(fd) => fd,
-                    // Gone, or no longer a directory since it was listed: nothing to walk.
-                    Err(rustix::io::Errno::NOENT)
-                    | Err(rustix::io::Errno::LOOP)
-                    | Err(rustix::io::Errno::NOTDIR) => continue,
-                    Err(e) => return Err(e.into()),
-                };
+            let next = match open_dir(&current, &name) {
+                Ok(fd) => fd,
+                // Gone, or no longer a directory since it was listed: nothing to walk.
+                Err(rustix::io::Errno::NOENT)
+                | Err(rustix::io::Errno::LOOP)
+                | Err(rustix::io::Errno::NOTDIR) => continue,
+                Err(e) => return Err(e.into()),
+            };
             levels.push(Level {
                 pending: visit_level(&next, visitor)?,
                 id: identity(&next)?,
@@ -156,6 +201,21 @@ fn visit_level(dir: &OwnedFd, visitor: &mut impl Visitor) -> io::Result<Vec<Comp
     Ok(pending)
 }
 
+/// Tests' deep tree: a chain of `depth` directories `d` below `dir`, each level holding an empty
+/// file `f`, made by descriptor (its path is longer than any path the kernel takes). Returns
+/// the bottom directory.
+#[cfg(test)]
+pub(crate) fn deep_chain(dir: &std::path::Path, depth: usize) -> OwnedFd {
+    let mode = Mode::from_raw_mode(0o755);
+    let mut at = rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY, mode).unwrap();
+    for _ in 0..depth {
+        rustix::fs::mkdirat(&at, "d", mode).unwrap();
+        drop(rustix::fs::openat(&at, "f", OFlags::WRONLY | OFlags::CREATE, mode).unwrap());
+        at = rustix::fs::openat(&at, "d", OFlags::RDONLY | OFlags::DIRECTORY, mode).unwrap();
+    }
+    at
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,5 +251,33 @@ mod tests {
         let mut seen = names.0;
         seen.sort();
         assert_eq!(seen, ["a/", "b/", "f", "g", "out"]);
+    }
+
+    #[test]
+    fn a_tree_of_any_depth_is_removed_in_little_stack_and_few_descriptors() {
+        // 5,000 levels: one descriptor per level would pass a process's usual 1,024, one
+        // stack frame per level would overflow the 64 KiB this thread has.
+        let outer = tempfile::tempdir().unwrap();
+        std::fs::create_dir(outer.path().join("dest")).unwrap();
+        std::fs::write(outer.path().join("beside"), b"b").unwrap();
+        deep_chain(&outer.path().join("dest"), 5_000);
+        let dest = outer.path().join("dest");
+        std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                let fd = rustix::fs::open(&dest, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+                    .unwrap();
+                empty(&fd).unwrap();
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(
+            std::fs::read_dir(outer.path().join("dest"))
+                .unwrap()
+                .count(),
+            0
+        );
+        assert_eq!(std::fs::read(outer.path().join("beside")).unwrap(), b"b");
     }
 }
