@@ -13,10 +13,7 @@ import pytest
 from e2b import Sandbox, Template
 
 from conftest import Layout, tar_of
-
-
-def opts(strata, team):
-    return {"api_key": strata.key(team), "api_url": strata.url, "sandbox_url": strata.url}
+from test_sdk_sandbox import opts
 
 
 def layer_cache(strata):

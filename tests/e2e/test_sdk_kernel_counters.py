@@ -10,6 +10,8 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.sandbox.commands.command_handle import PtySize
 
+from test_sdk_sandbox import opts
+
 # Holds every terminal it can open, then says how many and why it stopped.
 HOARD_PTYS = r"""
 import os, sys, time
@@ -21,10 +23,6 @@ except OSError as e:
     print(len(held), e.strerror, flush=True)
 time.sleep(600)
 """
-
-
-def opts(strata, team):
-    return {"api_key": strata.key(team), "api_url": strata.url, "sandbox_url": strata.url}
 
 
 @pytest.fixture(scope="module")
