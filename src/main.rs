@@ -72,10 +72,9 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     // The sandbox side forks, so it runs before any runtime thread exists.
-    if std::env::args_os()
-        .nth(1)
-        .is_some_and(|a| a == "sandbox-init")
-    {
+    if std::env::args_os().nth(1).is_some_and(|a| {
+        a == "sandbox-init" || a == strata::vmm::namespace::init::HOLD_USER_NAMESPACE
+    }) {
         return cli::sandbox::init();
     }
     let cli = Cli::parse();

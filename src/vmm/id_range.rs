@@ -12,6 +12,11 @@ use std::fmt;
 /// How many ids a sandbox has: 0–65535, as in an OCI image and E2B's builds.
 pub const SANDBOX_IDS: u32 = 65536;
 
+/// How many host uids above the range own sandbox user namespaces, one each: the kernel charges
+/// a namespace's inotify instances and watches, processes and nested namespaces to its owner
+/// (ADR 0034), so each sandbox's owner is a uid of its own that nothing else runs as.
+pub const NAMESPACE_OWNERS: u32 = 65536;
+
 /// The default base: far above any account a host creates (`useradd` stops at 60000, subuid
 /// ranges conventionally start at 100000 and grow by 65536) and below 2^31, which some tools
 /// read as a negative id.
@@ -32,7 +37,7 @@ pub enum IdRangeError {
     Count(u64),
     #[error("STRATA_SANDBOX_ID_RANGE base {0} is too low: host accounts (0–65535) would be sandbox users; use 100000 or more")]
     TooLow(u32),
-    #[error("STRATA_SANDBOX_ID_RANGE base {0} leaves no room for 65536 ids below 2^32 - 1")]
+    #[error("STRATA_SANDBOX_ID_RANGE base {0} leaves no room below 2^32 - 1 for 65536 sandbox ids and the 65536 namespace owners above them")]
     TooHigh(u32),
     #[error("{what} id {id} is outside the sandbox's ids (0–65535); a layer cannot carry it")]
     SandboxIdOutOfRange { what: &'static str, id: u64 },
@@ -82,7 +87,7 @@ impl IdRange {
             return Err(IdRangeError::TooLow(base));
         }
         // The last id, 2^32 - 1, is "no id" (-1) to the kernel.
-        if base as u64 + SANDBOX_IDS as u64 > u32::MAX as u64 {
+        if base as u64 + SANDBOX_IDS as u64 + NAMESPACE_OWNERS as u64 > u32::MAX as u64 {
             return Err(IdRangeError::TooHigh(base));
         }
         Ok(IdRange { base })
@@ -90,6 +95,12 @@ impl IdRange {
 
     pub fn base(&self) -> u32 {
         self.base
+    }
+
+    /// The first of the [`NAMESPACE_OWNERS`] host uids that own sandbox user namespaces: the ids
+    /// just above the sandbox range, which no sandbox id maps to and no host account uses.
+    pub fn first_owner(&self) -> u32 {
+        self.base + SANDBOX_IDS
     }
 
     /// The line for `/proc/<pid>/uid_map` and `gid_map`.
@@ -160,6 +171,13 @@ mod tests {
             "4294901760".parse::<IdRange>(),
             Err(IdRangeError::TooHigh(_))
         ));
+        // Room for the sandbox ids but not for the namespace owners above them.
+        assert!(matches!(
+            "4294836224".parse::<IdRange>(),
+            Err(IdRangeError::TooHigh(_))
+        ));
+        let highest = IdRange::new(u32::MAX - 2 * 65536).unwrap();
+        assert_eq!(highest.first_owner() as u64 + 65536, u32::MAX as u64);
         assert!(matches!(
             "abc".parse::<IdRange>(),
             Err(IdRangeError::Malformed(_))

@@ -24,6 +24,32 @@ except OSError as e:
 time.sleep(600)
 """
 
+# Holds every inotify instance it can make, then says how many and why it stopped.
+HOARD_INOTIFY = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+held = []
+while True:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        print(len(held), os.strerror(ctypes.get_errno()), flush=True)
+        break
+    held.append(fd)
+time.sleep(600)
+"""
+
+
+def _hoard(sandbox, program):
+    """Runs `program` in `sandbox` in the background; returns its handle and what it said."""
+    sandbox.files.write("/tmp/hoard.py", program)
+    handle = sandbox.commands.run("python3 /tmp/hoard.py > /tmp/hoard.out", background=True)
+    deadline = time.time() + 60
+    while not (said := sandbox.commands.run("cat /tmp/hoard.out 2>/dev/null || true").stdout.strip()):
+        assert time.time() < deadline, "the hoarder never ran out"
+        time.sleep(0.2)
+    count, reason = said.split(" ", 1)
+    return handle, int(count), reason
+
 
 @pytest.fixture(scope="module")
 def two_teams(strata):
@@ -41,13 +67,7 @@ def test_one_sandbox_holding_every_terminal_it_can_leaves_others_theirs(two_team
     (name_a, opts_a), (name_b, opts_b) = two_teams
     hoarder = Sandbox.create(name_a, timeout=300, **opts_a)
     try:
-        hoarder.files.write("/tmp/hoard.py", HOARD_PTYS)
-        hoard = hoarder.commands.run("python3 /tmp/hoard.py > /tmp/hoard.out", background=True)
-        deadline = time.time() + 60
-        while not (said := hoarder.commands.run("cat /tmp/hoard.out 2>/dev/null || true").stdout.strip()):
-            assert time.time() < deadline, "the hoarder never ran out of terminals"
-            time.sleep(0.2)
-        count, reason = said.split(" ", 1)
+        hoard, count, reason = _hoard(hoarder, HOARD_PTYS)
 
         other = Sandbox.create(name_b, timeout=120, **opts_b)
         try:
@@ -64,7 +84,43 @@ def test_one_sandbox_holding_every_terminal_it_can_leaves_others_theirs(two_team
             other.kill()
         # The sandbox's own terminal limit stopped it, not the node's (kernel.pty.max less its
         # reserve, which every sandbox shared).
-        assert int(count) <= 256 and "No space left on device" in reason, (count, reason)
+        assert count <= 256 and "No space left on device" in reason, (count, reason)
+        hoard.kill()
+    finally:
+        hoarder.kill()
+
+
+def test_one_sandbox_holding_every_inotify_instance_it_can_leaves_others_their_watches(two_teams):
+    (name_a, opts_a), (name_b, opts_b) = two_teams
+    hoarder = Sandbox.create(name_a, timeout=300, **opts_a)
+    try:
+        hoard, count, reason = _hoard(hoarder, HOARD_INOTIFY)
+        # The sandbox's own pool ran out (fs.inotify.max_user_instances of the user that owns
+        # its user namespace), not the node's.
+        assert reason == "Too many open files" and 0 < count <= 128, (count, reason)
+
+        # The hoarder's own agent is out of instances too: its watch fails, saying why.
+        with pytest.raises(Exception, match="inotify"):
+            hoarder.files.watch_dir("/tmp")
+
+        other = Sandbox.create(name_b, timeout=120, **opts_b)
+        try:
+            other.files.make_dir("/tmp/watched")
+            watch = other.files.watch_dir("/tmp/watched")
+            other.files.write("/tmp/watched/seen.txt", "x")
+            deadline = time.time() + 20
+            names = []
+            while "seen.txt" not in names:
+                assert time.time() < deadline, f"no event for the other team's write: {names}"
+                names += [e.name for e in watch.get_new_events()]
+                time.sleep(0.2)
+            watch.stop()
+            # A second sandbox of the same team has a pool of its own as well.
+            again, again_count, _ = _hoard(other, HOARD_INOTIFY)
+            assert again_count > 0
+            again.kill()
+        finally:
+            other.kill()
         hoard.kill()
     finally:
         hoarder.kill()

@@ -172,6 +172,63 @@ async fn kernel_interfaces_namespaces_and_devices_are_out_of_reach() {
     assert_no_trace(&id);
 }
 
+/// The host uid that owns the user namespace `link` (`user:[inode]`, as `/proc/self/ns/user`
+/// reads inside the sandbox), found through a host process in it.
+fn owner_of_user_namespace(link: &str) -> u32 {
+    use std::os::fd::AsRawFd;
+    let pid = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| {
+            std::fs::read_link(e.path().join("ns/user"))
+                .is_ok_and(|l| l.to_str() == Some(link))
+        })
+        .unwrap_or_else(|| panic!("no host process is in {link}"));
+    let ns = std::fs::File::open(pid.path().join("ns/user")).unwrap();
+    let mut uid: libc::uid_t = u32::MAX;
+    // NS_GET_OWNER_UID, `_IO(0xb7, 0x4)` in <linux/nsfs.h>.
+    // SAFETY: the ioctl writes one uid_t into `uid`.
+    let r = unsafe { libc::ioctl(ns.as_raw_fd(), 0xb704, &mut uid as *mut libc::uid_t) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    uid
+}
+
+/// Each sandbox has a user namespace of its own, owned by a host uid of its own above the id
+/// range, so what the kernel counts per owner (inotify instances and watches, processes) is
+/// each sandbox's own, not host root's pool (ADR 0034). The stock SDK's view of the same is
+/// `tests/e2e/test_sdk_kernel_counters.py`.
+#[tokio::test]
+async fn each_sandbox_has_a_user_namespace_of_its_own_owned_by_nobody_else() {
+    let backend = backend();
+    let base = busybox(&backend).await;
+    let mut a = boot(&backend, spec(base.clone())).await;
+    let mut b = boot(&backend, spec(base)).await;
+    let link = |s: String| s.trim().to_string();
+    let ns_a = link(sh(&mut a, "readlink /proc/self/ns/user").await);
+    let ns_b = link(sh(&mut b, "readlink /proc/self/ns/user").await);
+    assert_ne!(ns_a, ns_b, "two sandboxes share a user namespace");
+    let host = std::fs::read_link("/proc/self/ns/user").unwrap();
+    assert_ne!(Some(ns_a.as_str()), host.to_str());
+
+    let ids = IdRange::default();
+    let owners = ids.first_owner()..ids.first_owner() + 65536;
+    let (owner_a, owner_b) = (owner_of_user_namespace(&ns_a), owner_of_user_namespace(&ns_b));
+    assert!(owners.contains(&owner_a) && owners.contains(&owner_b), "{owner_a} {owner_b}");
+    assert_ne!(owner_a, owner_b);
+
+    // A checkpoint's new sandbox-init joins the same namespace.
+    sh(&mut a, "echo x > /step").await;
+    a.checkpoint().await.unwrap();
+    assert_eq!(link(sh(&mut a, "readlink /proc/self/ns/user").await), ns_a);
+    // The map is the same range in every sandbox: the layer trees hold one set of host ids.
+    assert_eq!(
+        sh(&mut a, "cat /proc/self/uid_map").await,
+        sh(&mut b, "cat /proc/self/uid_map").await
+    );
+    a.destroy().await.unwrap();
+    b.destroy().await.unwrap();
+}
+
 #[tokio::test]
 async fn the_view_from_inside_is_the_same_after_a_checkpoint() {
     let backend = backend();

@@ -78,8 +78,7 @@ pub fn main(mut args: impl Iterator<Item = std::ffi::OsString>) -> u8 {
             }
         }
         Some(HOLD_USER_NAMESPACE) => {
-            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
-            0
+            super::userns::hold(args.next().as_ref().and_then(|a| a.to_str()))
         }
         Some("source-id") => {
             println!("{SOURCE_ID}");

@@ -27,6 +27,7 @@ pub mod firewall;
 pub mod fs_archive;
 pub mod fs_ops;
 pub mod fs_watch;
+pub mod host_slots;
 pub mod init;
 pub mod lifeline;
 pub mod netlink;
@@ -103,8 +104,8 @@ struct Shared {
     layers: LayerCache,
     cgroups: CgroupDriver,
     owner: SandboxOwner,
-    /// The user namespace every sandbox process enters (ids mapped onto `config.ids`).
-    userns: userns::UserNamespace,
+    /// Makes each sandbox's user namespace (ids mapped onto `config.ids`, its own owner).
+    userns: userns::UserNamespaces,
     /// The system-call filter every sandbox process installs, as a BPF program.
     seccomp: Arc<Vec<u8>>,
     /// Sandbox network namespaces, links and the firewall's policy.
@@ -145,7 +146,7 @@ impl NamespaceBackend {
         // Extractions of dead processes, beside their sandboxes; a live one's are locked.
         layers.sweep_leftovers();
         let init_program = init_program(&config.agent_binary);
-        let userns = userns::UserNamespace::create(&init_program, config.ids)?;
+        let userns = userns::UserNamespaces::new(&init_program, config.ids)?;
         let seccomp = Arc::new(seccomp::build()?);
         let networks = network::Networks::start(config.network.clone())?;
         let scratch = scratch::ScratchDisks::open(config.disk, &sandboxes, {
@@ -368,6 +369,17 @@ impl SandboxBackend for NamespaceBackend {
                 return Err(e);
             }
         };
+        let backend = self.clone();
+        let userns = match tokio::task::spawn_blocking(move || backend.shared.userns.create())
+            .await
+            .expect("user namespace task")
+        {
+            Ok(u) => u,
+            Err(e) => {
+                undo(disk);
+                return Err(e);
+            }
+        };
         let cgroup = match self.shared.cgroups.create(&id, &spec.limits) {
             Ok(c) => c,
             Err(e) => {
@@ -386,6 +398,7 @@ impl SandboxBackend for NamespaceBackend {
             generation: 0,
             cgroup: Some(cgroup),
             net: Some(net),
+            userns: Some(userns),
             disk,
             running: None,
             pins: Some(pins),
@@ -431,6 +444,8 @@ pub struct NamespaceSandbox {
     cgroup: Option<SandboxCgroup>,
     /// Its network namespace, kept across checkpoints.
     net: Option<network::SandboxNet>,
+    /// Its user namespace and the owner uid it holds, kept across checkpoints.
+    userns: Option<userns::UserNamespace>,
     /// Where its uppers live, when the node bounds what a sandbox writes.
     disk: Option<scratch::ScratchDisk>,
     running: Option<Running>,
@@ -590,7 +605,11 @@ impl NamespaceSandbox {
         let (control, init_control) = std::os::unix::net::UnixStream::pair()
             .map_err(VmmError::io("creating the control socket"))?;
         let raw_control = init_control.as_raw_fd();
-        let raw_userns = self.shared().userns.as_raw_fd();
+        let raw_userns = self
+            .userns
+            .as_ref()
+            .expect("a live sandbox has a user namespace")
+            .as_raw_fd();
         // After the cgroup join: the new cgroup namespace is rooted at the sandbox's cgroup, so
         // `/proc/self/cgroup` inside reads `/` and names nothing of the host.
         let flags = libc::CLONE_NEWNS
@@ -865,6 +884,7 @@ impl NamespaceSandbox {
         let running = self.running.take();
         let cgroup = self.cgroup.take();
         let net = self.net.take();
+        let userns = self.userns.take();
         let disk = self.disk.take();
         let dir = self.dir.clone();
         let outer = running.as_ref().map(|r| r.outer);
@@ -878,8 +898,10 @@ impl NamespaceSandbox {
                 }
                 c.remove();
             }
-            // After its processes: its link is freed once the namespace is gone.
+            // After its processes: its link is freed once the namespace is gone, and its user
+            // namespace's owner once nothing can count against it any more.
             drop(net);
+            drop(userns);
             match disk {
                 // Unmounting and unlinking the image take about 8 ms, which the destroy does
                 // not wait for: nothing runs in the sandbox any more, and its grant counts until

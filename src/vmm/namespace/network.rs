@@ -11,13 +11,12 @@
 
 use std::fs::File;
 use std::net::Ipv4Addr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use super::firewall::{self, LINK_PREFIX};
+use super::host_slots::{HeldSlot, HostSlots};
 use super::netlink::{self, Netlink, Peer};
 use crate::domain::egress_policy::{EgressMode, EgressPolicy, Ipv4Net};
 use crate::vmm::error::{Result, VmmError};
@@ -241,16 +240,13 @@ fn release(link: Slot) {
     }
 }
 
-/// Host-wide /30 slots of a subnet for links named `<prefix><n>`: one lock file per slot in
-/// a directory every process on the host uses, held while the link exists, taken round-robin
-/// so that a freed address is not reused at once (conntrack entries of the last holder time
-/// out first). A process that dies releases its locks.
+/// Host-wide /30 slots of a subnet for links named `<prefix><n>`, one [`HostSlots`] slot each,
+/// held while the link exists, taken round-robin so that a freed address is not reused at once
+/// (conntrack entries of the last holder time out first).
 pub struct SlotPool {
     subnet: Ipv4Net,
     prefix: &'static str,
-    dir: PathBuf,
-    slots: u32,
-    next: AtomicU32,
+    slots: HostSlots,
 }
 
 /// One slot, locked: its link's name and the two addresses of its /30.
@@ -261,54 +257,47 @@ pub struct Slot {
     /// `.2`, the namespace's `eth0`.
     pub ip: Ipv4Addr,
     pub net: Ipv4Net,
-    _lock: File,
+    _held: HeldSlot,
 }
 
 impl SlotPool {
     pub fn new(subnet: Ipv4Net, prefix: &'static str, dir: &str) -> Result<SlotPool> {
-        let slots = (subnet.size() / 4).min(100_000) as u32;
-        if slots == 0 {
+        let count = (subnet.size() / 4).min(100_000) as u32;
+        if count == 0 {
             return Err(VmmError::Network(format!(
                 "the subnet {subnet} holds no /30; give a /16 or so (STRATA_SANDBOX_SUBNET)"
             )));
         }
-        std::fs::create_dir_all(dir).map_err(VmmError::io(format!("creating {dir}")))?;
+        let slots =
+            HostSlots::new(dir, prefix, 0, count).map_err(VmmError::io(format!("creating {dir}")))?;
         Ok(SlotPool {
             subnet,
             prefix,
-            dir: PathBuf::from(dir),
             slots,
-            next: AtomicU32::new(rand::random::<u32>() % slots),
         })
     }
 
     pub fn take(&self) -> Result<Slot> {
-        for _ in 0..self.slots {
-            let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots;
-            let name = format!("{}{index}", self.prefix);
-            let path = self.dir.join(format!("{name}.lock"));
-            let lock = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .map_err(VmmError::io(format!("opening {}", path.display())))?;
-            // SAFETY: flock on a descriptor we own.
-            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                let base = u32::from(self.subnet.addr()) + index * 4;
-                return Ok(Slot {
-                    name,
-                    host_ip: Ipv4Addr::from(base + 1),
-                    ip: Ipv4Addr::from(base + 2),
-                    net: Ipv4Net::new(Ipv4Addr::from(base), 30).expect("an aligned /30"),
-                    _lock: lock,
-                });
-            }
-        }
-        Err(VmmError::Network(format!(
-            "all {} links of {} are in use; give a larger STRATA_SANDBOX_SUBNET",
-            self.slots, self.subnet
-        )))
+        let held = self
+            .slots
+            .take()
+            .map_err(VmmError::io(format!("locking a slot in {}", self.slots.dir().display())))?
+            .ok_or_else(|| {
+                VmmError::Network(format!(
+                    "all {} links of {} are in use; give a larger STRATA_SANDBOX_SUBNET",
+                    self.slots.count(),
+                    self.subnet
+                ))
+            })?;
+        let index = held.number();
+        let base = u32::from(self.subnet.addr()) + index * 4;
+        Ok(Slot {
+            name: format!("{}{index}", self.prefix),
+            host_ip: Ipv4Addr::from(base + 1),
+            ip: Ipv4Addr::from(base + 2),
+            net: Ipv4Net::new(Ipv4Addr::from(base), 30).expect("an aligned /30"),
+            _held: held,
+        })
     }
 }
 
