@@ -366,6 +366,11 @@ pub struct BuildNodeArgs {
     #[arg(long, env = "STRATA_BUILD_LOG_MAX_BYTES", default_value_t = 64 << 20)]
     pub build_log_max_bytes: u64,
 
+    /// Most lines of command output one build stores: each is a row, so a flood of short lines
+    /// is capped by count as long ones are by bytes.
+    #[arg(long, env = "STRATA_BUILD_LOG_MAX_LINES", default_value_t = 100_000)]
+    pub build_log_max_lines: u64,
+
     /// Most bytes of extracted layers this node keeps in `<data-dir>/layers`; past it, the
     /// least recently used layers no running sandbox mounts are removed (and extracted again
     /// from the blob store when next needed). Unset: unbounded.

@@ -116,7 +116,7 @@ async fn measure(args: &BenchSandboxArgs, backend: &NamespaceBackend) -> anyhow:
         let t = Instant::now();
         let mut sb = backend.boot(spec(base_layers.clone())).await?;
         let booted = t.elapsed();
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let tx = strata::vmm::OutputSink::discard();
         let out = sb.exec(ExecRequest::shell("true"), tx).await?;
         let executed = t.elapsed();
         sb.destroy().await?;
@@ -195,7 +195,7 @@ async fn measure(args: &BenchSandboxArgs, backend: &NamespaceBackend) -> anyhow:
     let mut round_ratios = Vec::new();
     for _ in 0..args.checkpoint_runs.max(1) {
         let mut sb = backend.boot(spec(base_layers.clone())).await?;
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let tx = strata::vmm::OutputSink::discard();
         let out = sb
             .exec(
                 ExecRequest::shell(format!(
@@ -336,7 +336,7 @@ async fn network(
             s.limits.network = network;
             let t = Instant::now();
             let mut sb = backend.boot(s).await?;
-            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let tx = strata::vmm::OutputSink::discard();
             let out = sb.exec(ExecRequest::shell("true"), tx).await?;
             sb.destroy().await?;
             anyhow::ensure!(out.success(), "`true` failed: {out:?}");
@@ -447,7 +447,7 @@ async fn download(
     let mut sb = reaching.boot(spec(base_layers.to_vec())).await?;
     let (mut inside, mut host) = (Vec::new(), Vec::new());
     for _ in 0..3 {
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let tx = strata::vmm::OutputSink::discard();
         let t = Instant::now();
         let out = sb.exec(ExecRequest::shell(fetch.clone()), tx).await?;
         inside.push(t.elapsed());

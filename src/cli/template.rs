@@ -196,7 +196,7 @@ async fn boot_and_exec(
         cwd: None,
         timeout: Some(std::time::Duration::from_secs(timeout_secs)),
     };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = strata::vmm::OutputSink::channel();
     let printer = tokio::spawn(async move {
         while let Some(line) = rx.recv().await {
             let line: OutputLine = line;

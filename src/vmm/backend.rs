@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use tokio::sync::mpsc::UnboundedSender;
 
 use super::archive_policy::ArchivePolicy;
 use super::error::Result;
@@ -154,7 +153,7 @@ pub struct OutputLine {
     pub line: String,
 }
 
-pub type OutputSink = UnboundedSender<OutputLine>;
+pub use super::output::OutputSink;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExecOutcome {

@@ -454,10 +454,11 @@ pub async fn ensure_e2b_base(
     spec.limits = Limits::default();
     spec.context.env = debian.config.env.clone();
     let mut sandbox: Box<dyn Sandbox> = backend.boot(spec).await?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (sink, collecting) = crate::vmm::OutputSink::collect(256 << 10);
     let outcome = sandbox
-        .exec(ExecRequest::shell(e2b_base_script()), tx)
+        .exec(ExecRequest::shell(e2b_base_script()), sink)
         .await;
+    let log = collecting.finish().await;
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
@@ -466,15 +467,11 @@ pub async fn ensure_e2b_base(
         }
     };
     if !outcome.success() {
-        let mut log = Vec::new();
-        while let Ok(l) = rx.try_recv() {
-            log.push(l.line);
-        }
         sandbox.destroy().await?;
         return Err(VmmError::Image(format!(
             "installing {} into {E2B_BASE} failed ({outcome:?}); the node needs network access to its Debian mirror: {}",
             E2B_BASE_PACKAGES.join(" "),
-            log.join("\n")
+            log.joined()
         )));
     }
     let added = sandbox.checkpoint().await?;

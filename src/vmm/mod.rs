@@ -38,6 +38,7 @@ pub(crate) mod layer_tee;
 pub mod local_s3;
 pub mod namespace;
 pub mod object_blob_store;
+pub mod output;
 pub mod process;
 pub mod start_failure;
 pub mod tar_guard;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::domain::build::status::LogLevel;
 use crate::domain::ids::{BuildId, Epoch};
@@ -31,9 +31,23 @@ pub struct LogLine {
 }
 
 enum LogMsg {
-    Line(LogLine),
+    /// A line, with its share of [`IN_FLIGHT_BYTES`] when it is command output.
+    Line(LogLine, Option<OwnedSemaphorePermit>),
     /// Answered once every line sent before it is written (true) or refused (false).
     Flush(oneshot::Sender<bool>),
+}
+
+/// Command output sent to the writer and not yet stored, at most. A line waits for its share,
+/// so a slow database holds the command back (through the worker's bounded output channel to
+/// the sandbox's pipes) instead of queueing the whole budget in memory.
+pub const IN_FLIGHT_BYTES: usize = 4 << 20;
+
+/// What a build may store of its commands' output (`STRATA_BUILD_LOG_MAX_BYTES`,
+/// `STRATA_BUILD_LOG_MAX_LINES`): lines cost a row each, so short lines are capped by count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputLimits {
+    pub bytes: u64,
+    pub lines: u64,
 }
 
 /// The sending side; cheap to clone.
@@ -41,14 +55,20 @@ enum LogMsg {
 pub struct BuildLog {
     tx: mpsc::UnboundedSender<LogMsg>,
     output: Arc<OutputBudget>,
+    in_flight: Arc<Semaphore>,
 }
 
 /// How much command output a build may still store: a chatty RUN (`yes` of long lines) must
 /// not grow the worker's memory or `build_logs` without bound. strata's own lines (step
 /// headers, the failure reason) are not counted and always pass.
 struct OutputBudget {
-    limit: u64,
-    used: AtomicU64,
+    limits: OutputLimits,
+    used_bytes: AtomicU64,
+    used_lines: AtomicU64,
+    dropped_bytes: AtomicU64,
+    dropped_lines: AtomicU64,
+    /// Dropped lines the log has already said, at the last flush.
+    reported_lines: AtomicU64,
     truncated: AtomicBool,
 }
 
@@ -58,35 +78,56 @@ pub struct LogReceiver {
 }
 
 impl BuildLog {
-    /// A log that stores at most `output_limit` bytes of command output.
-    pub fn channel(output_limit: u64) -> (BuildLog, LogReceiver) {
+    /// A log that stores at most `limits` of command output.
+    pub fn channel(limits: OutputLimits) -> (BuildLog, LogReceiver) {
         let (tx, rx) = mpsc::unbounded_channel();
         let output = Arc::new(OutputBudget {
-            limit: output_limit,
-            used: AtomicU64::new(0),
+            limits,
+            used_bytes: AtomicU64::new(0),
+            used_lines: AtomicU64::new(0),
+            dropped_bytes: AtomicU64::new(0),
+            dropped_lines: AtomicU64::new(0),
+            reported_lines: AtomicU64::new(0),
             truncated: AtomicBool::new(false),
         });
-        (BuildLog { tx, output }, LogReceiver { rx })
+        let in_flight = Arc::new(Semaphore::new(IN_FLIGHT_BYTES));
+        (
+            BuildLog {
+                tx,
+                output,
+                in_flight,
+            },
+            LogReceiver { rx },
+        )
     }
 
     fn line(&self, line: LogLine) {
-        let _ = self.tx.send(LogMsg::Line(line));
+        let _ = self.tx.send(LogMsg::Line(line, None));
     }
 
     /// A line of a command's output, stored while the build's output budget lasts; past it,
-    /// one line says so and the rest is dropped (the command runs on).
-    pub fn output(&self, line: LogLine) {
+    /// one line says so and the rest is dropped (the command runs on). Waits while
+    /// [`IN_FLIGHT_BYTES`] of output are on their way to the database.
+    pub async fn output(&self, line: LogLine) {
+        let budget = &self.output;
         let size = line.message.len() as u64 + 1;
-        let used = self.output.used.fetch_add(size, Ordering::Relaxed) + size;
-        if used <= self.output.limit {
-            return self.line(line);
+        let bytes = budget.used_bytes.fetch_add(size, Ordering::Relaxed) + size;
+        let lines = budget.used_lines.fetch_add(1, Ordering::Relaxed) + 1;
+        if bytes <= budget.limits.bytes && lines <= budget.limits.lines {
+            let share = size.min(IN_FLIGHT_BYTES as u64) as u32;
+            let permit = self.in_flight.clone().acquire_many_owned(share).await.ok();
+            let _ = self.tx.send(LogMsg::Line(line, permit));
+            return;
         }
-        if !self.output.truncated.swap(true, Ordering::Relaxed) {
+        budget.dropped_bytes.fetch_add(size, Ordering::Relaxed);
+        budget.dropped_lines.fetch_add(1, Ordering::Relaxed);
+        if !budget.truncated.swap(true, Ordering::Relaxed) {
             self.line(LogLine {
                 message: format!(
-                    "[strata] this build's output passed {} bytes; the rest is not stored \
-                     (STRATA_BUILD_LOG_MAX_BYTES), and its commands run on",
-                    self.output.limit
+                    "[strata] this build's output passed {} bytes or {} lines; the rest is not \
+                     stored (STRATA_BUILD_LOG_MAX_BYTES, STRATA_BUILD_LOG_MAX_LINES), and its \
+                     commands run on",
+                    budget.limits.bytes, budget.limits.lines
                 ),
                 level: LogLevel::Error,
                 ..line
@@ -112,8 +153,19 @@ impl BuildLog {
     }
 
     /// Waits until everything sent so far is stored; false when the attempt was fenced out (or
-    /// the writer is gone).
+    /// the writer is gone). Says first how much output was not stored, if that grew.
     pub async fn flush(&self) -> bool {
+        let budget = &self.output;
+        let dropped = budget.dropped_lines.load(Ordering::Relaxed);
+        if budget.reported_lines.swap(dropped, Ordering::Relaxed) != dropped {
+            self.info(
+                None,
+                format!(
+                    "[strata] {dropped} lines ({} bytes) of this build's output were not stored",
+                    budget.dropped_bytes.load(Ordering::Relaxed)
+                ),
+            );
+        }
         let (tx, rx) = oneshot::channel();
         if self.tx.send(LogMsg::Flush(tx)).is_err() {
             return false;
@@ -122,8 +174,9 @@ impl BuildLog {
     }
 }
 
-/// Lines per insert.
+/// Lines per insert, and bytes: one insert's batch and its copies are what the writer holds.
 const BATCH: usize = 500;
+const BATCH_BYTES: usize = 1 << 20;
 
 /// Writes the build's log lines until every [`BuildLog`] is dropped. Returns how many lines were
 /// stored; stops storing (but keeps draining) once the attempt is fenced out.
@@ -132,14 +185,21 @@ pub async fn write_logs(pool: PgPool, build: BuildId, epoch: Epoch, mut rx: LogR
     let mut stored = 0u64;
     while let Some(first) = rx.rx.recv().await {
         let mut lines = Vec::new();
+        // Released once the batch is stored (or dropped): the senders waiting on them go on.
+        let mut permits = Vec::new();
+        let mut bytes = 0;
         let mut flushes = Vec::new();
         let mut next = Some(first);
         while let Some(msg) = next.take() {
             match msg {
-                LogMsg::Line(l) => lines.push(l),
+                LogMsg::Line(l, permit) => {
+                    bytes += l.message.len();
+                    lines.push(l);
+                    permits.extend(permit);
+                }
                 LogMsg::Flush(f) => flushes.push(f),
             }
-            if lines.len() < BATCH {
+            if lines.len() < BATCH && bytes < BATCH_BYTES {
                 next = rx.rx.try_recv().ok();
             }
         }
@@ -158,6 +218,7 @@ pub async fn write_logs(pool: PgPool, build: BuildId, epoch: Epoch, mut rx: LogR
                 }
             }
         }
+        drop((lines, permits));
         for f in flushes {
             let _ = f.send(!fenced);
         }
@@ -226,23 +287,83 @@ mod tests {
         }
     }
 
-    #[test]
-    fn output_past_the_budget_is_dropped_after_one_notice_and_own_lines_still_pass() {
-        let (log, mut rx) = BuildLog::channel(10);
-        log.output(output("12345")); // 6 bytes with its newline
-        log.output(output("1234")); // 11: past the budget
-        log.output(output("more"));
+    fn drain(rx: &mut LogReceiver) -> Vec<String> {
+        let mut got = Vec::new();
+        while let Ok(msg) = rx.rx.try_recv() {
+            match msg {
+                LogMsg::Line(l, _) => got.push(l.message),
+                LogMsg::Flush(f) => {
+                    let _ = f.send(true);
+                }
+            }
+        }
+        got
+    }
+
+    fn limits(bytes: u64, lines: u64) -> OutputLimits {
+        OutputLimits { bytes, lines }
+    }
+
+    #[tokio::test]
+    async fn output_past_the_budget_is_dropped_after_one_notice_and_own_lines_still_pass() {
+        let (log, mut rx) = BuildLog::channel(limits(10, 100));
+        log.output(output("12345")).await; // 6 bytes with its newline
+        log.output(output("1234")).await; // 11: past the budget
+        log.output(output("more")).await;
         log.info(Some("2"), "[2/2] RUN next");
         drop(log);
-        let mut got = Vec::new();
-        while let Ok(LogMsg::Line(l)) = rx.rx.try_recv() {
-            got.push(l.message);
-        }
+        let got = drain(&mut rx);
         assert_eq!(got.len(), 3, "{got:?}");
         assert_eq!(got[0], "12345");
         assert!(
             got[1].contains("passed 10 bytes") && got[1].contains("STRATA_BUILD_LOG_MAX_BYTES")
         );
         assert_eq!(got[2], "[2/2] RUN next");
+    }
+
+    #[tokio::test]
+    async fn short_lines_are_capped_by_count_and_a_flush_says_how_much_was_dropped() {
+        let (log, mut rx) = BuildLog::channel(limits(1 << 20, 3));
+        for i in 0..10 {
+            log.output(output(&i.to_string())).await;
+        }
+        let flushed = {
+            let log = log.clone();
+            tokio::spawn(async move { log.flush().await })
+        };
+        // The flush waits for the writer; answer it as the writer would.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let got = drain(&mut rx);
+        assert!(flushed.await.unwrap());
+        assert_eq!(&got[..3], ["0", "1", "2"]);
+        assert!(got[3].contains("or 3 lines"), "{got:?}");
+        assert_eq!(got[4], "[strata] 7 lines (14 bytes) of this build's output were not stored");
+        assert_eq!(got.len(), 5, "{got:?}");
+        // Nothing new was dropped: the next flush says nothing more.
+        let again = tokio::spawn(async move { log.flush().await });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(drain(&mut rx).is_empty());
+        assert!(again.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn output_waits_while_its_bytes_in_flight_are_not_yet_stored() {
+        let (log, mut rx) = BuildLog::channel(limits(1 << 30, 1 << 20));
+        let line = "x".repeat(64 << 10);
+        // 4 MiB in flight is 63 lines of 64 KiB and their newlines; the 64th waits.
+        for _ in 0..63 {
+            log.output(output(&line)).await;
+        }
+        let waiting = tokio::time::timeout(
+            std::time::Duration::from_millis(100),
+            log.output(output(&line)),
+        )
+        .await;
+        assert!(waiting.is_err(), "the 64th line did not wait for room");
+        // The writer stores (drops) what it holds: room again.
+        assert_eq!(drain(&mut rx).len(), 63);
+        tokio::time::timeout(std::time::Duration::from_secs(5), log.output(output(&line)))
+            .await
+            .expect("a line goes once earlier ones are stored");
     }
 }

@@ -42,9 +42,13 @@ use crate::domain::start::{self, StartCommands};
 use crate::vmm::image::ImageCatalog;
 use crate::vmm::start_failure::StartFailure;
 use crate::vmm::{
-    BlobStore, BootSpec, CommandLine, CopyRequest, ExecOutcome, ExecRequest, Limits, OutputLine,
+    BlobStore, BootSpec, CommandLine, CopyRequest, ExecOutcome, ExecRequest, Limits, OutputSink,
     OutputStream, Sandbox, SandboxBackend, VmmError,
 };
+
+/// Most output an ENV or WORKDIR value's evaluation may write: the value is held in memory and
+/// recorded in the template.
+const ENV_VALUE_MAX_BYTES: usize = 1 << 20;
 
 /// A build that failed: where, and the message the SDK raises.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -515,8 +519,9 @@ impl Executor<'_> {
         start: usize,
     ) -> Result<BuildOutput, Stop> {
         let probe = ExecRequest::shell("[ -x /bin/bash ]").user("root");
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let outcome = self.guarded(run.sandbox.exec(probe, tx)).await?;
+        let outcome = self
+            .guarded(run.sandbox.exec(probe, OutputSink::discard()))
+            .await?;
         run.has_bash = outcome
             .map_err(|e| {
                 fail(
@@ -876,22 +881,22 @@ impl Executor<'_> {
         let request = ExecRequest::shell(shell::env_eval_command(value))
             .user(user.to_owned())
             .cwd("/");
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (sink, collecting) = OutputSink::collect(ENV_VALUE_MAX_BYTES);
         let outcome = self
-            .guarded(run.sandbox.exec(request, tx))
+            .guarded(run.sandbox.exec(request, sink))
             .await
             .map_err(EnvError::Stop)?;
-        let mut out = Vec::new();
-        let mut err = Vec::new();
-        while let Some(l) = rx.recv().await {
-            match l.stream {
-                OutputStream::Stdout => out.push(l.line),
-                OutputStream::Stderr => err.push(l.line),
-            }
-        }
+        let output = collecting.finish().await;
         match outcome {
-            Ok(o) if o.success() => Ok(out.join("\n")),
-            Ok(o) => Err(EnvError::Message(format!("{o:?}: {}", err.join(" ")))),
+            Ok(_) if output.dropped_lines > 0 => Err(EnvError::Message(format!(
+                "the value and its messages are longer than {} KiB; a value this long belongs in a file",
+                ENV_VALUE_MAX_BYTES >> 10
+            ))),
+            Ok(o) if o.success() => Ok(output.lines_of(OutputStream::Stdout).join("\n")),
+            Ok(o) => Err(EnvError::Message(format!(
+                "{o:?}: {}",
+                output.lines_of(OutputStream::Stderr).join(" ")
+            ))),
             Err(e) => Err(EnvError::Message(e.to_string())),
         }
     }
@@ -904,7 +909,7 @@ impl Executor<'_> {
         request: ExecRequest,
         step: &str,
     ) -> Result<(Result<ExecOutcome, VmmError>, Option<String>), Stop> {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<OutputLine>();
+        let (sink, mut rx) = OutputSink::channel();
         let log = self.log.clone();
         let step = step.to_owned();
         let forward = tokio::spawn(async move {
@@ -924,11 +929,12 @@ impl Executor<'_> {
                     level,
                     message: l.line,
                     step: Some(step.clone()),
-                });
+                })
+                .await;
             }
             last_err
         });
-        let outcome = match self.guarded(run.sandbox.exec(request, tx)).await {
+        let outcome = match self.guarded(run.sandbox.exec(request, sink)).await {
             Ok(outcome) => outcome,
             // Abandoned: the command's output pumps end only when the sandbox is destroyed,
             // which must not wait for them.

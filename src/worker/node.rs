@@ -281,7 +281,7 @@ impl Worker {
 
     /// Runs one acquired attempt to a terminal state, or abandons it.
     pub async fn run_attempt(&self, attempt: Attempt, cancel: CancellationToken) {
-        let (log, rx) = BuildLog::channel(self.settings.build_log_max_bytes);
+        let (log, rx) = BuildLog::channel(self.settings.build_log_limits());
         let writer = tokio::spawn(write_logs(
             self.store.pool().clone(),
             attempt.build,

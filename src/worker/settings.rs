@@ -33,6 +33,8 @@ pub struct WorkerSettings {
     pub step_timeout: Duration,
     /// Most bytes of command output stored per build (`STRATA_BUILD_LOG_MAX_BYTES`).
     pub build_log_max_bytes: u64,
+    /// Most lines of command output stored per build (`STRATA_BUILD_LOG_MAX_LINES`).
+    pub build_log_max_lines: u64,
     /// How often the queue is polled when no NOTIFY arrives.
     pub poll_interval: Duration,
     /// The sandbox stack's depth limit. Builds plan their checkpoints within it: steps past the
@@ -80,6 +82,7 @@ impl WorkerSettings {
             ready_timeout: Duration::from_secs(120),
             step_timeout: Duration::from_secs(3600),
             build_log_max_bytes: 64 << 20,
+            build_log_max_lines: 100_000,
             poll_interval: Duration::from_secs(2),
             depth: Default::default(),
             registry: Default::default(),
@@ -105,6 +108,14 @@ impl WorkerSettings {
     pub fn residency_ttl(&self) -> Duration {
         self.residency_heartbeat * 3
     }
+
+    /// What one build stores of its commands' output.
+    pub fn build_log_limits(&self) -> crate::worker::build_log::OutputLimits {
+        crate::worker::build_log::OutputLimits {
+            bytes: self.build_log_max_bytes,
+            lines: self.build_log_max_lines,
+        }
+    }
 }
 
 impl WorkerSettings {
@@ -121,6 +132,7 @@ impl WorkerSettings {
         s.ready_timeout = Duration::from_secs(args.ready_timeout_secs);
         s.step_timeout = Duration::from_secs(args.step_timeout_secs);
         s.build_log_max_bytes = args.build_log_max_bytes;
+        s.build_log_max_lines = args.build_log_max_lines;
         s.poll_interval = Duration::from_millis(args.queue_poll_ms.max(50));
         s.layer_cache_bytes = args.layer_cache_bytes;
         s.placement_wait = Duration::from_millis(args.placement_wait_ms);

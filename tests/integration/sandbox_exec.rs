@@ -104,7 +104,7 @@ async fn commands_run_as_the_requested_user_with_env_and_cwd() {
     let err = sb
         .exec(
             ExecRequest::shell("true").user("nobody-here"),
-            tokio::sync::mpsc::unbounded_channel().0,
+            strata::vmm::OutputSink::discard(),
         )
         .await
         .unwrap_err();
@@ -119,7 +119,7 @@ async fn commands_run_as_the_requested_user_with_env_and_cwd() {
     let err = sb
         .exec(
             ExecRequest::shell("true").cwd("/no/such/dir"),
-            tokio::sync::mpsc::unbounded_channel().0,
+            strata::vmm::OutputSink::discard(),
         )
         .await
         .unwrap_err();

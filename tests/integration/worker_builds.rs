@@ -1065,6 +1065,100 @@ async fn a_chatty_step_stores_at_most_the_output_budget_and_says_so() {
     fx.stop().await;
 }
 
+/// This process's peak resident memory since the last [`reset_peak_rss`], in bytes.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .expect("VmHWM in /proc/self/status");
+    kib << 10
+}
+
+/// Starts a new peak: `5` to `clear_refs` sets VmHWM to the current RSS (proc(5)).
+fn reset_peak_rss() {
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+}
+
+/// Issue 46: a `yes` of 60 KB lines grew the server's resident memory by 189 MiB: output
+/// queued without bound between the sandbox's pipes, the worker and the log writer whenever
+/// the database took longer to store it than the command took to write it. Here the database
+/// is made slow for real: the test locks `build_logs` against inserts for 8 s while the RUN
+/// writes 300 MB of long lines. Every hop is bounded now and waits for the next (the command
+/// waits in its write), so the node's memory grows by a bounded amount; the old code queued
+/// the whole 64 MiB budget (157 MiB of growth measured here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_step_that_writes_long_lines_while_the_database_is_slow_holds_bounded_memory() {
+    let mut fx = Fixture::new(settings()).await;
+    // Warm up: the first build pays for the base, the pools and the allocator's arenas.
+    let (_, warm) = fx
+        .build(
+            "rss-warm",
+            &[],
+            json!({"fromImage": "busybox", "force": true, "steps": [step("RUN", &["yes | head -c 1000000"])]}),
+        )
+        .await;
+    assert_ready(&warm);
+    reset_peak_rss();
+    let before = peak_rss();
+    let build = fx
+        .start_build(
+            "rss",
+            &[],
+            json!({
+                "fromImage": "busybox",
+                "force": true,
+                "steps": [step("RUN", &["yes \"$(head -c 60000 /dev/zero | tr '\\0' a)\" | head -c 300000000"])],
+            }),
+        )
+        .await;
+    // Once the RUN's output is being stored, the database stalls for 8 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let started: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM build_logs WHERE build_id = $1 AND step = '1' AND message LIKE 'aaaa%')",
+        )
+        .bind(build.as_uuid())
+        .fetch_one(&fx.db.pool)
+        .await
+        .unwrap();
+        if started {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the RUN never wrote");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut stall = fx.db.pool.begin().await.unwrap();
+    // SHARE conflicts with the log writer's insert and nothing else the build does.
+    sqlx::query("LOCK TABLE build_logs IN SHARE MODE")
+        .execute(&mut *stall)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    stall.commit().await.unwrap();
+    let state = fx.wait_terminal(build).await;
+    let grown = peak_rss().saturating_sub(before);
+    eprintln!("peak resident memory grew by {} MiB", grown >> 20);
+    assert_ready(&state);
+    assert!(
+        grown < 48 << 20,
+        "the node's peak resident memory grew by {} MiB while one RUN wrote 300 MB",
+        grown >> 20
+    );
+    // What was stored is the budget.
+    let stored: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(SUM(length(message) + 1), 0)::bigint FROM build_logs
+         WHERE build_id = $1 AND step = '1' AND message NOT LIKE '[strata]%'",
+    )
+    .bind(build.as_uuid())
+    .fetch_one(&fx.db.pool)
+    .await
+    .unwrap();
+    assert!(stored <= 64 << 20 && stored > 60 << 20, "{stored} bytes stored");
+    fx.stop().await;
+}
+
 /// Issue: a RUN that writes without end filled the node's data disk, which under `strata up`
 /// also holds Postgres. Now the step fills only its own sandbox's disk and the build fails at
 /// that step saying which limit it hit (ADR 0023).

@@ -428,6 +428,9 @@ struct Running {
     pid1: i32,
 }
 
+/// Output a host-side step (a COPY, a user's creation) keeps for its error message.
+const ERROR_OUTPUT_BYTES: usize = 64 << 10;
+
 /// Entries a usage walk of a writable layer reads at most.
 const USAGE_WALK_ENTRIES: usize = 100_000;
 
@@ -489,35 +492,43 @@ fn kill_sandbox(cgroup: &SandboxCgroup, outer: i32) {
     cgroup.kill_all();
 }
 
-/// Splits a stream into lines (at most 64 KiB each) and sends them with a timestamp.
+/// Splits a stream into lines (at most 64 KiB each) and sends them with a timestamp. Waits for
+/// room in `sink` before it reads on, so a command writes no faster than its output is taken;
+/// once nobody reads, the rest is read and dropped (the command is never stuck on its pipe).
 async fn pump(mut reader: impl AsyncRead + Unpin, stream: OutputStream, sink: OutputSink) {
     const MAX: usize = 64 * 1024;
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 16 * 1024];
+    let mut reading = true;
     let send = |bytes: &[u8]| {
-        let _ = sink.send(OutputLine {
+        sink.send(OutputLine {
             stream,
             at: crate::clock::local_now(),
             line: String::from_utf8_lossy(bytes).into_owned(),
-        });
+        })
     };
     loop {
         let n = match reader.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if !reading {
+            continue;
+        }
         pending.extend_from_slice(&buf[..n]);
-        while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
-            send(&pending[..pos]);
-            pending.drain(..=pos);
+        let mut start = 0;
+        while let Some(pos) = pending[start..].iter().position(|b| *b == b'\n') {
+            reading = reading && send(&pending[start..start + pos]).await;
+            start += pos + 1;
         }
-        while pending.len() >= MAX {
-            send(&pending[..MAX]);
-            pending.drain(..MAX);
+        while pending.len() - start >= MAX {
+            reading = reading && send(&pending[start..start + MAX]).await;
+            start += MAX;
         }
+        pending.drain(..start);
     }
-    if !pending.is_empty() {
-        send(&pending);
+    if reading && !pending.is_empty() {
+        send(&pending).await;
     }
 }
 
@@ -1067,19 +1078,16 @@ impl Sandbox for NamespaceSandbox {
             policy: request.policy,
             owns_created_dest: request.owns_created_dest,
         };
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (sink, collecting) = OutputSink::collect(ERROR_OUTPUT_BYTES);
         let (status, timed_out) = self
             .run_agent(
                 AgentRequest::Copy(spec),
                 Some(archive),
                 self.limits.timeout,
-                tx,
+                sink,
             )
             .await?;
-        let mut log = Vec::new();
-        while let Ok(l) = rx.try_recv() {
-            log.push(l.line);
-        }
+        let log = collecting.finish().await;
         match (status, timed_out) {
             (_, true) => Err(VmmError::Copy("timed out".into())),
             (AgentStatus::Exit(0), _) => Ok(()),
@@ -1091,13 +1099,13 @@ impl Sandbox for NamespaceSandbox {
                     AgentStatus::Signal(s) => format!("signal {s}"),
                     _ => "killed".into(),
                 },
-                log.join("\n")
+                log.joined()
             ))),
         }
     }
 
     async fn ensure_user(&mut self, name: &str, sudo: bool) -> Result<()> {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (sink, collecting) = OutputSink::collect(ERROR_OUTPUT_BYTES);
         let (status, _) = self
             .run_agent(
                 AgentRequest::EnsureUser {
@@ -1106,18 +1114,15 @@ impl Sandbox for NamespaceSandbox {
                 },
                 None,
                 self.limits.timeout,
-                tx,
+                sink,
             )
             .await?;
+        let log = collecting.finish().await;
         match status {
             AgentStatus::Exit(0) => Ok(()),
             AgentStatus::Error(m) => Err(VmmError::User(m)),
             _ => {
-                let mut log = Vec::new();
-                while let Ok(l) = rx.try_recv() {
-                    log.push(l.line);
-                }
-                Err(VmmError::User(log.join("\n")))
+                Err(VmmError::User(log.joined()))
             }
         }
     }

@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use strata::domain::ids::Digest;
 use strata::vmm::image;
 use strata::vmm::{
+    OutputSink,
     BootSpec, ExecOutcome, ExecRequest, NamespaceBackend, NamespaceConfig, Network, OutputLine,
     OutputStream, Sandbox, SandboxBackend,
 };
@@ -150,24 +151,14 @@ pub struct Output {
 }
 
 pub async fn exec(sb: &mut Box<dyn Sandbox>, request: ExecRequest) -> Output {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let outcome = sb.exec(request, tx).await.expect("exec");
-    let mut lines = Vec::new();
-    while let Ok(l) = rx.try_recv() {
-        lines.push(l);
-    }
-    let pick = |s: OutputStream| {
-        lines
-            .iter()
-            .filter(|l| l.stream == s)
-            .map(|l| format!("{}\n", l.line))
-            .collect::<String>()
-    };
+    let (sink, collecting) = OutputSink::collect(64 << 20);
+    let outcome = sb.exec(request, sink).await.expect("exec");
+    let output = collecting.finish().await;
     Output {
         outcome,
-        stdout: pick(OutputStream::Stdout),
-        stderr: pick(OutputStream::Stderr),
-        lines,
+        stdout: output.text(OutputStream::Stdout),
+        stderr: output.text(OutputStream::Stderr),
+        lines: output.lines,
     }
 }
 
