@@ -25,6 +25,8 @@ pub struct LiveSandbox {
     /// `/envs`: the create call's `envVars`.
     pub env_vars: BTreeMap<String, String>,
     pub processes: Arc<Table>,
+    /// Its open streams, against [`super::budget::MAX_STREAMS`].
+    pub streams: super::budget::StreamBudget,
     /// Kept directory watches (`CreateWatcher`); their agents end with them.
     pub watchers: super::watches::Watchers,
 }
@@ -44,6 +46,7 @@ impl LiveSandbox {
             default_user,
             env_vars,
             processes: Arc::new(Table::default()),
+            streams: Default::default(),
             watchers: super::watches::Watchers::default(),
         }
     }

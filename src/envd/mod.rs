@@ -8,9 +8,11 @@
 //! * [`agent`]: the sandboxes a node's agent answers for; [`server`]: its routes and the
 //!   `process.Process` service; [`files`]: `/files` and `filesystem.Filesystem`;
 //!   [`processes`]: the processes it started, by pid; [`watches`]: directory watches
-//!   (ADR 0028); [`metrics`]: what a sandbox uses now.
+//!   (ADR 0028); [`metrics`]: what a sandbox uses now; [`budget`]: what one sandbox's
+//!   clients can make the node hold.
 
 pub mod agent;
+pub mod budget;
 pub mod connect;
 pub mod files;
 pub mod messages;

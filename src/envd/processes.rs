@@ -2,24 +2,28 @@
 //! `SendInput` and `Connect` address.
 //!
 //! Each process has one pump task: it reads stdout and stderr (in chunks of at most 32 KiB, as
-//! envd sends them) and, once the process ended, its end; everything goes out on a broadcast
-//! channel to the streams that watch it. A stream that closes (the client went away) stops
-//! watching; the process runs on, as envd's do. The end is also kept, so a late `Connect` sees
-//! it.
+//! envd sends them) and hands each chunk to the streams that follow it ([`Fanout`]), each
+//! through a queue of [`STREAM_QUEUE`] chunks. A stream whose client keeps up holds its process
+//! back (the process waits in its write, as on a terminal); one whose client has not taken a
+//! chunk for [`SLOW_READER`] misses output until its queue has room again, so a client that
+//! never reads costs the node its queue and no more (issue 46: each process kept 8 MiB for such
+//! a client). A stream that closes (the client went away) stops following; the process runs
+//! on, as envd's do. The end is kept, so every stream, and a late `Connect`, sees it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{mpsc, watch};
 
+use super::budget::STREAM_QUEUE;
 use super::messages::{EndEvent, ProcessConfig, ProcessEvent};
 use crate::vmm::process::{AgentEnd, AgentIo};
 
-/// Output chunks a slow watcher may fall behind by before it misses some (8 MiB at most).
-const WATCH_BUFFER: usize = 256;
 const CHUNK: usize = 32 * 1024;
+/// How long a stream's full queue holds its process back before the stream misses output.
+pub const SLOW_READER: Duration = Duration::from_secs(2);
 /// How long output still in the pipes is read after the process ended: a command that left a
 /// background child holding its stdout must still end.
 const DRAIN_AFTER_END: Duration = Duration::from_millis(200);
@@ -30,19 +34,35 @@ pub struct Process {
     /// On a terminal: output is `pty` data, input and resizes go framed to the relay.
     pub pty: bool,
     stdin: tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>,
-    events: broadcast::Sender<ProcessEvent>,
+    output: Fanout,
     end: watch::Sender<Option<EndEvent>>,
+}
+
+/// A stream's view of its process: output from when it began to follow, then the end.
+pub struct Following {
+    output: mpsc::Receiver<ProcessEvent>,
+    end: watch::Receiver<Option<EndEvent>>,
+}
+
+impl Following {
+    /// The next output chunk, or the end once every chunk queued for this stream is taken.
+    /// `None` only if the process was dropped without an end (its sandbox went).
+    pub async fn next(&mut self) -> Option<ProcessEvent> {
+        if let Some(chunk) = self.output.recv().await {
+            return Some(chunk);
+        }
+        let end = self.end.borrow().clone();
+        end.map(ProcessEvent::end)
+    }
 }
 
 impl Process {
     /// Output and the end from now on.
-    pub fn watch(
-        &self,
-    ) -> (
-        broadcast::Receiver<ProcessEvent>,
-        watch::Receiver<Option<EndEvent>>,
-    ) {
-        (self.events.subscribe(), self.end.subscribe())
+    pub fn follow(&self) -> Following {
+        Following {
+            output: self.output.subscribe(),
+            end: self.end.subscribe(),
+        }
     }
 
     pub fn has_ended(&self) -> bool {
@@ -122,26 +142,35 @@ impl Table {
         all
     }
 
-    /// Registers a started process and starts its pump. Watchers subscribe through the
-    /// returned handle before any output is read, so a caller that watches at once misses
-    /// nothing.
+    /// How many are running.
+    pub fn running(&self) -> usize {
+        self.processes
+            .lock()
+            .expect("process table")
+            .values()
+            .filter(|p| !p.has_ended())
+            .count()
+    }
+
+    /// Registers a started process and starts its pump. The caller follows it through the
+    /// returned [`Following`], made before any output is read, so it misses nothing.
     pub fn adopt(
         self: &Arc<Self>,
         pid: u32,
         config: ProcessConfig,
         pty: bool,
         mut io: AgentIo,
-    ) -> (Arc<Process>, broadcast::Receiver<ProcessEvent>) {
-        let (events, first) = broadcast::channel(WATCH_BUFFER);
+    ) -> (Arc<Process>, Following) {
         let (end, _) = watch::channel(None);
         let process = Arc::new(Process {
             pid,
             config,
             pty,
             stdin: tokio::sync::Mutex::new(io.stdin.take()),
-            events,
+            output: Fanout::default(),
             end,
         });
+        let first = process.follow();
         self.processes
             .lock()
             .expect("process table")
@@ -160,8 +189,8 @@ impl Table {
             } else {
                 ProcessEvent::stdout
             };
-            let out = tokio::spawn(pump(stdout, pumped.events.clone(), as_output));
-            let err = tokio::spawn(pump(stderr, pumped.events.clone(), ProcessEvent::stderr));
+            let out = tokio::spawn(pump(stdout, pumped.clone(), as_output));
+            let err = tokio::spawn(pump(stderr, pumped.clone(), ProcessEvent::stderr));
             let ended = status.ended().await;
             let (out_abort, err_abort) = (out.abort_handle(), err.abort_handle());
             if tokio::time::timeout(DRAIN_AFTER_END, async {
@@ -174,9 +203,9 @@ impl Table {
                 out_abort.abort();
                 err_abort.abort();
             }
-            let end = end_event(&ended);
-            let _ = pumped.events.send(ProcessEvent::end(end.clone()));
-            pumped.end.send_replace(Some(end));
+            // The end first: a stream whose queue then runs dry finds it there.
+            pumped.end.send_replace(Some(end_event(&ended)));
+            pumped.output.close();
             pumped.stdin.lock().await.take();
             if let Some(table) = table.upgrade() {
                 table
@@ -192,17 +221,94 @@ impl Table {
 
 async fn pump(
     mut pipe: tokio::net::unix::pipe::Receiver,
-    events: broadcast::Sender<ProcessEvent>,
+    process: Arc<Process>,
     event: fn(Vec<u8>) -> ProcessEvent,
 ) {
     let mut buf = vec![0u8; CHUNK];
     loop {
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let _ = events.send(event(buf[..n].to_vec()));
+            Ok(n) => process.output.send(event(buf[..n].to_vec())).await,
+        }
+    }
+}
+
+/// A process's output on its way to the streams that follow it, one bounded queue each.
+struct Fanout {
+    /// `None` once the process ended: a stream that begins then finds only the end.
+    streams: Mutex<Option<Vec<Stream>>>,
+}
+
+impl Default for Fanout {
+    fn default() -> Self {
+        Fanout {
+            streams: Mutex::new(Some(Vec::new())),
+        }
+    }
+}
+
+struct Stream {
+    queue: mpsc::Sender<ProcessEvent>,
+    /// Its client took nothing for [`SLOW_READER`]: it misses chunks (instead of holding the
+    /// process back) until its queue has room again.
+    behind: bool,
+}
+
+impl Fanout {
+    fn subscribe(&self) -> mpsc::Receiver<ProcessEvent> {
+        let (queue, rx) = mpsc::channel(STREAM_QUEUE);
+        if let Some(streams) = self.streams.lock().expect("fanout").as_mut() {
+            streams.push(Stream {
+                queue,
+                behind: false,
+            });
+        }
+        rx
+    }
+
+    /// Hands `chunk` to every stream: waits for room in the queue of each that keeps up, for
+    /// [`SLOW_READER`] at most, and gives none to one that is behind and still full.
+    async fn send(&self, chunk: ProcessEvent) {
+        let streams: Vec<(mpsc::Sender<ProcessEvent>, bool)> = self
+            .streams
+            .lock()
+            .expect("fanout")
+            .iter()
+            .flatten()
+            .map(|s| (s.queue.clone(), s.behind))
+            .collect();
+        for (queue, behind) in streams {
+            let outcome = match queue.try_send(chunk.clone()) {
+                Ok(()) => Some(false),
+                Err(mpsc::error::TrySendError::Closed(_)) => None,
+                Err(mpsc::error::TrySendError::Full(_)) if behind => Some(true),
+                Err(mpsc::error::TrySendError::Full(chunk)) => {
+                    match tokio::time::timeout(SLOW_READER, queue.send(chunk)).await {
+                        Ok(Ok(())) => Some(false),
+                        Ok(Err(_)) => None,
+                        Err(_) => Some(true),
+                    }
+                }
+            };
+            let mut streams = self.streams.lock().expect("fanout");
+            let Some(streams) = streams.as_mut() else {
+                return;
+            };
+            match outcome {
+                // The client went: it follows no more.
+                None => streams.retain(|s| !s.queue.same_channel(&queue)),
+                Some(now_behind) => {
+                    if let Some(s) = streams.iter_mut().find(|s| s.queue.same_channel(&queue)) {
+                        s.behind = now_behind;
+                    }
+                }
             }
         }
+    }
+
+    /// No more output: each stream takes what is queued, then the end.
+    fn close(&self) {
+        self.streams.lock().expect("fanout").take();
     }
 }
 
@@ -227,5 +333,67 @@ fn signal_name(signal: i32) -> &'static str {
         libc::SIGABRT => "aborted",
         libc::SIGPIPE => "broken pipe",
         _ => "signal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(n: u8) -> ProcessEvent {
+        ProcessEvent::stdout(vec![n])
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_reads_gets_every_chunk_and_holds_the_process_back_meanwhile() {
+        let fanout = Arc::new(Fanout::default());
+        let mut rx = fanout.subscribe();
+        let sender = {
+            let fanout = fanout.clone();
+            tokio::spawn(async move {
+                for n in 0..20u8 {
+                    fanout.send(chunk(n)).await;
+                }
+                fanout.close();
+            })
+        };
+        let mut got = Vec::new();
+        while let Some(event) = rx.recv().await {
+            got.push(event);
+            // A slow reader, but never SLOW_READER slow.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        sender.await.unwrap();
+        let want: Vec<_> = (0..20u8).map(chunk).collect();
+        assert_eq!(format!("{got:?}"), format!("{want:?}"));
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_client_does_not_read_misses_output_and_costs_only_its_queue() {
+        let fanout = Fanout::default();
+        let mut idle = fanout.subscribe();
+        let mut reading = fanout.subscribe();
+        let started = tokio::time::Instant::now();
+        let reader = tokio::spawn(async move {
+            let mut n = 0;
+            while reading.recv().await.is_some() {
+                n += 1;
+            }
+            n
+        });
+        for n in 0..100u8 {
+            fanout.send(chunk(n)).await;
+        }
+        fanout.close();
+        // The idle stream held the process back once, for SLOW_READER, then fell behind.
+        assert!(started.elapsed() < SLOW_READER * 2, "{:?}", started.elapsed());
+        assert_eq!(reader.await.unwrap(), 100, "the reading stream missed output");
+        let mut kept = Vec::new();
+        while let Some(event) = idle.recv().await {
+            kept.push(event);
+        }
+        assert_eq!(kept.len(), STREAM_QUEUE, "the idle stream's queue is all it held");
+        // A stream that begins after the end finds only the end.
+        assert!(fanout.subscribe().recv().await.is_none());
     }
 }

@@ -201,6 +201,10 @@ async fn start_process(
         (terminal_side(size.cols), terminal_side(size.rows))
     });
     let user = user_of(headers, &sandbox)?;
+    let stream = sandbox.streams.open()?;
+    if sandbox.processes.running() >= super::budget::MAX_PROCESSES {
+        return Err(super::budget::too_many_processes());
+    }
     let config = request.process.clone();
     let mut argv = vec![config.cmd.clone()];
     argv.extend(config.args.iter().cloned());
@@ -214,7 +218,7 @@ async fn start_process(
     };
     let mut io = sandbox.with(|s| s.spawn(spawn)).map_err(vmm_error)?;
     let pid = io.status.started().await.map_err(|end| start_error(&end))?;
-    let (process, events) = sandbox.processes.adopt(pid, config, pty.is_some(), io);
+    let (process, following) = sandbox.processes.adopt(pid, config, pty.is_some(), io);
     if let Some(lifetime) = connect::timeout_of(headers) {
         // envd: the request's timeout is the process's lifetime.
         // Weak: a sandbox that ends first is not kept for the rest of the lifetime.
@@ -233,37 +237,37 @@ async fn start_process(
     }
     let keepalive = keepalive_interval(headers);
     Ok(connect::stream_response(Body::from_stream(process_stream(
-        pid, keepalive, events,
+        pid, keepalive, following, stream,
     ))))
 }
 
 /// The Start stream: `start`, then output and keepalives as they come, then `end` and the
-/// end-stream envelope. A missed stretch (the client read too slowly) is skipped, not fatal.
+/// end-stream envelope. A stretch the client was too slow for is missed, not fatal. `place`
+/// is the stream's place in its sandbox's budget, given back when the stream ends or its
+/// client goes.
 fn process_stream(
     pid: u32,
     keepalive: Duration,
-    events: tokio::sync::broadcast::Receiver<ProcessEvent>,
+    following: super::processes::Following,
+    place: tokio::sync::OwnedSemaphorePermit,
 ) -> impl futures::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> {
-    use tokio::sync::broadcast::error::RecvError;
     let first = futures::stream::once(async move { connect::message(&ProcessEvent::start(pid)) });
-    let rest = futures::stream::unfold(Some(events), move |events| async move {
-        let mut events = events?;
-        loop {
-            match tokio::time::timeout(keepalive, events.recv()).await {
-                Err(_) => {
-                    return Some((connect::message(&ProcessEvent::keepalive()), Some(events)))
-                }
-                Ok(Ok(event)) => {
-                    if !event.is_end() {
-                        return Some((connect::message(&event), Some(events)));
-                    }
-                    let mut bytes = connect::message(&event).to_vec();
-                    bytes.extend_from_slice(&connect::end_stream_ok());
-                    return Some((bytes::Bytes::from(bytes), None));
-                }
-                Ok(Err(RecvError::Lagged(_))) => continue,
-                Ok(Err(RecvError::Closed)) => return Some((connect::end_stream_ok(), None)),
+    let rest = futures::stream::unfold(Some((following, place)), move |state| async move {
+        let (mut following, place) = state?;
+        match tokio::time::timeout(keepalive, following.next()).await {
+            Err(_) => Some((
+                connect::message(&ProcessEvent::keepalive()),
+                Some((following, place)),
+            )),
+            Ok(Some(event)) if !event.is_end() => {
+                Some((connect::message(&event), Some((following, place))))
             }
+            Ok(Some(end)) => {
+                let mut bytes = connect::message(&end).to_vec();
+                bytes.extend_from_slice(&connect::end_stream_ok());
+                Some((bytes::Bytes::from(bytes), None))
+            }
+            Ok(None) => Some((connect::end_stream_ok(), None)),
         }
     });
     first.chain(rest).map(Ok)
@@ -278,11 +282,12 @@ async fn connect_process(
     let result = async {
         let request: ConnectRequest = connect::read_single_message(body).await?;
         let process = process_of(&sandbox, &request.process)?;
-        let (events, _) = process.watch();
+        let place = sandbox.streams.open()?;
         Ok(connect::stream_response(Body::from_stream(process_stream(
             process.pid,
             keepalive_interval(&headers),
-            events,
+            process.follow(),
+            place,
         ))))
     }
     .await;

@@ -117,7 +117,9 @@ pub async fn watch_dir(
 ) -> Response {
     let opened = async {
         let request: WatchDirRequest = connect::read_single_message(body).await?;
-        start(&sandbox, &headers, request).await
+        // The stream's place in the sandbox's budget, held for as long as it is open.
+        let place = sandbox.streams.open()?;
+        Ok::<_, ConnectError>((start(&sandbox, &headers, request).await?, place))
     }
     .await;
     let running = match opened {
@@ -128,15 +130,15 @@ pub async fn watch_dir(
     let first =
         futures::stream::once(async { connect::message(&WatchDirResponse::Start(Empty {})) });
     let rest = futures::stream::unfold(Some(running), move |running| async move {
-        let mut running = running?;
+        let (mut running, place) = running?;
         match tokio::time::timeout(keepalive, running.next()).await {
             Err(_) => Some((
                 connect::message(&WatchDirResponse::Keepalive(Empty {})),
-                Some(running),
+                Some((running, place)),
             )),
             Ok(Some(event)) => Some((
                 connect::message(&WatchDirResponse::Filesystem(event)),
-                Some(running),
+                Some((running, place)),
             )),
             Ok(None) => Some((connect::end_stream_ok(), None)),
         }
