@@ -370,7 +370,7 @@ impl SandboxBackend for NamespaceBackend {
             }
         };
         let backend = self.clone();
-        let userns = match tokio::task::spawn_blocking(move || backend.shared.userns.create())
+        let userns = match tokio::task::spawn_blocking(move || backend.shared.userns.take())
             .await
             .expect("user namespace task")
         {
@@ -407,6 +407,10 @@ impl SandboxBackend for NamespaceBackend {
             sandbox.teardown().await;
             return Err(e);
         }
+        let backend = self.clone();
+        drop(tokio::task::spawn_blocking(move || {
+            backend.shared.userns.refill()
+        }));
         Ok(Box::new(sandbox))
     }
 }
