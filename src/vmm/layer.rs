@@ -121,7 +121,7 @@ fn write_tar(dir: &Path, out: impl TarOut, tidy: Tidy, owners: Owners) -> Result
         tidy,
         owners,
     };
-    walk_state.dir(dir, Path::new(""))?;
+    walk_state.tree(dir)?;
     builder
         .into_inner()
         .and_then(|mut w| w.flush())
@@ -318,37 +318,87 @@ struct Walk<'a, W: TarOut> {
     owners: Owners,
 }
 
-impl<W: TarOut> Walk<'_, W> {
-    fn dir(&mut self, dir: &Path, rel: &Path) -> Result<()> {
-        let (tidy, owners) = (self.tidy, self.owners);
-        let mut names: Vec<_> = fs::read_dir(dir)
+/// A directory being walked: where it is, where it goes in the layer, and its entries not yet
+/// walked (sorted, so the tar does not depend on the order the filesystem lists them in).
+struct Level {
+    dir: PathBuf,
+    rel: PathBuf,
+    names: std::vec::IntoIter<std::ffi::OsString>,
+}
+
+impl Level {
+    fn read(dir: PathBuf, rel: PathBuf) -> Result<Level> {
+        let mut names: Vec<_> = fs::read_dir(&dir)
             .map_err(VmmError::io(format!("reading {}", dir.display())))?
             .map(|e| e.map(|e| e.file_name()))
             .collect::<io::Result<_>>()
             .map_err(VmmError::io(format!("reading {}", dir.display())))?;
         names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-        for name in names {
-            let path = dir.join(&name);
-            let rel_path = rel.join(&name);
-            let meta = fs::symlink_metadata(&path)
-                .map_err(VmmError::io(format!("stat of {}", path.display())))?;
-            let ft = meta.file_type();
-            let err = |what: &str| {
-                VmmError::io(format!("adding {} ({what}) to a layer", rel_path.display()))
+        Ok(Level {
+            dir,
+            rel,
+            names: names.into_iter(),
+        })
+    }
+}
+
+impl<W: TarOut> Walk<'_, W> {
+    /// Writes the tree under `root`, depth first, with a stack of [`Level`]s instead of a
+    /// call per level: a tenant decides how deep the tree is, and a thread's stack must not
+    /// (issue 46).
+    fn tree(&mut self, root: &Path) -> Result<()> {
+        let mut stack = vec![Level::read(root.to_path_buf(), PathBuf::new())?];
+        while let Some(level) = stack.last_mut() {
+            let Some(name) = level.names.next() else {
+                stack.pop();
+                continue;
             };
-            let whiteout = ft.is_char_device() && meta.rdev() == 0;
-            if name.as_bytes().starts_with(WHITEOUT_PREFIX.as_bytes()) {
-                return Err(reserved_name(&rel_path));
+            let (path, rel_path) = (level.dir.join(&name), level.rel.join(&name));
+            if self.entry(&name, &path, &rel_path)? {
+                stack.push(Level::read(path, rel_path)?);
             }
-            if tidy == Tidy::AsExtracted && !whiteout {
-                strip_xattrs(&path).map_err(err("removing extended attributes"))?;
-                if !ft.is_dir() {
-                    whole_second_mtime(&path, &meta).map_err(err("truncating its mtime"))?;
-                }
+        }
+        Ok(())
+    }
+
+    /// Writes one entry; true when it is a directory whose entries come next.
+    fn entry(&mut self, name: &std::ffi::OsStr, path: &Path, rel_path: &Path) -> Result<bool> {
+        let (tidy, owners) = (self.tidy, self.owners);
+        let meta = fs::symlink_metadata(path)
+            .map_err(VmmError::io(format!("stat of {}", path.display())))?;
+        let ft = meta.file_type();
+        let err = |what: &str| {
+            VmmError::io(format!("adding {} ({what}) to a layer", rel_path.display()))
+        };
+        let whiteout = ft.is_char_device() && meta.rdev() == 0;
+        if name.as_bytes().starts_with(WHITEOUT_PREFIX.as_bytes()) {
+            return Err(reserved_name(rel_path));
+        }
+        if tidy == Tidy::AsExtracted && !whiteout {
+            strip_xattrs(path).map_err(err("removing extended attributes"))?;
+            if !ft.is_dir() {
+                whole_second_mtime(path, &meta).map_err(err("truncating its mtime"))?;
             }
-            if whiteout {
-                let mut wh_name = std::ffi::OsString::from(WHITEOUT_PREFIX);
-                wh_name.push(&name);
+        }
+        if whiteout {
+            let mut wh_name = std::ffi::OsString::from(WHITEOUT_PREFIX);
+            wh_name.push(name);
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o600);
+            h.set_size(0);
+            h.set_mtime(0);
+            h.set_uid(0);
+            h.set_gid(0);
+            self.builder
+                .append_data(&mut h, rel_path.with_file_name(wh_name), io::empty())
+                .map_err(err("whiteout"))?;
+        } else if ft.is_dir() {
+            let mut h = base_header(&meta, tar::EntryType::Directory, owners, rel_path)?;
+            self.builder
+                .append_data(&mut h, rel_path, io::empty())
+                .map_err(err("directory"))?;
+            if is_opaque(path) {
                 let mut h = tar::Header::new_gnu();
                 h.set_entry_type(tar::EntryType::Regular);
                 h.set_mode(0o600);
@@ -357,74 +407,57 @@ impl<W: TarOut> Walk<'_, W> {
                 h.set_uid(0);
                 h.set_gid(0);
                 self.builder
-                    .append_data(&mut h, rel.join(wh_name), io::empty())
-                    .map_err(err("whiteout"))?;
-            } else if ft.is_dir() {
-                let mut h = base_header(&meta, tar::EntryType::Directory, owners, &rel_path)?;
-                self.builder
-                    .append_data(&mut h, &rel_path, io::empty())
-                    .map_err(err("directory"))?;
-                if is_opaque(&path) {
-                    let mut h = tar::Header::new_gnu();
-                    h.set_entry_type(tar::EntryType::Regular);
-                    h.set_mode(0o600);
-                    h.set_size(0);
-                    h.set_mtime(0);
-                    h.set_uid(0);
-                    h.set_gid(0);
+                    .append_data(&mut h, rel_path.join(OPAQUE_MARKER), io::empty())
+                    .map_err(err("opaque marker"))?;
+            }
+            return Ok(true);
+        } else if ft.is_file() {
+            if meta.nlink() > 1 {
+                if let Some(first) = self.links.get(&(meta.dev(), meta.ino())) {
+                    let mut h = base_header(&meta, tar::EntryType::Link, owners, rel_path)?;
                     self.builder
-                        .append_data(&mut h, rel_path.join(OPAQUE_MARKER), io::empty())
-                        .map_err(err("opaque marker"))?;
+                        .append_link(&mut h, rel_path, first)
+                        .map_err(err("hardlink"))?;
+                    return Ok(false);
                 }
-                self.dir(&path, &rel_path)?;
-            } else if ft.is_file() {
-                if meta.nlink() > 1 {
-                    if let Some(first) = self.links.get(&(meta.dev(), meta.ino())) {
-                        let mut h = base_header(&meta, tar::EntryType::Link, owners, &rel_path)?;
-                        self.builder
-                            .append_link(&mut h, &rel_path, first)
-                            .map_err(err("hardlink"))?;
-                        continue;
-                    }
-                    self.links
-                        .insert((meta.dev(), meta.ino()), rel_path.clone());
-                }
-                let mut h = base_header(&meta, tar::EntryType::Regular, owners, &rel_path)?;
-                h.set_size(meta.len());
-                let file = fs::File::open(&path).map_err(err("open"))?;
-                // The header (and a long-name entry if needed) through the builder, then the
-                // contents and their padding straight into the output.
-                self.builder
-                    .append_data(&mut h, &rel_path, io::empty())
-                    .map_err(err("file header"))?;
-                let out = self.builder.get_mut();
-                out.file_contents(&file, meta.len())
-                    .and_then(|()| pad_to_block(out, meta.len()))
-                    .map_err(err("file"))?;
-                // No writeback is started for the tree here: only the blob must reach the disk
-                // before the checkpoint returns, and the tree is synced in the background
-                // (`src/vmm/layer_sync.rs`), so the walk's disk writes are the blob's alone.
-            } else if ft.is_symlink() {
-                let target = fs::read_link(&path).map_err(err("readlink"))?;
-                let mut h = base_header(&meta, tar::EntryType::Symlink, owners, &rel_path)?;
-                self.builder
-                    .append_link(&mut h, &rel_path, target)
-                    .map_err(err("symlink"))?;
-            } else if ft.is_fifo() {
-                let mut h = base_header(&meta, tar::EntryType::Fifo, owners, &rel_path)?;
-                self.builder
-                    .append_data(&mut h, &rel_path, io::empty())
-                    .map_err(err("fifo"))?;
-            } else {
-                // Device nodes (other than whiteouts) and sockets do not travel in layers: a device
-                // node in a lower directory would give every later sandbox access to that device.
-                tracing::warn!(path = %rel_path.display(), "skipping a device node or socket while sealing a layer");
-                if tidy == Tidy::AsExtracted {
-                    fs::remove_file(&path).map_err(err("removing a device node or socket"))?;
-                }
+                self.links
+                    .insert((meta.dev(), meta.ino()), rel_path.to_path_buf());
+            }
+            let mut h = base_header(&meta, tar::EntryType::Regular, owners, rel_path)?;
+            h.set_size(meta.len());
+            let file = fs::File::open(path).map_err(err("open"))?;
+            // The header (and a long-name entry if needed) through the builder, then the
+            // contents and their padding straight into the output.
+            self.builder
+                .append_data(&mut h, rel_path, io::empty())
+                .map_err(err("file header"))?;
+            let out = self.builder.get_mut();
+            out.file_contents(&file, meta.len())
+                .and_then(|()| pad_to_block(out, meta.len()))
+                .map_err(err("file"))?;
+            // No writeback is started for the tree here: only the blob must reach the disk
+            // before the checkpoint returns, and the tree is synced in the background
+            // (`src/vmm/layer_sync.rs`), so the walk's disk writes are the blob's alone.
+        } else if ft.is_symlink() {
+            let target = fs::read_link(path).map_err(err("readlink"))?;
+            let mut h = base_header(&meta, tar::EntryType::Symlink, owners, rel_path)?;
+            self.builder
+                .append_link(&mut h, rel_path, target)
+                .map_err(err("symlink"))?;
+        } else if ft.is_fifo() {
+            let mut h = base_header(&meta, tar::EntryType::Fifo, owners, rel_path)?;
+            self.builder
+                .append_data(&mut h, rel_path, io::empty())
+                .map_err(err("fifo"))?;
+        } else {
+            // Device nodes (other than whiteouts) and sockets do not travel in layers: a device
+            // node in a lower directory would give every later sandbox access to that device.
+            tracing::warn!(path = %rel_path.display(), "skipping a device node or socket while sealing a layer");
+            if tidy == Tidy::AsExtracted {
+                fs::remove_file(path).map_err(err("removing a device node or socket"))?;
             }
         }
-        Ok(())
+        Ok(false)
     }
 }
 

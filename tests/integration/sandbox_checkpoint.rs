@@ -265,3 +265,30 @@ async fn the_same_layer_twice_in_a_stack_boots() {
     sb.destroy().await.unwrap();
     assert_no_trace(&id);
 }
+
+/// Issue 46: sealing walked a layer's tree by recursion, a frame per directory level, on a
+/// blocking thread's stack; a step that leaves a very deep tree (1,900 levels: with the test
+/// node's data directory, its host paths stay under PATH_MAX) took the whole process down.
+/// It seals like any other tree now, and booted again on the checkpoint the deepest file is
+/// there.
+#[tokio::test]
+async fn a_tree_as_deep_as_paths_allow_seals_without_taking_the_node_down() {
+    let backend = backend();
+    let base = busybox(&backend).await;
+    let mut sb = boot(&backend, spec(base)).await;
+    sh(
+        &mut sb,
+        "cd /tmp && i=0; while [ $i -lt 1900 ]; do mkdir d && cd d; i=$((i+1)); done; echo deepest > f",
+    )
+    .await;
+    let layer = sb.checkpoint().await.expect("sealing a deep tree");
+    assert!(layer.is_some(), "the step's changes made no layer");
+    // Read by relative steps: the whole path is longer than one system call takes.
+    let depth = sh(
+        &mut sb,
+        "cd /tmp && n=0; while [ -d d ]; do cd d; n=$((n+1)); done; echo $n; cat f",
+    )
+    .await;
+    assert_eq!(depth, "1900\ndeepest\n");
+    sb.destroy().await.unwrap();
+}
