@@ -14,7 +14,8 @@
 //! * [`worker`]: the build node: claims builds, runs their steps in sandboxes, publishes results.
 //! * [`metrics`]: Prometheus families and `/metrics`; [`inspect`]: read-only operator queries
 //!   (`strata why`, `/ui`).
-//! * [`config`], [`telemetry`], [`embedded_postgres`]: process plumbing shared by the subcommands.
+//! * [`config`], [`telemetry`], [`embedded_postgres`], [`serve`]: process plumbing shared by the
+//!   subcommands.
 
 pub mod api;
 pub mod app;
@@ -31,9 +32,11 @@ pub mod host_interfaces;
 pub mod inspect;
 mod layers;
 pub mod metrics;
+pub mod open_files;
 pub mod projections;
 pub mod reconcilers;
 pub mod registry;
+pub mod serve;
 pub mod streams;
 pub mod telemetry;
 pub mod trace;

@@ -78,6 +78,9 @@ fn main() -> std::process::ExitCode {
         return cli::sandbox::init();
     }
     let cli = Cli::parse();
+    if let Err(err) = strata::open_files::raise() {
+        eprintln!("strata: raising the open-file limit: {err}; going on with the one given");
+    }
     if matches!(
         cli.command,
         Command::Build(_) | Command::History(_) | Command::Why(_) | Command::Storage(_)

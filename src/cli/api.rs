@@ -52,9 +52,13 @@ pub async fn serve(
         .with_context(|| format!("binding the API to {listen}"))?;
     tracing::info!(address = %listener.local_addr()?, "API listening");
     Ok(tokio::spawn(async move {
-        axum::serve(listener, strata::api::router(state))
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
-            .context("serving the API")
+        strata::serve::serve_until(
+            listener,
+            strata::api::router(state),
+            shutdown,
+            strata::serve::DRAIN,
+        )
+        .await
+        .context("serving the API")
     }))
 }

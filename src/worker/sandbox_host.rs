@@ -105,9 +105,8 @@ impl SandboxHost {
             let router = crate::envd::server::router(self.hosting.agents.clone());
             let stop = shutdown.clone();
             tokio::spawn(async move {
-                let served = axum::serve(listener, router)
-                    .with_graceful_shutdown(async move { stop.cancelled().await })
-                    .await;
+                let served =
+                    crate::serve::serve_until(listener, router, stop, crate::serve::DRAIN).await;
                 if let Err(e) = served {
                     tracing::error!(error = %e, "the sandbox agent stopped serving");
                 }

@@ -58,9 +58,9 @@ class Strata:
         # Every API key issued in this session, to check that none reaches a log line.
         self.issued_keys = []
 
-    def start(self):
+    def start(self, preexec_fn=None):
         self.proc = subprocess.Popen(
-            [BIN, "up"], env=self.env, stdout=self.log, stderr=subprocess.STDOUT
+            [BIN, "up"], env=self.env, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn
         )
         deadline = time.time() + 120
         while time.time() < deadline:

@@ -641,9 +641,16 @@ impl NamespaceSandbox {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        // The open-file limit strata started with, not the one it raised itself to.
+        let open_files = crate::open_files::started_with();
         // SAFETY: the hook only makes async-signal-safe syscalls on pre-opened descriptors.
         unsafe {
             cmd.pre_exec(move || {
+                if let Some(limit) = &open_files {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 for fd in &raw_cgroup {
                     if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
                         return Err(std::io::Error::last_os_error());
