@@ -20,8 +20,8 @@ pub async fn serve_until(
     drain: Duration,
 ) -> std::io::Result<()> {
     let stop = shutdown.clone();
-    let graceful = axum::serve(listener, router)
-        .with_graceful_shutdown(async move { stop.cancelled().await });
+    let graceful =
+        axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled().await });
     let deadline = async {
         shutdown.cancelled().await;
         tokio::time::sleep(drain).await;

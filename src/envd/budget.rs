@@ -78,7 +78,11 @@ mod tests {
         let budget = StreamBudget::default();
         let held: Vec<_> = (0..MAX_STREAMS).map(|_| budget.open().unwrap()).collect();
         let refused = budget.open().unwrap_err();
-        assert!(refused.message.contains("128 open streams"), "{}", refused.message);
+        assert!(
+            refused.message.contains("128 open streams"),
+            "{}",
+            refused.message
+        );
         drop(held);
         assert!(budget.open().is_ok());
     }

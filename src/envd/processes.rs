@@ -386,13 +386,25 @@ mod tests {
         }
         fanout.close();
         // The idle stream held the process back once, for SLOW_READER, then fell behind.
-        assert!(started.elapsed() < SLOW_READER * 2, "{:?}", started.elapsed());
-        assert_eq!(reader.await.unwrap(), 100, "the reading stream missed output");
+        assert!(
+            started.elapsed() < SLOW_READER * 2,
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            reader.await.unwrap(),
+            100,
+            "the reading stream missed output"
+        );
         let mut kept = Vec::new();
         while let Some(event) = idle.recv().await {
             kept.push(event);
         }
-        assert_eq!(kept.len(), STREAM_QUEUE, "the idle stream's queue is all it held");
+        assert_eq!(
+            kept.len(),
+            STREAM_QUEUE,
+            "the idle stream's queue is all it held"
+        );
         // A stream that begins after the end finds only the end.
         assert!(fanout.subscribe().recv().await.is_none());
     }

@@ -304,6 +304,18 @@ fn reserved_name(rel_path: &Path) -> VmmError {
     ))
 }
 
+/// The header of a whiteout or an opaque marker: an empty file owned by root, mode 0600, time 0.
+fn marker_header() -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o600);
+    h.set_size(0);
+    h.set_mtime(0);
+    h.set_uid(0);
+    h.set_gid(0);
+    h
+}
+
 fn is_opaque(path: &Path) -> bool {
     let mut buf = [0u8; 8];
     matches!(rustix::fs::lgetxattr(path, OVERLAY_OPAQUE_XATTR, &mut buf), Ok(1) if buf[0] == b'y')
@@ -367,9 +379,8 @@ impl<W: TarOut> Walk<'_, W> {
         let meta = fs::symlink_metadata(path)
             .map_err(VmmError::io(format!("stat of {}", path.display())))?;
         let ft = meta.file_type();
-        let err = |what: &str| {
-            VmmError::io(format!("adding {} ({what}) to a layer", rel_path.display()))
-        };
+        let err =
+            |what: &str| VmmError::io(format!("adding {} ({what}) to a layer", rel_path.display()));
         let whiteout = ft.is_char_device() && meta.rdev() == 0;
         if name.as_bytes().starts_with(WHITEOUT_PREFIX.as_bytes()) {
             return Err(reserved_name(rel_path));
@@ -383,15 +394,12 @@ impl<W: TarOut> Walk<'_, W> {
         if whiteout {
             let mut wh_name = std::ffi::OsString::from(WHITEOUT_PREFIX);
             wh_name.push(name);
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_mode(0o600);
-            h.set_size(0);
-            h.set_mtime(0);
-            h.set_uid(0);
-            h.set_gid(0);
             self.builder
-                .append_data(&mut h, rel_path.with_file_name(wh_name), io::empty())
+                .append_data(
+                    &mut marker_header(),
+                    rel_path.with_file_name(wh_name),
+                    io::empty(),
+                )
                 .map_err(err("whiteout"))?;
         } else if ft.is_dir() {
             let mut h = base_header(&meta, tar::EntryType::Directory, owners, rel_path)?;
@@ -399,15 +407,12 @@ impl<W: TarOut> Walk<'_, W> {
                 .append_data(&mut h, rel_path, io::empty())
                 .map_err(err("directory"))?;
             if is_opaque(path) {
-                let mut h = tar::Header::new_gnu();
-                h.set_entry_type(tar::EntryType::Regular);
-                h.set_mode(0o600);
-                h.set_size(0);
-                h.set_mtime(0);
-                h.set_uid(0);
-                h.set_gid(0);
                 self.builder
-                    .append_data(&mut h, rel_path.join(OPAQUE_MARKER), io::empty())
+                    .append_data(
+                        &mut marker_header(),
+                        rel_path.join(OPAQUE_MARKER),
+                        io::empty(),
+                    )
                     .map_err(err("opaque marker"))?;
             }
             return Ok(true);

@@ -337,7 +337,10 @@ mod tests {
         assert!(flushed.await.unwrap());
         assert_eq!(&got[..3], ["0", "1", "2"]);
         assert!(got[3].contains("or 3 lines"), "{got:?}");
-        assert_eq!(got[4], "[strata] 7 lines (14 bytes) of this build's output were not stored");
+        assert_eq!(
+            got[4],
+            "[strata] 7 lines (14 bytes) of this build's output were not stored"
+        );
         assert_eq!(got.len(), 5, "{got:?}");
         // Nothing new was dropped: the next flush says nothing more.
         let again = tokio::spawn(async move { log.flush().await });

@@ -180,8 +180,7 @@ fn owner_of_user_namespace(link: &str) -> u32 {
         .unwrap()
         .filter_map(|e| e.ok())
         .find(|e| {
-            std::fs::read_link(e.path().join("ns/user"))
-                .is_ok_and(|l| l.to_str() == Some(link))
+            std::fs::read_link(e.path().join("ns/user")).is_ok_and(|l| l.to_str() == Some(link))
         })
         .unwrap_or_else(|| panic!("no host process is in {link}"));
     let ns = std::fs::File::open(pid.path().join("ns/user")).unwrap();
@@ -212,8 +211,14 @@ async fn each_sandbox_has_a_user_namespace_of_its_own_owned_by_nobody_else() {
 
     let ids = IdRange::default();
     let owners = ids.first_owner()..ids.first_owner() + 65536;
-    let (owner_a, owner_b) = (owner_of_user_namespace(&ns_a), owner_of_user_namespace(&ns_b));
-    assert!(owners.contains(&owner_a) && owners.contains(&owner_b), "{owner_a} {owner_b}");
+    let (owner_a, owner_b) = (
+        owner_of_user_namespace(&ns_a),
+        owner_of_user_namespace(&ns_b),
+    );
+    assert!(
+        owners.contains(&owner_a) && owners.contains(&owner_b),
+        "{owner_a} {owner_b}"
+    );
     assert_ne!(owner_a, owner_b);
 
     // A checkpoint's new sandbox-init joins the same namespace.

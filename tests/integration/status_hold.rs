@@ -118,7 +118,10 @@ fn worker() -> CommandContext {
 
 /// Writes `message` as the worker's log writer does (fenced batch insert, then its NOTIFY).
 async fn log_line(pool: &sqlx::PgPool, build: BuildId, message: &str) {
-    let (log, rx) = BuildLog::channel(strata::worker::build_log::OutputLimits { bytes: 1 << 20, lines: 100_000 });
+    let (log, rx) = BuildLog::channel(strata::worker::build_log::OutputLimits {
+        bytes: 1 << 20,
+        lines: 100_000,
+    });
     let writer = tokio::spawn(write_logs(pool.clone(), build, Epoch::FIRST, rx));
     log.info(None, message);
     assert!(log.flush().await, "the attempt holds the build");

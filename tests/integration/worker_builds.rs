@@ -1155,7 +1155,10 @@ async fn a_step_that_writes_long_lines_while_the_database_is_slow_holds_bounded_
     .fetch_one(&fx.db.pool)
     .await
     .unwrap();
-    assert!(stored <= 64 << 20 && stored > 60 << 20, "{stored} bytes stored");
+    assert!(
+        stored <= 64 << 20 && stored > 60 << 20,
+        "{stored} bytes stored"
+    );
     fx.stop().await;
 }
 

@@ -1132,9 +1132,7 @@ impl Sandbox for NamespaceSandbox {
         match status {
             AgentStatus::Exit(0) => Ok(()),
             AgentStatus::Error(m) => Err(VmmError::User(m)),
-            _ => {
-                Err(VmmError::User(log.joined()))
-            }
+            _ => Err(VmmError::User(log.joined())),
         }
     }
 

@@ -268,8 +268,8 @@ impl SlotPool {
                 "the subnet {subnet} holds no /30; give a /16 or so (STRATA_SANDBOX_SUBNET)"
             )));
         }
-        let slots =
-            HostSlots::new(dir, prefix, 0, count).map_err(VmmError::io(format!("creating {dir}")))?;
+        let slots = HostSlots::new(dir, prefix, 0, count)
+            .map_err(VmmError::io(format!("creating {dir}")))?;
         Ok(SlotPool {
             subnet,
             prefix,
@@ -281,7 +281,10 @@ impl SlotPool {
         let held = self
             .slots
             .take()
-            .map_err(VmmError::io(format!("locking a slot in {}", self.slots.dir().display())))?
+            .map_err(VmmError::io(format!(
+                "locking a slot in {}",
+                self.slots.dir().display()
+            )))?
             .ok_or_else(|| {
                 VmmError::Network(format!(
                     "all {} links of {} are in use; give a larger STRATA_SANDBOX_SUBNET",

@@ -190,7 +190,10 @@ pub fn hold(owner: Option<&str>) -> u8 {
         return 1;
     }
     let mut out = std::io::stdout();
-    if writeln!(out, "{UNSHARED}").and_then(|_| out.flush()).is_err() {
+    if writeln!(out, "{UNSHARED}")
+        .and_then(|_| out.flush())
+        .is_err()
+    {
         return 1;
     }
     let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());

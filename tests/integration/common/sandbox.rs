@@ -9,9 +9,8 @@ use std::sync::OnceLock;
 use strata::domain::ids::Digest;
 use strata::vmm::image;
 use strata::vmm::{
-    OutputSink,
     BootSpec, ExecOutcome, ExecRequest, NamespaceBackend, NamespaceConfig, Network, OutputLine,
-    OutputStream, Sandbox, SandboxBackend,
+    OutputSink, OutputStream, Sandbox, SandboxBackend,
 };
 
 /// The node's own data directory. Tests never write there (`scripts/test.sh` runs them with it
