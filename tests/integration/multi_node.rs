@@ -110,8 +110,10 @@ fn worker_pid(node: &str) -> i32 {
     panic!("no strata worker runs as {node}");
 }
 
-/// The listing's shell and everything it started: one process group, ended together.
-struct Cluster(std::process::Child);
+/// The listing's shell and everything it started: one process group, ended together. The
+/// nodes' data directories under `root` are swept after, for what the worker the test killed
+/// (and any the SIGKILL caught) could not remove itself.
+struct Cluster(std::process::Child, std::path::PathBuf);
 
 impl Drop for Cluster {
     fn drop(&mut self) {
@@ -121,6 +123,13 @@ impl Drop for Cluster {
         std::thread::sleep(Duration::from_secs(2));
         unsafe { libc::kill(-pgid, libc::SIGKILL) };
         let _ = self.0.wait();
+        let cgroups = strata::vmm::namespace::cgroup::CgroupDriver::detect();
+        for node in std::fs::read_dir(&self.1).into_iter().flatten().flatten() {
+            let sandboxes = node.path().join("sandboxes");
+            if sandboxes.is_dir() {
+                strata::vmm::namespace::sweep::sweep_dead_owners(&sandboxes, &cgroups, "");
+            }
+        }
     }
 }
 
@@ -179,7 +188,7 @@ async fn past_one_machine_the_readme_layout_builds_through_either_api() {
         .stdout(Stdio::from(log.try_clone().unwrap()))
         .stderr(Stdio::from(log));
     command.process_group(0);
-    let mut cluster = Cluster(command.spawn().unwrap());
+    let mut cluster = Cluster(command.spawn().unwrap(), root.path().to_path_buf());
     let log_text = || std::fs::read_to_string(root.path().join("cluster.log")).unwrap_or_default();
 
     let apis = [

@@ -8,10 +8,13 @@ use std::time::{Duration, Instant};
 use super::sandbox::node_dir;
 
 /// A child in a process group of its own, its stderr in a log file. Dropping it SIGKILLs the
-/// whole group (its sandboxes included).
+/// whole group (its sandboxes included) and sweeps what a killed strata cannot remove itself:
+/// its sandboxes' directories and mounted spare disks in its data directory, which no later
+/// strata may start on to sweep (a temporary one never is).
 pub struct Proc {
     child: Child,
     log: PathBuf,
+    data_dir: PathBuf,
 }
 
 impl Proc {
@@ -31,12 +34,17 @@ impl Proc {
             .env("STRATA_GC_SCHEDULE", "off")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
+        let mut data_dir = node_dir();
         for (k, v) in env {
             cmd.env(k, v);
+            if *k == "STRATA_DATA_DIR" {
+                data_dir = PathBuf::from(v);
+            }
         }
         Proc {
             child: cmd.spawn().unwrap(),
             log,
+            data_dir,
         }
     }
 
@@ -132,6 +140,13 @@ impl Drop for Proc {
         // SAFETY: kill(2) on the process group this child leads (created at spawn).
         unsafe { libc::kill(-self.pid(), libc::SIGKILL) };
         let _ = self.child.wait();
+        // Its owner lock went with it: its sandboxes are a dead owner's now. Other owners'
+        // (live tests on the shared node) are left alone.
+        strata::vmm::namespace::sweep::sweep_dead_owners(
+            &self.data_dir.join("sandboxes"),
+            &strata::vmm::namespace::cgroup::CgroupDriver::detect(),
+            "",
+        );
         if std::thread::panicking() {
             let stderr = self.stderr();
             let tail: Vec<&str> = stderr.lines().rev().take(40).collect();
