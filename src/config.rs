@@ -528,6 +528,11 @@ pub struct RegistryArgs {
     /// ceiling.
     #[arg(long, env = "STRATA_PULL_MAX_BYTES", default_value = "10GiB", value_parser = parse_size_or_none, value_name = "SIZE|none")]
     pub pull_max_bytes: SizeOrNone,
+
+    /// Most bytes one image's layers may expand to on the node's disk, together, counted as
+    /// they stream (`none`: no ceiling of its own; the node's disk reserve still holds).
+    #[arg(long, env = "STRATA_PULL_MAX_EXPANDED_BYTES", default_value = "64GiB", value_parser = parse_size_or_none, value_name = "SIZE|none")]
+    pub pull_max_expanded_bytes: SizeOrNone,
 }
 
 /// A size, or `none` for no bound (the default of a value built in code).
@@ -563,6 +568,9 @@ impl RegistryArgs {
             max_bytes: self.pull_max_bytes.0,
             // The build node sets it from STRATA_BUILD_DISK_MAX (`cli/worker.rs`).
             max_layer_bytes: None,
+            max_expanded_bytes: self.pull_max_expanded_bytes.0,
+            // Set by the processes that keep a node's disk, from STRATA_NODE_DISK_RESERVE.
+            disk_reserve: None,
         }
     }
 }

@@ -58,6 +58,8 @@ pub fn settings(
     settings.sandbox_disk = storage.sandbox_disk.config();
     // A base layer may expand to no more than one build may write.
     settings.registry.max_layer_bytes = settings.sandbox_disk.max;
+    // No pull takes the node's disk below its reserve (which Postgres may share).
+    settings.registry.disk_reserve = Some(settings.sandbox_disk.reserve);
     settings.team_limits = storage.team_limits.limits();
     // Registry credentials are sealed by the API under the server secret; every node opens
     // them with the same one (STRATA_UPLOAD_SECRET, or the data directory's secret file).

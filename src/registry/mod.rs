@@ -13,6 +13,7 @@
 pub mod challenge;
 pub mod credentials;
 pub mod error;
+pub mod expansion;
 pub mod layout;
 pub mod local;
 pub mod manifest;

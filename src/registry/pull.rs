@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use super::error::PullError;
+use super::expansion::ExpansionBudget;
 use super::manifest::{self, Compression, Descriptor, Document, ImageConfigFile};
 use super::session::{self, BasicAuth, Session};
 use super::settings::RegistrySettings;
@@ -321,6 +322,13 @@ impl Puller {
             bytes_done: AtomicU64::new(0),
             last: Mutex::new(Instant::now()),
             report: progress,
+            expansion: ExpansionBudget::new(
+                self.inner.settings.max_expanded_bytes,
+                self.inner
+                    .settings
+                    .disk_reserve
+                    .map(|r| (self.inner.layers.root().to_path_buf(), r)),
+            ),
         });
         let mut plan = Vec::new();
         for (desc, diff_id) in layer_descs.iter().zip(&config.rootfs.diff_ids) {
@@ -549,6 +557,7 @@ impl Puller {
         // served again: verified against both digests, stored nothing.
         let proving = stored.is_some();
         let max_layer = inner.settings.max_layer_bytes;
+        let expansion = tracker.expansion.clone();
         let worker = {
             let (blobs, layers) = (inner.blobs.clone(), inner.layers.clone());
             let (digest, diff) = (*digest, *diff);
@@ -571,6 +580,7 @@ impl Puller {
                     blobs.as_ref(),
                     &layers,
                     max_layer,
+                    &expansion,
                 ),
             })
         };
@@ -694,6 +704,8 @@ struct Tracker {
     bytes_done: AtomicU64,
     last: Mutex<Instant>,
     report: Option<ProgressFn>,
+    /// What the pull's layers have expanded to, against its bounds.
+    expansion: Arc<ExpansionBudget>,
 }
 
 impl Tracker {

@@ -187,8 +187,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            max_bytes: None,
-            max_layer_bytes: None,
+            ..Default::default()
         };
         Reach::new(&settings)
     }

@@ -11,6 +11,9 @@
 //!   its own services.
 //! * `STRATA_PULL_MAX_BYTES`: a ceiling on the compressed bytes of one image, counted as they
 //!   arrive; a build node also holds each layer's expansion to `STRATA_BUILD_DISK_MAX`.
+//! * `STRATA_PULL_MAX_EXPANDED_BYTES`: a ceiling on what one image's layers expand to together,
+//!   and a node never lets a pull take its disk below `STRATA_NODE_DISK_RESERVE`
+//!   ([`super::expansion`]).
 
 use std::collections::BTreeMap;
 
@@ -24,6 +27,12 @@ pub struct RegistrySettings {
     /// write (`STRATA_BUILD_DISK_MAX`), so a small compressed layer cannot fill the node's disk.
     /// `None`: the archive policy's own ceiling.
     pub max_layer_bytes: Option<u64>,
+    /// Most bytes one image's layers may expand to together (`STRATA_PULL_MAX_EXPANDED_BYTES`),
+    /// counted as they stream. `None`: no ceiling of its own.
+    pub max_expanded_bytes: Option<u64>,
+    /// Free space a pull must leave on the disk its layers go to (`STRATA_NODE_DISK_RESERVE`,
+    /// set by the processes that keep a node's disk). `None`: not checked.
+    pub disk_reserve: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -5,6 +5,7 @@
 //! committed only with the expected diff id, and the extraction is renamed into the layer
 //! cache only after that; on any failure both are discarded.
 
+use super::expansion::{Charged, ExpansionBudget};
 use std::io::{self, BufReader, Read, Write};
 use tokio::sync::mpsc::Receiver;
 
@@ -120,7 +121,9 @@ fn layer_policy(ids: crate::vmm::id_range::IdRange, max_expanded: Option<u64>) -
     policy
 }
 
-/// `max_expanded`: most bytes the layer's tar may hold (its entries' total).
+/// `max_expanded`: most bytes the layer's tar may hold (its entries' total); `budget`: what the
+/// whole pull may still expand to, charged as the tar is read.
+#[allow(clippy::too_many_arguments)]
 pub fn unpack(
     rx: Receiver<Chunk>,
     compression: Compression,
@@ -129,6 +132,7 @@ pub fn unpack(
     blobs: &dyn BlobStore,
     layers: &LayerCache,
     max_expanded: Option<u64>,
+    budget: &ExpansionBudget,
 ) -> Result<LayerRef, UnpackError> {
     let staging = layers.staging(diff_id).map_err(UnpackError::Store)?;
     // On error the staging directory is dropped, which removes it.
@@ -140,6 +144,7 @@ pub fn unpack(
         blobs,
         staging.path(),
         &layer_policy(layers.ids(), max_expanded),
+        budget,
     )?;
     layers
         .publish_staged(staging, diff_id)
@@ -228,6 +233,7 @@ pub fn verify(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn unpack_into(
     rx: Receiver<Chunk>,
     compression: Compression,
@@ -236,13 +242,17 @@ fn unpack_into(
     blobs: &dyn BlobStore,
     staging: &std::path::Path,
     policy: &ArchivePolicy,
+    budget: &ExpansionBudget,
 ) -> Result<LayerRef, UnpackError> {
     let mut wire = wire(rx);
     let mut writer = blobs.writer().map_err(UnpackError::Store)?;
     let extracted = {
         let decoded = decoder(compression, &mut wire)?;
         let mut tee = Tee {
-            inner: decoded,
+            inner: Charged {
+                inner: decoded,
+                budget,
+            },
             copy: &mut writer,
         };
         let extracted = archive_policy::extract_tar(&mut tee, staging, policy);

@@ -527,6 +527,11 @@ impl LayerCache {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// The directory the trees are in (on the disk they fill).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     pub fn path(&self, digest: &Digest) -> PathBuf {
         self.root.join(digest.hex())
     }

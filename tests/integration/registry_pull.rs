@@ -442,6 +442,67 @@ async fn mirrors_unknown_images_and_the_size_ceiling() {
     assert_eq!(small.contents(), (0, 0, 0));
 }
 
+/// Issue 46: only each layer's expansion was capped, so an image of many layers of zeros, each
+/// small compressed and within the per-layer ceiling, could fill the disk that also holds
+/// Postgres. A pull's layers are charged together as they stream, against the image's ceiling
+/// and the node's disk reserve, and a pull past either fails saying which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pull_expands_no_further_than_its_ceiling_or_the_nodes_reserve() {
+    let work = tempfile::tempdir().unwrap();
+    let reg = LocalRegistry::start(&work.path().join("reg"), None).unwrap();
+    let layout_dir = work.path().join("layout");
+    let mut layout = Layout::create(&layout_dir).unwrap();
+    let zeros = "\0".repeat(1 << 20);
+    // Four layers of 1 MiB of zeros each, a few KiB compressed.
+    let layers: Vec<_> = (0..4)
+        .map(|i| {
+            registry::layer(
+                Compression::Gzip,
+                vec![registry::file(&format!("zeros-{i}"), &zeros)],
+            )
+        })
+        .collect();
+    let image = layout
+        .image(&layers, &["PATH=/bin"], &registry::node_arch())
+        .unwrap();
+    layout.tag("img", &image).unwrap();
+    reg.push(&layout_dir, "img", "team/zeros:1", false).unwrap();
+    let zeros_image = || reference(&reg.addr, "team/zeros:1");
+
+    // Each layer is within a 2 MiB per-layer ceiling; together they pass a 3 MiB image ceiling.
+    let node = Node::new();
+    let capped = node.puller(RegistrySettings {
+        max_layer_bytes: Some(2 << 20),
+        max_expanded_bytes: Some(3 << 20),
+        ..Default::default()
+    });
+    let err = capped.pull(&zeros_image(), None, None).await.unwrap_err();
+    assert!(
+        err.to_string().contains("STRATA_PULL_MAX_EXPANDED_BYTES"),
+        "{err}"
+    );
+    // Room for the image: it pulls.
+    let room = Node::new();
+    let roomy = room.puller(RegistrySettings {
+        max_layer_bytes: Some(2 << 20),
+        max_expanded_bytes: Some(5 << 20),
+        ..Default::default()
+    });
+    roomy.pull(&zeros_image(), None, None).await.unwrap();
+
+    // A reserve the node's disk cannot keep: the pull stops at its first look.
+    let full = Node::new();
+    let reserved = full.puller(RegistrySettings {
+        disk_reserve: Some(u64::MAX / 2),
+        ..Default::default()
+    });
+    let err = reserved.pull(&zeros_image(), None, None).await.unwrap_err();
+    assert!(
+        err.to_string().contains("STRATA_NODE_DISK_RESERVE"),
+        "{err}"
+    );
+}
+
 #[test]
 fn strata_image_pull_pulls_into_the_data_dir_and_image_ls_lists_it() {
     let work = tempfile::tempdir().unwrap();
