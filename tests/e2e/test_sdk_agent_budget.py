@@ -41,7 +41,7 @@ def test_output_no_client_reads_costs_the_node_a_bounded_amount(strata, template
         # Background commands whose handles are never read: their streams stay open and their
         # clients take nothing. Each writes far more than it may hold.
         handles = [
-            sbx.commands.run("yes 0123456789abcdef0123456789abcdef | head -c 200000000", background=True)
+            sbx.commands.run("yes 0123456789abcdef0123456789abcdef | head -c 40000000", background=True)
             for _ in range(24)
         ]
         # Long enough for every command to write its output (at pipe speed, well under a
