@@ -266,43 +266,45 @@ impl Fanout {
         rx
     }
 
-    /// Hands `chunk` to every stream: waits for room in the queue of each that keeps up, for
-    /// [`SLOW_READER`] at most, and gives none to one that is behind and still full.
+    /// Hands `chunk` to every stream: at once to each with room (one lock, no allocation, as a
+    /// chunk usually finds), then waits for room in the queue of each that keeps up, for
+    /// [`SLOW_READER`] at most; one that is behind and still full gets none.
     async fn send(&self, chunk: ProcessEvent) {
-        let streams: Vec<(mpsc::Sender<ProcessEvent>, bool)> = self
-            .streams
-            .lock()
-            .expect("fanout")
-            .iter()
-            .flatten()
-            .map(|s| (s.queue.clone(), s.behind))
-            .collect();
-        for (queue, behind) in streams {
-            let outcome = match queue.try_send(chunk.clone()) {
-                Ok(()) => Some(false),
-                Err(mpsc::error::TrySendError::Closed(_)) => None,
-                Err(mpsc::error::TrySendError::Full(_)) if behind => Some(true),
-                Err(mpsc::error::TrySendError::Full(chunk)) => {
-                    match tokio::time::timeout(SLOW_READER, queue.send(chunk)).await {
-                        Ok(Ok(())) => Some(false),
-                        Ok(Err(_)) => None,
-                        Err(_) => Some(true),
-                    }
-                }
-            };
+        let mut waiting = Vec::new();
+        {
             let mut streams = self.streams.lock().expect("fanout");
             let Some(streams) = streams.as_mut() else {
                 return;
             };
-            match outcome {
+            streams.retain_mut(|s| match s.queue.try_send(chunk.clone()) {
+                Ok(()) => {
+                    s.behind = false;
+                    true
+                }
                 // The client went: it follows no more.
-                None => streams.retain(|s| !s.queue.same_channel(&queue)),
-                Some(now_behind) => {
-                    if let Some(s) = streams.iter_mut().find(|s| s.queue.same_channel(&queue)) {
-                        s.behind = now_behind;
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    if !s.behind {
+                        waiting.push(s.queue.clone());
                     }
+                    true
+                }
+            });
+        }
+        for queue in waiting {
+            if let Err(_elapsed) =
+                tokio::time::timeout(SLOW_READER, queue.send(chunk.clone())).await
+            {
+                let mut streams = self.streams.lock().expect("fanout");
+                if let Some(s) = streams
+                    .iter_mut()
+                    .flatten()
+                    .find(|s| s.queue.same_channel(&queue))
+                {
+                    s.behind = true;
                 }
             }
+            // A send that failed because the client went: the next chunk's `try_send` drops it.
         }
     }
 

@@ -36,11 +36,6 @@ impl ExpansionBudget {
         })
     }
 
-    /// Bytes charged so far.
-    pub fn used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
-    }
-
     /// Charges `n` more bytes; an error (naming the bound and its setting) once one is passed.
     pub fn charge(&self, n: u64) -> io::Result<()> {
         let used = self.used.fetch_add(n, Ordering::Relaxed) + n;

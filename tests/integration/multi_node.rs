@@ -123,11 +123,9 @@ impl Drop for Cluster {
         std::thread::sleep(Duration::from_secs(2));
         unsafe { libc::kill(-pgid, libc::SIGKILL) };
         let _ = self.0.wait();
-        let cgroups = strata::vmm::namespace::cgroup::CgroupDriver::detect();
         for node in std::fs::read_dir(&self.1).into_iter().flatten().flatten() {
-            let sandboxes = node.path().join("sandboxes");
-            if sandboxes.is_dir() {
-                strata::vmm::namespace::sweep::sweep_dead_owners(&sandboxes, &cgroups, "");
+            if node.path().join("sandboxes").is_dir() {
+                common::process::sweep_dead(&node.path());
             }
         }
     }

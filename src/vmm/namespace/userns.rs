@@ -51,17 +51,13 @@ pub struct UserNamespaces {
 #[derive(Debug)]
 pub struct UserNamespace {
     fd: OwnedFd,
-    owner: HeldSlot,
+    /// Held, not read: the owner uid is free for another namespace once this one is gone.
+    _owner: HeldSlot,
 }
 
 impl UserNamespace {
     pub fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
-    }
-
-    /// The host uid that owns the namespace.
-    pub fn owner(&self) -> u32 {
-        self.owner.number()
     }
 }
 
@@ -160,7 +156,10 @@ impl UserNamespaces {
         })();
         drop(holder.stdin.take());
         let _ = holder.wait();
-        Ok(UserNamespace { fd: result?, owner })
+        Ok(UserNamespace {
+            fd: result?,
+            _owner: owner,
+        })
     }
 }
 

@@ -140,13 +140,7 @@ impl Drop for Proc {
         // SAFETY: kill(2) on the process group this child leads (created at spawn).
         unsafe { libc::kill(-self.pid(), libc::SIGKILL) };
         let _ = self.child.wait();
-        // Its owner lock went with it: its sandboxes are a dead owner's now. Other owners'
-        // (live tests on the shared node) are left alone.
-        strata::vmm::namespace::sweep::sweep_dead_owners(
-            &self.data_dir.join("sandboxes"),
-            &strata::vmm::namespace::cgroup::CgroupDriver::detect(),
-            "",
-        );
+        sweep_dead(&self.data_dir);
         if std::thread::panicking() {
             let stderr = self.stderr();
             let tail: Vec<&str> = stderr.lines().rev().take(40).collect();
@@ -158,6 +152,17 @@ impl Drop for Proc {
         }
         let _ = std::fs::remove_file(&self.log);
     }
+}
+
+/// Sweeps the sandboxes of every dead strata in `data_dir`: what a killed process could not
+/// remove itself (mounted spare disks, their loop devices, directories). Live owners' (other
+/// tests on the shared node) are left alone.
+pub fn sweep_dead(data_dir: &std::path::Path) {
+    strata::vmm::namespace::sweep::sweep_dead_owners(
+        &data_dir.join("sandboxes"),
+        &strata::vmm::namespace::cgroup::CgroupDriver::detect(),
+        "",
+    );
 }
 
 /// A real outage of one test database: while on, the server refuses new connections to it and
