@@ -180,7 +180,8 @@ pub struct SandboxNetworkArgs {
 
     /// Exceptions to the denied ranges, comma-separated `CIDR[:PORT[-PORT]]` (TCP and UDP;
     /// without ports, everything): a package mirror on the LAN is `10.1.2.3:3142`. The node's
-    /// own addresses are reachable only through an exception.
+    /// own addresses are reachable only through an exception that names the address alone
+    /// (`a.b.c.d` or `a.b.c.d/32`); a wider range never opens the node.
     #[arg(
         long,
         env = "STRATA_SANDBOX_EGRESS_ALLOW",
@@ -188,6 +189,17 @@ pub struct SandboxNetworkArgs {
         value_name = "CIDR[:PORT],..."
     )]
     pub sandbox_egress_allow: String,
+
+    /// Most connections one sandbox may have open through its link at once (TCP and UDP flows,
+    /// counted in the host's connection-tracking table); one more is refused at once with
+    /// "no route to host" until one of them ends.
+    #[arg(
+        long,
+        env = "STRATA_SANDBOX_MAX_CONNECTIONS",
+        default_value_t = crate::domain::egress_policy::EgressPolicy::DEFAULT_MAX_CONNECTIONS,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub sandbox_max_connections: u32,
 
     /// Resolvers sandboxes are given, comma-separated IPv4 addresses (port 53 to them is
     /// allowed). Default: the host's `resolv.conf`'s, loopback stubs left out.
@@ -213,6 +225,7 @@ impl SandboxNetworkArgs {
                 Some(list) => EgressPolicy::parse_dns(list)?,
                 None => Vec::new(),
             },
+            max_connections: self.sandbox_max_connections,
         };
         Ok(crate::vmm::NetworkConfig::with_host_resolvers(
             policy,
@@ -533,6 +546,27 @@ pub struct RegistryArgs {
     /// they stream (`none`: no ceiling of its own; the node's disk reserve still holds).
     #[arg(long, env = "STRATA_PULL_MAX_EXPANDED_BYTES", default_value = "64GiB", value_parser = parse_size_or_none, value_name = "SIZE|none")]
     pub pull_max_expanded_bytes: SizeOrNone,
+
+    /// Most files, directories and links one image's layers may hold, together, counted as
+    /// they stream (`none`: no ceiling of its own; the node keeps the share of its inodes
+    /// that its disk reserve is of its bytes either way).
+    #[arg(long, env = "STRATA_PULL_MAX_ENTRIES", default_value = "8000000", value_parser = parse_count_or_none, value_name = "COUNT|none")]
+    pub pull_max_entries: CountOrNone,
+}
+
+/// A count, or `none` for no bound.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CountOrNone(pub Option<u64>);
+
+fn parse_count_or_none(text: &str) -> Result<CountOrNone, String> {
+    match text.trim() {
+        "none" => Ok(CountOrNone(None)),
+        t => t
+            .replace('_', "")
+            .parse::<u64>()
+            .map(|n| CountOrNone(Some(n)))
+            .map_err(|_| format!("`{t}` is not a count: a whole number, or `none`")),
+    }
 }
 
 /// A size, or `none` for no bound (the default of a value built in code).
@@ -569,6 +603,7 @@ impl RegistryArgs {
             // The build node sets it from STRATA_BUILD_DISK_MAX (`cli/worker.rs`).
             max_layer_bytes: None,
             max_expanded_bytes: self.pull_max_expanded_bytes.0,
+            max_entries: self.pull_max_entries.0,
             // Set by the processes that keep a node's disk, from STRATA_NODE_DISK_RESERVE.
             disk_reserve: None,
         }

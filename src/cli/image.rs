@@ -167,12 +167,10 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
             registry,
         } => {
             let parsed = ImageRef::parse(&reference)?;
-            let puller = Puller::new(
-                &data_dir,
-                backend.layers().clone(),
-                blobs.clone(),
-                registry.settings(),
-            )?;
+            // A pull by hand keeps the node's reserve as a build's pull does.
+            let mut settings = registry.settings();
+            settings.disk_reserve = Some(args.sandbox_disk.node_disk_reserve);
+            let puller = Puller::new(&data_dir, backend.layers().clone(), blobs.clone(), settings)?;
             let credentials = match (username, password) {
                 (Some(username), Some(password)) => Some(BasicAuth { username, password }),
                 (None, None) => None,

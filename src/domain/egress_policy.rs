@@ -101,6 +101,14 @@ pub struct AllowRule {
     pub ports: Option<(u16, u16)>,
 }
 
+impl AllowRule {
+    /// Whether the rule names one address alone: only such a rule opens one of the node's own
+    /// addresses, which a wider range containing it never does.
+    pub fn names_one_address(&self) -> bool {
+        self.net.prefix() == 32
+    }
+}
+
 impl fmt::Display for AllowRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.net)?;
@@ -177,16 +185,34 @@ impl fmt::Display for EgressMode {
 }
 
 /// A node's sandbox egress policy.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EgressPolicy {
     pub mode: EgressMode,
     /// Exceptions to the denied ranges, in the order given.
     pub allow: Vec<AllowRule>,
     /// The resolvers sandboxes are given (port 53 to them is allowed, private or not).
     pub dns: Vec<Ipv4Addr>,
+    /// Most connections one sandbox may have open through its link at once (each is an entry
+    /// in the host's one connection-tracking table, which every sandbox and the host share).
+    pub max_connections: u32,
+}
+
+impl Default for EgressPolicy {
+    fn default() -> Self {
+        EgressPolicy {
+            mode: EgressMode::default(),
+            allow: Vec::new(),
+            dns: Vec::new(),
+            max_connections: EgressPolicy::DEFAULT_MAX_CONNECTIONS,
+        }
+    }
 }
 
 impl EgressPolicy {
+    /// A sandbox's share of a typical host's table (`nf_conntrack_max` is 262,144 on a host
+    /// with 16 GiB and more): 64 sandboxes at their cap fill it.
+    pub const DEFAULT_MAX_CONNECTIONS: u32 = 4096;
+
     /// Parses a comma- or whitespace-separated allow list.
     pub fn parse_allow(list: &str) -> Result<Vec<AllowRule>, EgressError> {
         list.split([',', ' ', '\n', '\t'])
@@ -218,6 +244,7 @@ impl EgressPolicy {
         for dns in &self.dns {
             h.update(format!("dns={dns}\n"));
         }
+        h.update(format!("max_connections={}\n", self.max_connections));
         let d = h.finalize();
         // Group 0 is every interface's default group: never a policy's.
         u32::from_be_bytes([d[0], d[1], d[2], d[3]]).max(1)
@@ -289,8 +316,11 @@ mod tests {
         other.allow = EgressPolicy::parse_allow("10.9.0.0/16").unwrap();
         let mut none = base.clone();
         none.mode = EgressMode::None;
+        let mut capped = base.clone();
+        capped.max_connections = 8;
         assert_eq!(base.fingerprint(), EgressPolicy::default().fingerprint());
         assert_ne!(base.fingerprint(), other.fingerprint());
+        assert_ne!(base.fingerprint(), capped.fingerprint());
         assert_ne!(base.fingerprint(), none.fingerprint());
         assert_ne!(base.fingerprint(), 0);
     }

@@ -324,6 +324,7 @@ impl Puller {
             report: progress,
             expansion: ExpansionBudget::new(
                 self.inner.settings.max_expanded_bytes,
+                self.inner.settings.max_entries,
                 self.inner
                     .settings
                     .disk_reserve

@@ -11,8 +11,9 @@
 //!   its own services.
 //! * `STRATA_PULL_MAX_BYTES`: a ceiling on the compressed bytes of one image, counted as they
 //!   arrive; a build node also holds each layer's expansion to `STRATA_BUILD_DISK_MAX`.
-//! * `STRATA_PULL_MAX_EXPANDED_BYTES`: a ceiling on what one image's layers expand to together,
-//!   and a node never lets a pull take its disk below `STRATA_NODE_DISK_RESERVE`
+//! * `STRATA_PULL_MAX_EXPANDED_BYTES` and `STRATA_PULL_MAX_ENTRIES`: ceilings on what one
+//!   image's layers expand to together, in bytes and in entries; a node never lets a pull take
+//!   its disk below `STRATA_NODE_DISK_RESERVE`, nor its inodes below the same share
 //!   ([`super::expansion`]).
 
 use std::collections::BTreeMap;
@@ -30,6 +31,9 @@ pub struct RegistrySettings {
     /// Most bytes one image's layers may expand to together (`STRATA_PULL_MAX_EXPANDED_BYTES`),
     /// counted as they stream. `None`: no ceiling of its own.
     pub max_expanded_bytes: Option<u64>,
+    /// Most entries (files, directories, links) one image's layers may hold together
+    /// (`STRATA_PULL_MAX_ENTRIES`), counted as they stream. `None`: no ceiling of its own.
+    pub max_entries: Option<u64>,
     /// Free space a pull must leave on the disk its layers go to (`STRATA_NODE_DISK_RESERVE`,
     /// set by the processes that keep a node's disk). `None`: not checked.
     pub disk_reserve: Option<u64>,

@@ -255,7 +255,9 @@ fn unpack_into(
             },
             copy: &mut writer,
         };
-        let extracted = archive_policy::extract_tar(&mut tee, staging, policy);
+        let extracted = archive_policy::extract_tar_charged(&mut tee, staging, policy, &mut || {
+            budget.charge_entry()
+        });
         // The tar's end-of-archive padding and anything after it belong to the diff id too.
         let drained = io::copy(&mut tee, &mut io::sink());
         match (extracted, drained) {

@@ -227,6 +227,17 @@ pub fn extract_tar(
     dest: &Path,
     policy: &ArchivePolicy,
 ) -> Result<ExtractStats, ArchiveError> {
+    extract_tar_charged(reader, dest, policy, &mut || Ok(()))
+}
+
+/// [`extract_tar`], calling `charge` before each entry is written: its error (a budget beyond
+/// this archive, such as a whole image's) stops the extraction at that entry.
+pub fn extract_tar_charged(
+    reader: impl Read,
+    dest: &Path,
+    policy: &ArchivePolicy,
+    charge: &mut dyn FnMut() -> io::Result<()>,
+) -> Result<ExtractStats, ArchiveError> {
     let root = rustix::fs::open(
         dest,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -269,6 +280,10 @@ pub fn extract_tar(
         let raw_path = entry.path_bytes().into_owned();
         let name = String::from_utf8_lossy(&raw_path).into_owned();
         let components = safe_components(&raw_path, &name)?;
+        charge().map_err(|source| ArchiveError::Io {
+            entry: name.clone(),
+            source,
+        })?;
         let size = entry.header().size().map_err(ArchiveError::Corrupt)?;
         if size > policy.max_entry_bytes {
             return Err(ArchiveError::EntryTooLarge {

@@ -85,17 +85,29 @@ pub fn identities(sources: &BTreeMap<String, CopySource>) -> BTreeMap<String, Di
         .collect()
 }
 
-/// Archives `path` out of `source` into a temporary file under `tmp_dir`, at most `max_bytes`.
-/// `Err` is the step's failure reason.
+/// What a COPY --from step reads: `path` in the template `template` resolved to `source`.
+pub struct From<'a> {
+    pub template: &'a str,
+    pub source: &'a CopySource,
+    pub path: &'a str,
+}
+
+/// Archives `from` into a temporary file under `tmp_dir`, at most `max_bytes`, in a sandbox
+/// under `limits` (the build's: the source's tree is a tenant's, however trusted the agent
+/// that reads it) with no network. `Err` is the step's failure reason.
 pub async fn archive(
     backend: &dyn SandboxBackend,
     attempt: &Attempt,
-    template: &str,
-    source: &CopySource,
-    path: &str,
+    from: From<'_>,
+    limits: Limits,
     tmp_dir: &std::path::Path,
     max_bytes: u64,
 ) -> Result<Result<tempfile::NamedTempFile, String>, WorkerError> {
+    let From {
+        template,
+        source,
+        path,
+    } = from;
     if let Held::Refused(e) = layer_hold::lease(attempt, &source.layers, &[]).await? {
         return Ok(Err(format!(
             "a layer of template {template} is being deleted ({e}); build {template} again"
@@ -104,7 +116,7 @@ pub async fn archive(
     let mut spec = BootSpec::new(source.layers.clone());
     spec.limits = Limits {
         network: Network::None,
-        ..Limits::default()
+        ..limits
     };
     let sandbox = match backend.boot(spec).await {
         Ok(s) => s,

@@ -481,6 +481,18 @@ impl Executor<'_> {
         Ok(())
     }
 
+    /// What every sandbox of `job` runs under: its steps' and the sources its COPY --from
+    /// steps read.
+    fn limits(&self, job: &BuildJob) -> Limits {
+        Limits {
+            cpus: Some(f64::from(job.resources.effective_cpu_count())),
+            memory_bytes: Some(u64::from(job.resources.effective_memory_mb()) << 20),
+            disk_min_free: job.resources.min_free_disk_mb.map(|mb| u64::from(mb) << 20),
+            timeout: self.settings.step_timeout,
+            ..Limits::default()
+        }
+    }
+
     async fn boot(
         &self,
         job: &BuildJob,
@@ -488,13 +500,7 @@ impl Executor<'_> {
         context: &StepContext,
     ) -> Result<Box<dyn Sandbox>, VmmError> {
         let mut spec = BootSpec::new(layers);
-        spec.limits = Limits {
-            cpus: Some(f64::from(job.resources.effective_cpu_count())),
-            memory_bytes: Some(u64::from(job.resources.effective_memory_mb()) << 20),
-            disk_min_free: job.resources.min_free_disk_mb.map(|mb| u64::from(mb) << 20),
-            timeout: self.settings.step_timeout,
-            ..Limits::default()
-        };
+        spec.limits = self.limits(job);
         spec.context = vmm_context(context);
         let started = std::time::Instant::now();
         let booted = self.backend.boot(spec).await;
@@ -838,9 +844,12 @@ impl Executor<'_> {
                 let archived = copy_from::archive(
                     self.backend,
                     self.attempt,
-                    template,
-                    &source,
-                    src,
+                    copy_from::From {
+                        template,
+                        source: &source,
+                        path: src,
+                    },
+                    self.limits(job),
                     &tmp_dir,
                     max,
                 );

@@ -444,7 +444,7 @@ async fn mirrors_unknown_images_and_the_size_ceiling() {
 
 /// Issue 46: only each layer's expansion was capped, so an image of many layers of zeros, each
 /// small compressed and within the per-layer ceiling, could fill the disk that also holds
-/// Postgres. A pull's layers are charged together as they stream, against the image's ceiling
+/// Postgres (or, with empty files, take its inodes). A pull's layers are charged together as they stream, against the image's ceiling
 /// and the node's disk reserve, and a pull past either fails saying which.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pull_expands_no_further_than_its_ceiling_or_the_nodes_reserve() {
@@ -501,6 +501,42 @@ async fn a_pull_expands_no_further_than_its_ceiling_or_the_nodes_reserve() {
         err.to_string().contains("STRATA_NODE_DISK_RESERVE"),
         "{err}"
     );
+
+    // Inodes, not bytes: four layers of 300 empty files each pass a ceiling of 1,000 entries
+    // for the image (each layer alone is far within the archive policy's per-layer cap).
+    let files: Vec<_> = (0..4)
+        .map(|l| {
+            let files = (0..300)
+                .map(|i| registry::file(&format!("empty-{l}-{i}"), ""))
+                .collect();
+            registry::layer(Compression::Gzip, files)
+        })
+        .collect();
+    let image = layout
+        .image(&files, &["PATH=/bin"], &registry::node_arch())
+        .unwrap();
+    layout.tag("files", &image).unwrap();
+    reg.push(&layout_dir, "files", "team/files:1", false)
+        .unwrap();
+    let many = Node::new();
+    let err = many
+        .puller(RegistrySettings {
+            max_entries: Some(1_000),
+            ..Default::default()
+        })
+        .pull(&reference(&reg.addr, "team/files:1"), None, None)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("STRATA_PULL_MAX_ENTRIES"), "{err}");
+    let enough = Node::new();
+    enough
+        .puller(RegistrySettings {
+            max_entries: Some(1_300),
+            ..Default::default()
+        })
+        .pull(&reference(&reg.addr, "team/files:1"), None, None)
+        .await
+        .unwrap();
 }
 
 #[test]
@@ -509,9 +545,10 @@ fn strata_image_pull_pulls_into_the_data_dir_and_image_ls_lists_it() {
     let reg = LocalRegistry::start(&work.path().join("reg"), Some(("cli", "cli-Pa55"))).unwrap();
     let image = registry::push_three_layers(&reg, work.path(), "team/cli:1", "cli\n");
     let data = work.path().join("data");
-    let run = |args: &[&str], password: Option<&str>| {
+    let run_with = |args: &[&str], password: Option<&str>, env: &[(&str, &str)]| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_strata"));
         cmd.args(args)
+            .envs(env.iter().copied())
             .env("STRATA_DATA_DIR", &data)
             // The test's registry is on loopback: listed, as an operator would.
             .env("STRATA_INSECURE_REGISTRIES", "127.0.0.1")
@@ -521,10 +558,23 @@ fn strata_image_pull_pulls_into_the_data_dir_and_image_ls_lists_it() {
         }
         cmd.output().unwrap()
     };
+    let run = |args: &[&str], password: Option<&str>| run_with(args, password, &[]);
     let reference = format!("{}/team/cli:1", reg.addr);
     let refused = run(&["image", "pull", &reference], None);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("refused access"));
+    // A pull by hand keeps the node's disk reserve, as a build's pull does.
+    let reserved = run_with(
+        &["image", "pull", &reference, "--username", "cli"],
+        Some("cli-Pa55"),
+        &[("STRATA_NODE_DISK_RESERVE", "1000000TiB")],
+    );
+    assert!(!reserved.status.success());
+    assert!(
+        String::from_utf8_lossy(&reserved.stderr).contains("STRATA_NODE_DISK_RESERVE"),
+        "{}",
+        String::from_utf8_lossy(&reserved.stderr)
+    );
     let out = run(
         &["image", "pull", &reference, "--username", "cli"],
         Some("cli-Pa55"),

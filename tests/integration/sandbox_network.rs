@@ -142,6 +142,169 @@ async fn no_service_of_the_node_is_reachable_unless_its_address_is_listed() {
     sb.destroy().await.unwrap();
 }
 
+/// An operator who opens a whole range (here every address) for builds does not open the node
+/// with it: its services answer on its own address and on each link's host end, and only an
+/// exception naming that one address opens it (above).
+#[tokio::test]
+async fn a_range_that_holds_the_nodes_addresses_does_not_open_the_node() {
+    let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    serve_http(listener, "host-service");
+    let host = host_address();
+    let world = Outside::new();
+    let served = world.http("outside-ok");
+
+    let backend = backend_with_network(config("0.0.0.0/0"));
+    let mut sb = boot(&backend, networked(busybox(&backend).await)).await;
+    assert_eq!(
+        fetch(&mut sb, &format!("http://{served}/"))
+            .await
+            .as_deref(),
+        Some("outside-ok"),
+        "the range is open"
+    );
+    let gateway = sh(&mut sb, "ip route | awk '/default/ {print $3}'").await;
+    for target in [
+        host.to_string(),
+        gateway.trim().to_string(),
+        world.host_ip.to_string(),
+    ] {
+        assert_eq!(
+            fetch(&mut sb, &format!("http://{target}:{port}/")).await,
+            None,
+            "{target} is the node's, inside the allowed range"
+        );
+    }
+    sb.destroy().await.unwrap();
+}
+
+/// One sandbox cannot fill the host's connection-tracking table, which every sandbox and the
+/// host's own connections share: past its cap a new connection is refused at once, the other
+/// sandboxes' are not, and the count falls as its connections end.
+#[tokio::test]
+async fn a_sandbox_holds_no_more_connections_than_its_cap() {
+    let world = Outside::new();
+    let served = world.http("outside-ok");
+    let holding = world.holding();
+    let mut c = config("10.252.0.0/16");
+    c.policy.max_connections = 4;
+    let backend = backend_with_network(c);
+    let base = busybox(&backend).await;
+    let mut a = boot(&backend, networked(base.clone())).await;
+    let mut b = boot(&backend, networked(base)).await;
+    let (host, port) = (holding.ip(), holding.port());
+    let try_one = format!(
+        "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {} {} 2>&1 | tail -n 1",
+        served.ip(),
+        served.port()
+    );
+    let hoard = format!(
+        "for i in 1 2 3 4; do ( (sleep 30 | nc {host} {port}) >/dev/null 2>&1 &) ; done; sleep 1; \
+         start=$(date +%s); echo \"fifth: $({try_one})\"; echo \"took: $(( $(date +%s) - start ))\"; \
+         sleep 3; killall nc; sleep 1; echo \"after: $({try_one})\""
+    );
+    let (hoarded, from_b) = tokio::join!(sh(&mut a, &hoard), async {
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        fetch(&mut b, &format!("http://{served}/")).await
+    });
+    assert!(
+        hoarded.contains("fifth: nc: can't connect to remote host")
+            && hoarded.contains("No route to host"),
+        "the fifth connection is refused: {hoarded}"
+    );
+    assert!(
+        hoarded.contains("took: 0") || hoarded.contains("took: 1"),
+        "refused at once, not timed out: {hoarded}"
+    );
+    assert!(
+        hoarded.contains("after: outside-ok"),
+        "connections that ended no longer count: {hoarded}"
+    );
+    assert_eq!(
+        from_b.as_deref(),
+        Some("outside-ok"),
+        "another sandbox's count is its own"
+    );
+    a.destroy().await.unwrap();
+    b.destroy().await.unwrap();
+}
+
+/// The table is the host's and something else may flush it (an operator's `nft flush
+/// ruleset`, a firewall manager's reload): with it gone a sandbox reaches the node and its
+/// private networks. The node installs it again within moments, whole.
+#[tokio::test]
+async fn the_node_restores_its_firewall_when_something_else_removes_it() {
+    use strata::vmm::namespace::firewall_keeper::KEEP_EVERY;
+    let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    serve_http(listener, "host-service");
+    let world = Outside::new();
+    let served = world.http("outside-ok");
+    let network = config("10.252.0.0/16");
+    let policy = network.policy.clone();
+    let backend = backend_with_network(network);
+    let mut sb = boot(&backend, networked(busybox(&backend).await)).await;
+    let gateway = sh(&mut sb, "ip route | awk '/default/ {print $3}'").await;
+    let gateway = gateway.trim();
+
+    let nft = |args: &str| {
+        let out = std::process::Command::new("sh")
+            .args(["-c", &format!("nft {args}")])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let restored_within = |what: &str, check: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + KEEP_EVERY * 5;
+        while std::time::Instant::now() < deadline {
+            if check() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("{what}: not restored within {:?}", KEEP_EVERY * 5);
+    };
+
+    // The whole table, as `nft flush ruleset` takes it.
+    assert!(nft("delete table inet strata").0);
+    restored_within("the deleted table", &|| nft("list table inet strata").0);
+    assert_eq!(
+        fetch(&mut sb, &format!("http://{gateway}:{port}/")).await,
+        None
+    );
+    assert_eq!(
+        fetch(&mut sb, &format!("http://{served}/"))
+            .await
+            .as_deref(),
+        Some("outside-ok"),
+        "the allow list and NAT are back too"
+    );
+
+    // One rule: the drop of the node's own addresses in this policy's chain.
+    let chain = format!("policy_{:08x}", policy.fingerprint());
+    let (_, listed) = nft(&format!("-a list chain inet strata {chain}"));
+    let handle = listed
+        .lines()
+        .find(|l| l.contains("fib daddr type local drop"))
+        .and_then(|l| l.rsplit_once("# handle "))
+        .map(|(_, h)| h.trim().to_string())
+        .unwrap_or_else(|| panic!("no local drop in:\n{listed}"));
+    assert!(nft(&format!("delete rule inet strata {chain} handle {handle}")).0);
+    restored_within("the deleted rule", &|| {
+        nft(&format!("list chain inet strata {chain}"))
+            .1
+            .contains("fib daddr type local drop")
+    });
+    assert_eq!(
+        fetch(&mut sb, &format!("http://{gateway}:{port}/")).await,
+        None
+    );
+    sb.destroy().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_sandbox_sees_only_its_own_interfaces_and_its_root_cannot_change_them() {
     let backend = backend();

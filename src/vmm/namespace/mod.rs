@@ -24,6 +24,7 @@ pub mod cgroup;
 pub mod confine;
 pub mod control;
 pub mod firewall;
+pub mod firewall_keeper;
 pub mod fs_archive;
 pub mod fs_ops;
 pub mod fs_watch;

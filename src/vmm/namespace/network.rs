@@ -15,7 +15,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
-use super::firewall::{self, LINK_PREFIX};
+use super::firewall::LINK_PREFIX;
+use super::firewall_keeper;
 use super::host_slots::{HeldSlot, HostSlots};
 use super::netlink::{self, Netlink, Peer};
 use crate::domain::egress_policy::{EgressMode, EgressPolicy, Ipv4Net};
@@ -185,7 +186,7 @@ impl Links {
                          loopback stubs); sandboxes get no DNS until STRATA_SANDBOX_DNS names one"
                     );
                 }
-                firewall::install(&config.policy, config.subnet)?;
+                firewall_keeper::install_and_keep(&config.policy, config.subnet)?;
                 tracing::info!(
                     subnet = %config.subnet,
                     allow = %config.policy.allow.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","),

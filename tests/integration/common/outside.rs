@@ -37,6 +37,23 @@ impl Outside {
         serve_http(listener, body)
     }
 
+    /// A TCP server in the world that holds every connection open, saying nothing, until its
+    /// client closes it; its address.
+    pub fn holding(&self) -> SocketAddr {
+        let ip = self.ip;
+        let listener = self.inside(|| TcpListener::bind((ip, 0)).unwrap());
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
+                });
+            }
+        });
+        addr
+    }
+
     /// A DNS server in the world on port 53, answering `A` queries for `name` with `answer`
     /// and every other name with NXDOMAIN.
     pub fn dns(&self, name: &'static str, answer: Ipv4Addr) {
