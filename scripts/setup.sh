@@ -50,12 +50,19 @@ if ! ls /var/cache/strata-test/apt/tree_*.deb >/dev/null 2>&1; then
   (cd /var/cache/strata-test/apt && apt-get download -qq tree 2>/dev/null)
 fi
 # apt in a sandbox also fetches the English translations the node's InRelease names (by hash,
-# so the file is the one that InRelease signs).
-release=/var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_InRelease
+# so the file is the one that InRelease signs). The release and its mirror are the ones this
+# machine's apt uses (its first plain release with a main component), as apt lists them.
+base_uri=$(apt-get indextargets --no-release-info --format '$(BASE_URI) $(RELEASE)' \
+  'Identifier: Packages' 'Component: main' | awk '$2 !~ /-/ && !found {print $1; found = 1}')
+if [ -z "$base_uri" ]; then
+  echo "setup: this machine's apt sources name no Debian release with a main component" >&2
+  exit 1
+fi
+release="/var/lib/apt/lists/$(printf '%s' "${base_uri#*://}" | tr / _)InRelease"
 translation=$(awk '/^SHA256:/{s=1;next} /^[^ ]/{s=0} s && $3=="main/i18n/Translation-en.xz"{print $1}' "$release")
 if [ -n "$translation" ] && [ ! -s "/var/cache/strata-test/apt/$translation" ]; then
   curl -fsS -o "/var/cache/strata-test/apt/$translation" \
-    "http://deb.debian.org/debian/dists/bookworm/main/i18n/by-hash/SHA256/$translation"
+    "${base_uri}main/i18n/by-hash/SHA256/$translation"
 fi
 
 # The stock E2B SDK for the conformance suite, pinned, in a virtualenv beside the checkout.

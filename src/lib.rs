@@ -28,6 +28,7 @@ pub mod embedded_postgres;
 pub mod envd;
 pub mod events;
 pub mod fault;
+pub mod host_apt;
 pub mod host_interfaces;
 pub mod inspect;
 mod layers;

@@ -43,13 +43,11 @@ enum ImageCommand {
         /// Only build the busybox base (seconds, no debootstrap).
         #[arg(long)]
         busybox_only: bool,
-        /// Debian mirror for debootstrap.
-        #[arg(
-            long,
-            env = "STRATA_DEBIAN_MIRROR",
-            default_value = "http://deb.debian.org/debian"
-        )]
-        mirror: String,
+        /// Debian mirror for debootstrap. Default: the one this machine's apt sources name for
+        /// the release (`apt-get indextargets`), so the image comes from where the node's own
+        /// packages do.
+        #[arg(long, env = "STRATA_DEBIAN_MIRROR", value_name = "URL")]
+        mirror: Option<String>,
     },
     /// Import an OCI image layout directory or a `docker save` archive.
     Import {
@@ -127,7 +125,7 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
                 );
                 let (d, b) = (data_dir.clone(), blobs.clone());
                 let m = tokio::task::spawn_blocking(move || {
-                    image::ensure_debian(&d, b.as_ref(), &mirror)
+                    image::ensure_debian(&d, b.as_ref(), mirror.as_deref())
                 })
                 .await??;
                 progress.finish_stage(&short(&m.digest().to_string()));

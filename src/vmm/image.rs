@@ -28,6 +28,8 @@ use crate::domain::image_ref::ImageRef;
 
 pub const BUSYBOX: &str = "busybox";
 pub const DEBIAN: &str = "debian:bookworm";
+/// The Debian release [`DEBIAN`] is built from.
+pub const DEBIAN_RELEASE: &str = "bookworm";
 pub const E2B_BASE: &str = "e2bdev/base";
 
 /// What an operator runs to get image `name` into a node's catalog, for "not available" errors.
@@ -300,11 +302,12 @@ pub fn ensure_busybox(data_dir: &Path, blobs: &dyn BlobStore) -> Result<ImageMan
     Ok(manifest)
 }
 
-/// Builds `debian:bookworm` with debootstrap if the catalog lacks it.
+/// Builds `debian:bookworm` with debootstrap if the catalog lacks it, from `mirror` or else the
+/// Debian mirror this machine's apt uses ([`crate::host_apt`]).
 pub fn ensure_debian(
     data_dir: &Path,
     blobs: &dyn BlobStore,
-    mirror: &str,
+    mirror: Option<&str>,
 ) -> Result<ImageManifest> {
     let catalog = ImageCatalog::open(data_dir)?;
     if let Ok(m) = catalog.verify(DEBIAN, blobs) {
@@ -314,12 +317,18 @@ pub fn ensure_debian(
     if let Ok(m) = catalog.verify(DEBIAN, blobs) {
         return Ok(m);
     }
+    let mirror = match mirror {
+        Some(m) => m.to_string(),
+        None => crate::host_apt::debian_mirror(DEBIAN_RELEASE)
+            .map_err(|e| VmmError::Image(format!("building {DEBIAN}: {e}")))?,
+    };
+    let mirror = mirror.as_str();
     let work =
         tempfile::tempdir_in(data_dir).map_err(VmmError::io("creating a build directory"))?;
     let rootfs = work.path().join("rootfs");
     run(
         Command::new("debootstrap")
-            .args(["--variant=minbase", "bookworm"])
+            .args(["--variant=minbase", DEBIAN_RELEASE])
             .arg(&rootfs)
             .arg(mirror),
         "debootstrap --variant=minbase bookworm (install it with `apt-get install debootstrap`)",

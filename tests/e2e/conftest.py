@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 import uuid
 
@@ -350,21 +351,58 @@ def registries(tmp_path_factory):
 
 
 # The node's own Debian index (scripts/setup.sh's `apt-get update`) and the packages setup
-# downloaded for `apt_install` tests, served in the outside world as deb.debian.org.
+# downloaded for `apt_install` tests, served in the outside world under the name of the mirror
+# the base image's own apt sources name. No mirror is named here: the base image says which
+# (it was built from the machine's), and apt says where the node keeps that release's index.
 APT_LISTS = pathlib.Path("/var/lib/apt/lists")
 APT_DEBS = pathlib.Path(os.environ.get("STRATA_TEST_APT_DEBS", "/var/cache/strata-test/apt"))
 
 
+def base_image_source(node: pathlib.Path = NODE_IMAGES) -> tuple[str, str]:
+    """The `deb URI SUITE main` line of e2bdev/base's /etc/apt/sources.list (debootstrap wrote
+    it from the mirror the image was built from): the URI and the suite."""
+    manifest = json.loads((node / "images" / "e2bdev%2Fbase.json").read_text())
+    for layer in manifest["layers"]:
+        sources = node / "layers" / layer["digest"].split(":", 1)[1] / "etc" / "apt" / "sources.list"
+        if sources.is_file():
+            for line in sources.read_text().splitlines():
+                words = line.split()
+                if len(words) >= 4 and words[0] == "deb" and "main" in words[3:]:
+                    return words[1].rstrip("/"), words[2]
+    raise AssertionError(f"e2bdev/base in {node} has no `deb URI SUITE main` source; run scripts/setup.sh")
+
+
+def node_index(suite: str) -> tuple[pathlib.Path, pathlib.Path, str]:
+    """Where this node's apt keeps `suite`'s main index (from whichever mirror it uses; every
+    Debian mirror serves the same signed files): the InRelease, the Packages list, the arch."""
+    arch = subprocess.run(["dpkg", "--print-architecture"], check=True, capture_output=True, text=True).stdout.strip()
+    listed = subprocess.run(
+        ["apt-get", "indextargets", "--no-release-info", "--format", "$(BASE_URI) $(FILENAME)",
+         "Identifier: Packages", "Component: main", f"Release: {suite}", f"Architecture: {arch}"],
+        check=True, capture_output=True, text=True,
+    ).stdout.split()
+    assert len(listed) >= 2, (
+        f"this node's apt sources have no {suite} main for {arch}, the release the base image's "
+        "sources name; the apt tests serve the node's own index of it (run scripts/setup.sh on such a host)"
+    )
+    base_uri, packages = listed[0], pathlib.Path(listed[1])
+    inrelease = APT_LISTS / (base_uri.split("://", 1)[-1].replace("/", "_") + "InRelease")
+    return inrelease, packages, arch
+
+
 def debian_mirror(root: pathlib.Path) -> pathlib.Path:
-    """bookworm main as deb.debian.org lays it out: the node's signed InRelease, the Packages
-    index it names (by path and by hash) and the .debs setup downloaded, each checked against
-    the index, so apt in a sandbox verifies everything as it would against the real mirror."""
-    dists = root / "debian" / "dists" / "bookworm"
-    index = dists / "main" / "binary-amd64"
+    """The base image's suite's main as a Debian mirror lays it out, at the path of the
+    base image's mirror URI: the node's signed InRelease, the Packages index it names (by path
+    and by hash) and the .debs setup downloaded, each checked against the index, so apt in a
+    sandbox verifies everything as it would against the real mirror."""
+    uri, suite = base_image_source()
+    inrelease_path, lists, arch = node_index(suite)
+    top = root / urllib.parse.urlsplit(uri).path.strip("/")
+    dists = top / "dists" / suite
+    index = dists / "main" / f"binary-{arch}"
     (index / "by-hash" / "SHA256").mkdir(parents=True)
-    inrelease = (APT_LISTS / "deb.debian.org_debian_dists_bookworm_InRelease").read_bytes()
+    inrelease = inrelease_path.read_bytes()
     (dists / "InRelease").write_bytes(inrelease)
-    lists = APT_LISTS / "deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages"
     if lists.exists():
         packages = lists.read_bytes()
     else:
@@ -390,7 +428,7 @@ def debian_mirror(root: pathlib.Path) -> pathlib.Path:
         if name in wanted:
             data = wanted.pop(name).read_bytes()
             assert hashlib.sha256(data).hexdigest() == fields["SHA256"], f"{name} is not the one the index names"
-            dest = root / "debian" / fields["Filename"]
+            dest = top / fields["Filename"]
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
     assert not wanted, f"not in the node's index (run scripts/setup.sh): {sorted(wanted)}"
@@ -399,11 +437,15 @@ def debian_mirror(root: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def outside(tmp_path_factory):
-    """The outside world, with the only DNS sandboxes get (deb.debian.org is the world itself)
-    and a Debian mirror on port 80."""
+    """The outside world, with the only DNS sandboxes get (the base image's mirror is the world
+    itself) and that mirror on port 80."""
     world = Outside()
+    mirror_uri = urllib.parse.urlsplit(base_image_source()[0])
+    assert mirror_uri.scheme == "http" and mirror_uri.port in (None, 80), (
+        f"the base image's mirror {mirror_uri.geturl()} is not plain HTTP on port 80, which the tests' mirror serves"
+    )
     dns = world.popen(
-        ["python3", str(ROOT / "tests" / "e2e" / "dns_server.py"), world.ip, f"deb.debian.org={world.ip}"],
+        ["python3", str(ROOT / "tests" / "e2e" / "dns_server.py"), world.ip, f"{mirror_uri.hostname}={world.ip}"],
     )
     mirror = debian_mirror(tmp_path_factory.mktemp("debian-mirror"))
     http = world.popen(

@@ -4,8 +4,8 @@ package and clone helpers work on it unchanged.
 Everything comes from the test's outside world (a network namespace of its own,
 conftest.Outside), which the build sandbox reaches through its own network because strata's
 allow list names it: `apt_install` from a Debian mirror there (the node's own signed index and
-the packages `scripts/setup.sh` downloaded, served as deb.debian.org, which the world's DNS
-names), the pip wheel, the npm tarball and the git repository from an HTTP server there.
+the packages `scripts/setup.sh` downloaded, served under the host name of the mirror the base
+image's apt sources name, which the world's DNS answers), the pip wheel, the npm tarball and the git repository from an HTTP server there.
 """
 
 import base64

@@ -126,7 +126,8 @@ async fn the_e2b_base_creates_the_default_user_with_useradd_and_sudo() {
     let b = blobs.clone();
     let d = dir.clone();
     tokio::task::spawn_blocking(move || {
-        image::ensure_debian(&d, b.as_ref(), "http://deb.debian.org/debian")
+        // The machine's own mirror (apt's sources), as `strata image build-base` uses.
+        image::ensure_debian(&d, b.as_ref(), None)
     })
     .await
     .unwrap()
@@ -158,4 +159,35 @@ async fn the_e2b_base_creates_the_default_user_with_useradd_and_sudo() {
     );
     sb.destroy().await.unwrap();
     assert_no_trace(&id);
+}
+
+/// The Debian base is built from the mirror this machine's apt uses, named nowhere in strata:
+/// what `strata image build-base` would pick here is what the node's base image's own apt
+/// sources name (scripts/setup.sh built it that way).
+#[test]
+fn the_debian_base_comes_from_the_mirror_the_machines_apt_uses() {
+    let mirror = strata::host_apt::debian_mirror(image::DEBIAN_RELEASE)
+        .expect("this machine's apt sources name a Debian mirror");
+    let catalog = ImageCatalog::open(&node_dir()).unwrap();
+    let debian = catalog
+        .get(image::DEBIAN)
+        .expect("debian:bookworm in the test node (scripts/setup.sh builds it)");
+    let sources = debian
+        .digests()
+        .iter()
+        .map(|d| {
+            node_dir()
+                .join("layers")
+                .join(d.hex())
+                .join("etc/apt/sources.list")
+        })
+        .find(|p| p.is_file())
+        .expect("the Debian base has an apt sources.list");
+    let written = std::fs::read_to_string(&sources).unwrap();
+    assert_eq!(
+        written.trim(),
+        format!("deb {mirror} {} main", image::DEBIAN_RELEASE),
+        "{}",
+        sources.display()
+    );
 }
