@@ -8,6 +8,7 @@
 mod common;
 
 mod admin_api;
+mod architecture;
 mod blob_conformance;
 mod build_context;
 mod cache_modes;
