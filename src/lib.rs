@@ -30,6 +30,7 @@ pub mod events;
 pub mod fault;
 pub mod host_apt;
 pub mod host_interfaces;
+pub mod http_relay;
 pub mod inspect;
 mod layers;
 pub mod metrics;

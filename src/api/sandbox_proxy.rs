@@ -1,6 +1,9 @@
-//! The API's door to sandbox agents: a request carrying `E2b-Sandbox-Id` (every envd call of
-//! an SDK told `E2B_SANDBOX_URL=<this server>`) goes to the node running that sandbox,
-//! streaming both ways without buffering (a `Start` stream lasts as long as its command).
+//! The API's door to sandboxes: a request carrying `E2b-Sandbox-Id` (every envd call of an SDK
+//! told `E2B_SANDBOX_URL=<this server>`), or whose `Host` is `<port>-<id>.<domain>` (what
+//! `sandbox.get_host(port)` gives, `domain` being `STRATA_SANDBOX_DOMAIN`), goes to the node
+//! running that sandbox, streaming both ways without buffering (a `Start` stream lasts as long
+//! as its command). envd's port goes to the node's agent; any other port is relayed through
+//! the agent into the sandbox, WebSocket upgrades included ([`crate::envd::ports`]).
 //!
 //! The agent checks the sandbox's access token itself; this door only finds the node. An
 //! unknown or ended sandbox answers 502 "The sandbox was not found", the words the SDK maps to
@@ -10,12 +13,14 @@ use std::sync::OnceLock;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderName, StatusCode};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures::TryStreamExt;
 
 use super::AppState;
+use crate::domain::sandbox_address::{self, SandboxAddress};
+use crate::envd::ports::PORT_HEADER;
 use crate::envd::server::{not_found_response, SANDBOX_HEADER};
 
 fn client() -> &'static reqwest::Client {
@@ -65,19 +70,35 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
+/// The sandbox and port `request` is for, if any: by its headers, else by its `Host`.
+/// `Err` names a sandbox header that is not a sandbox's id.
+fn addressed(request: &Request, domain: &str) -> Result<Option<SandboxAddress>, String> {
+    let headers = request.headers();
+    if let Some(id) = headers.get(SANDBOX_HEADER) {
+        let id = id.to_str().unwrap_or_default();
+        let port = headers.get(PORT_HEADER).and_then(|p| p.to_str().ok());
+        return sandbox_address::from_headers(id, port)
+            .map(Some)
+            .ok_or_else(|| id.to_string());
+    }
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()));
+    Ok(host.and_then(|h| sandbox_address::from_host(h, domain)))
+}
+
 pub async fn forward_to_sandbox(
     State(state): State<AppState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
-    let Some(id) = request
-        .headers()
-        .get(SANDBOX_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-    else {
-        return next.run(request).await;
+    let address = match addressed(&request, &state.protocol.sandbox_domain) {
+        Ok(Some(address)) => address,
+        Ok(None) => return next.run(request).await,
+        Err(id) => return not_found_response(&id),
     };
+    let id = address.id.clone();
     let row = match crate::projections::sandboxes::get(&state.pool, &id).await {
         Ok(row) => row,
         Err(e) => return super::error::ApiError::from(e).into_response(),
@@ -88,6 +109,15 @@ pub async fn forward_to_sandbox(
     else {
         return not_found_response(&id);
     };
+    // The agent finds the sandbox by these, whichever way this request named it.
+    let headers = request.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        headers.insert(SANDBOX_HEADER, v);
+    }
+    headers.insert(PORT_HEADER, HeaderValue::from(address.port));
+    if !address.is_envd() {
+        return relay_to_node(&agent, &id, request).await;
+    }
     let (parts, body) = request.into_parts();
     let path = parts
         .uri
@@ -105,12 +135,7 @@ pub async fn forward_to_sandbox(
         Ok(a) => a,
         Err(e) => {
             tracing::warn!(sandbox = %id, error = %e, "the sandbox's node did not answer");
-            let body = serde_json::json!({
-                "code": 502,
-                "message": format!("the node running sandbox {id} did not answer; retry, or create the sandbox again"),
-                "sandboxId": id,
-            });
-            return (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response();
+            return node_did_not_answer(&id);
         }
     };
     let mut response = Response::builder().status(answer.status().as_u16());
@@ -123,4 +148,41 @@ pub async fn forward_to_sandbox(
     response
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
+}
+
+/// The answer when the node running sandbox `id` cannot be reached.
+fn node_did_not_answer(id: &str) -> Response {
+    let body = serde_json::json!({
+        "code": 502,
+        "message": format!("the node running sandbox {id} did not answer; retry, or create the sandbox again"),
+        "sandboxId": id,
+    });
+    (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
+}
+
+/// Relays a request for one of sandbox `id`'s ports to the agent at `agent`, over a connection
+/// of its own (an upgrade keeps it).
+async fn relay_to_node(agent: &str, id: &str, request: Request) -> Response {
+    let Some((host, port)) = reqwest::Url::parse(agent)
+        .ok()
+        .and_then(|u| Some((u.host_str()?.to_string(), u.port_or_known_default()?)))
+    else {
+        tracing::warn!(sandbox = %id, agent, "a node's agent URL is not http://host:port");
+        return node_did_not_answer(id);
+    };
+    let stream = match tokio::net::TcpStream::connect((host.as_str(), port)).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(sandbox = %id, error = %e, "the sandbox's node did not answer");
+            return node_did_not_answer(id);
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    match crate::http_relay::relay(stream, request).await {
+        Ok(response) => response,
+        Err(e) => {
+            tracing::warn!(sandbox = %id, error = %e, "the sandbox's node did not answer");
+            node_did_not_answer(id)
+        }
+    }
 }

@@ -61,6 +61,7 @@ pub mod promotion;
 pub mod reachability;
 pub mod retention;
 pub mod sandbox;
+pub mod sandbox_address;
 pub mod setting_levels;
 pub mod settings;
 pub mod snapshot;

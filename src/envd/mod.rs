@@ -17,6 +17,7 @@ pub mod connect;
 pub mod files;
 pub mod messages;
 pub mod metrics;
+pub mod ports;
 pub mod processes;
 pub mod server;
 pub mod watches;

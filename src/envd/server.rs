@@ -27,6 +27,18 @@ pub const SANDBOX_HEADER: &str = "e2b-sandbox-id";
 pub const TOKEN_HEADER: &str = "x-access-token";
 
 pub fn router(agents: Arc<Agents>) -> Router {
+    // Every request meets the port relay first, whatever its path and method: a sandbox's own
+    // server may serve `/health` or `/files` too.
+    Router::new()
+        .fallback_service(envd_routes(agents.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            agents,
+            super::ports::serve_port,
+        ))
+}
+
+/// envd's own routes.
+fn envd_routes(agents: Arc<Agents>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/envs", get(envs))

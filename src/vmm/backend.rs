@@ -267,6 +267,12 @@ pub trait Sandbox: Send {
     fn usage(&self) -> Option<Usage> {
         None
     }
+    /// A way into the ports the sandbox's processes listen on (host routing).
+    fn port_door(&self) -> Result<super::port_door::PortDoor> {
+        Err(super::VmmError::Exec(
+            "this sandbox backend cannot serve a sandbox's ports".into(),
+        ))
+    }
     /// Kills everything and removes every trace on the host.
     async fn destroy(self: Box<Self>) -> Result<()>;
 }

@@ -39,6 +39,7 @@ pub mod local_s3;
 pub mod namespace;
 pub mod object_blob_store;
 pub mod output;
+pub mod port_door;
 pub mod process;
 pub mod start_failure;
 pub mod tar_guard;

@@ -980,6 +980,17 @@ impl Sandbox for NamespaceSandbox {
         ))
     }
 
+    fn port_door(&self) -> Result<crate::vmm::port_door::PortDoor> {
+        let net = self.net.as_ref().ok_or_else(|| {
+            VmmError::Exec(format!("sandbox {} has no network namespace", self.id))
+        })?;
+        let netns = net
+            .netns()
+            .try_clone_to_owned()
+            .map_err(VmmError::io("holding a sandbox's network namespace"))?;
+        Ok(crate::vmm::port_door::PortDoor::new(netns))
+    }
+
     fn usage(&self) -> Option<crate::vmm::backend::Usage> {
         let cgroup = self.cgroup.as_ref()?.usage();
         let cores = std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64);

@@ -1,0 +1,42 @@
+//! How the node reaches a port a process in a sandbox listens on: a TCP connection to the
+//! sandbox's own loopback, opened from inside its network namespace.
+//!
+//! A socket belongs to the network namespace it was made in, so a thread that has joined the
+//! sandbox's namespace makes it and connects, and the stream then works from any thread. The
+//! thread is a fresh one that ends right after: a pooled thread left in a sandbox's namespace
+//! would make the next caller's sockets there. The sandbox reaches nothing of the node this
+//! way; only the node opens these connections.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::Duration;
+
+/// A sandbox's network namespace, held to open connections into it.
+pub struct PortDoor {
+    netns: OwnedFd,
+}
+
+impl PortDoor {
+    pub fn new(netns: OwnedFd) -> PortDoor {
+        PortDoor { netns }
+    }
+
+    /// A connection to `port` on the sandbox's loopback; `ConnectionRefused` when nothing
+    /// listens there.
+    pub fn connect(&self, port: u16, timeout: Duration) -> io::Result<TcpStream> {
+        let netns = self.netns.as_fd().try_clone_to_owned()?;
+        std::thread::Builder::new()
+            .name("strata-port-door".into())
+            .spawn(move || {
+                // SAFETY: setns on this thread only, which ends with the closure; `netns` is
+                // an open namespace descriptor it owns.
+                if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                TcpStream::connect_timeout(&SocketAddr::from((Ipv4Addr::LOCALHOST, port)), timeout)
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the thread opening a sandbox connection panicked"))?
+    }
+}
