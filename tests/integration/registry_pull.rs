@@ -518,25 +518,21 @@ async fn a_pull_expands_no_further_than_its_ceiling_or_the_nodes_reserve() {
     layout.tag("files", &image).unwrap();
     reg.push(&layout_dir, "files", "team/files:1", false)
         .unwrap();
-    let many = Node::new();
-    let err = many
-        .puller(RegistrySettings {
-            max_entries: Some(1_000),
-            ..Default::default()
-        })
-        .pull(&reference(&reg.addr, "team/files:1"), None, None)
-        .await
-        .unwrap_err();
+    let pull_with_ceiling = |max_entries: u64| {
+        let files = reference(&reg.addr, "team/files:1");
+        async move {
+            let node = Node::new();
+            node.puller(RegistrySettings {
+                max_entries: Some(max_entries),
+                ..Default::default()
+            })
+            .pull(&files, None, None)
+            .await
+        }
+    };
+    let err = pull_with_ceiling(1_000).await.unwrap_err();
     assert!(err.to_string().contains("STRATA_PULL_MAX_ENTRIES"), "{err}");
-    let enough = Node::new();
-    enough
-        .puller(RegistrySettings {
-            max_entries: Some(1_300),
-            ..Default::default()
-        })
-        .pull(&reference(&reg.addr, "team/files:1"), None, None)
-        .await
-        .unwrap();
+    pull_with_ceiling(1_300).await.unwrap();
 }
 
 #[test]

@@ -53,6 +53,15 @@ async fn address(sb: &mut Box<dyn Sandbox>) -> Ipv4Addr {
     inet.split('/').next().unwrap().parse().unwrap()
 }
 
+/// A service of the node's, answering "host-service" on every host address (loopback, the
+/// host's own, each sandbox link's host end); its port.
+fn node_service() -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    serve_http(listener, "host-service");
+    port
+}
+
 /// The host's own address on its first real interface (not loopback, not a test's link).
 fn host_address() -> Ipv4Addr {
     strata::host_interfaces::addresses()
@@ -104,10 +113,7 @@ async fn an_outside_host_is_reached_only_when_its_range_is_allowed() {
 
 #[tokio::test]
 async fn no_service_of_the_node_is_reachable_unless_its_address_is_listed() {
-    // A server on every host address: loopback, the host's own, each sandbox link's host end.
-    let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    serve_http(listener, "host-service");
+    let port = node_service();
     let host = host_address();
 
     // An allow list that names other ranges opens nothing of the node's.
@@ -147,9 +153,7 @@ async fn no_service_of_the_node_is_reachable_unless_its_address_is_listed() {
 /// exception naming that one address opens it (above).
 #[tokio::test]
 async fn a_range_that_holds_the_nodes_addresses_does_not_open_the_node() {
-    let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    serve_http(listener, "host-service");
+    let port = node_service();
     let host = host_address();
     let world = Outside::new();
     let served = world.http("outside-ok");
@@ -235,9 +239,7 @@ async fn a_sandbox_holds_no_more_connections_than_its_cap() {
 #[tokio::test]
 async fn the_node_restores_its_firewall_when_something_else_removes_it() {
     use strata::vmm::namespace::firewall_keeper::KEEP_EVERY;
-    let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    serve_http(listener, "host-service");
+    let port = node_service();
     let world = Outside::new();
     let served = world.http("outside-ok");
     let network = config("10.252.0.0/16");
