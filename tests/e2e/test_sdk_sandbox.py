@@ -393,6 +393,7 @@ def test_the_js_sdk_launches_and_drives_a_sandbox(built, strata):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["killed"] is True, result
     assert result["resumed"] is True, result
+    assert result["served"] == "served-to-js", result
 
 
 def test_operators_see_sandboxes_and_their_history(built, strata):

@@ -1,9 +1,10 @@
 // Launches a strata template through the stock E2B JS SDK's Sandbox API and checks what it
-// can do: commands (foreground, failing, background + kill, stdin), files, info, list, pause,
-// connect (resume), kill.
+// can do: commands (foreground, failing, background + kill, stdin), files, info, list, a port
+// served at getHost(port), pause, connect (resume), kill.
 // Usage: node sandbox.mjs TEMPLATE (E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL set).
 // Prints one JSON line of results; exits non-zero on the first failed check.
 import { Sandbox, CommandExitError } from 'e2b'
+import http from 'node:http'
 
 const [template] = process.argv.slice(2)
 const check = (ok, what) => {
@@ -57,6 +58,30 @@ try {
   const page = await paginator.nextItems()
   check(page.some((s) => s.sandboxId === sbx.sandboxId), 'listed by metadata')
   check(await sbx.isRunning(), 'running')
+
+  // A port of the sandbox, at the host name getHost gives, sent to the API's address as a
+  // browser behind a resolver for the domain would (node's fetch may not set Host; http may).
+  await sbx.commands.run('mkdir -p /tmp/www && echo served-to-js > /tmp/www/index.html')
+  await sbx.commands.run('python3 -m http.server 8080 --directory /tmp/www', { background: true })
+  const host = sbx.getHost(8080)
+  check(host === `8080-${sbx.sandboxId}.${new URL(process.env.E2B_API_URL).hostname}`, `getHost ${host}`)
+  const api = new URL(process.env.E2B_API_URL)
+  const get = () =>
+    new Promise((resolve, reject) => {
+      const req = http.get({ host: api.hostname, port: api.port, path: '/', headers: { host } }, (res) => {
+        let body = ''
+        res.on('data', (c) => (body += c))
+        res.on('end', () => resolve({ status: res.statusCode, body }))
+      })
+      req.on('error', reject)
+    })
+  let served = null
+  for (let i = 0; i < 100 && !(served && served.status === 200); i++) {
+    if (served) await new Promise((r) => setTimeout(r, 200))
+    served = await get()
+  }
+  check(served.status === 200 && served.body === 'served-to-js\n', `port 8080: ${JSON.stringify(served)}`)
+  results.served = served.body.trim()
 
   // Pause keeps the filesystem; connect resumes it (on whichever node places it).
   await sbx.files.write('/home/user/js/paused.txt', 'kept through the pause')
