@@ -295,6 +295,21 @@ pub struct ServeArgs {
     #[arg(long, env = "STRATA_SANDBOX_DOMAIN")]
     pub sandbox_domain: Option<String>,
 
+    /// Where to serve the API over TLS for `*.<domain>` as well (`0.0.0.0:443`: the SDK
+    /// reaches envd at `https://49983-<id>.<domain>` with no port). Needs
+    /// STRATA_SANDBOX_TLS_CERT and STRATA_SANDBOX_TLS_KEY; DNS for `*.<domain>` is the
+    /// operator's.
+    #[arg(long, env = "STRATA_SANDBOX_TLS_LISTEN", requires_all = ["sandbox_tls_cert", "sandbox_tls_key"])]
+    pub sandbox_tls_listen: Option<SocketAddr>,
+
+    /// PEM certificate chain for `*.<domain>` (the leaf first).
+    #[arg(long, env = "STRATA_SANDBOX_TLS_CERT", value_name = "PEM")]
+    pub sandbox_tls_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of that certificate.
+    #[arg(long, env = "STRATA_SANDBOX_TLS_KEY", value_name = "PEM")]
+    pub sandbox_tls_key: Option<std::path::PathBuf>,
+
     /// How long a registered build waits for its uploads and start before it expires, in seconds.
     #[arg(long, env = "STRATA_BUILD_WAITING_TIMEOUT", default_value_t = 3600)]
     pub build_waiting_timeout_secs: u64,

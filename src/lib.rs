@@ -39,6 +39,7 @@ pub mod projections;
 pub mod reconcilers;
 pub mod registry;
 pub mod serve;
+pub mod serve_tls;
 pub mod streams;
 pub mod telemetry;
 pub mod trace;

@@ -34,31 +34,69 @@ pub async fn run(args: ApiArgs) -> anyhow::Result<()> {
             .context("opening the blob store (STRATA_BLOB_URL)")?,
     );
     let shutdown = CancellationToken::new();
-    let server = serve(args.serve.listen, state, shutdown.clone()).await?;
+    let server = serve(&args.serve, state, shutdown.clone()).await?;
     super::shutdown_signal().await;
     shutdown.cancel();
     server.await.context("API server task")??;
     Ok(())
 }
 
-/// Binds `listen` and serves until `shutdown` is cancelled.
+/// Binds the API's address (and, when configured, its TLS address for `*.<domain>`) and serves
+/// until `shutdown` is cancelled.
 pub async fn serve(
-    listen: std::net::SocketAddr,
+    settings: &ServeArgs,
     state: AppState,
     shutdown: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>> {
+    let listen = settings.listen;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("binding the API to {listen}"))?;
     tracing::info!(address = %listener.local_addr()?, "API listening");
+    let tls = match (
+        settings.sandbox_tls_listen,
+        &settings.sandbox_tls_cert,
+        &settings.sandbox_tls_key,
+    ) {
+        (Some(address), Some(cert), Some(key)) => {
+            let acceptor = strata::serve_tls::acceptor(cert, key)?;
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| {
+                    format!(
+                        "binding the API's TLS listener to {address} (STRATA_SANDBOX_TLS_LISTEN)"
+                    )
+                })?;
+            tracing::info!(address = %listener.local_addr()?, domain = %state.protocol.sandbox_domain, "API listening over TLS for sandbox hosts");
+            Some((listener, acceptor))
+        }
+        _ => None,
+    };
+    let router = strata::api::router(state);
     Ok(tokio::spawn(async move {
-        strata::serve::serve_until(
+        let plain = strata::serve::serve_until(
             listener,
-            strata::api::router(state),
-            shutdown,
+            router.clone(),
+            shutdown.clone(),
             strata::serve::DRAIN,
-        )
-        .await
-        .context("serving the API")
+        );
+        let secure = async {
+            match tls {
+                Some((listener, acceptor)) => {
+                    strata::serve_tls::serve_tls_until(
+                        listener,
+                        acceptor,
+                        router,
+                        shutdown,
+                        strata::serve::DRAIN,
+                    )
+                    .await
+                }
+                None => Ok(()),
+            }
+        };
+        tokio::try_join!(plain, secure)
+            .map(|_| ())
+            .context("serving the API")
     }))
 }

@@ -79,7 +79,7 @@ async fn run_services(args: &UpArgs, embedded: Option<&EmbeddedPostgres>) -> any
         strata::vmm::open_blob_store(args.storage.blob_url.as_deref(), &args.storage.data_dir)
             .context("opening the blob store (STRATA_BLOB_URL)")?,
     );
-    let api = super::api::serve(args.serve.listen, state, shutdown.clone()).await?;
+    let api = super::api::serve(&args.serve, state, shutdown.clone()).await?;
     let worker_settings = super::worker::settings(&args.build, &args.node, &args.storage)?;
     let worker = tokio::spawn(super::worker::run_until(
         pool.clone(),
