@@ -137,7 +137,10 @@ mod tests {
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "").unwrap();
         let missing = dir.path().join("missing.pem");
-        let err = acceptor(&missing, &empty).err().expect("refused").to_string();
+        let err = acceptor(&missing, &empty)
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(
             err.contains("STRATA_SANDBOX_TLS_CERT") && err.contains("missing.pem"),
             "{err}"

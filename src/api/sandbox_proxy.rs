@@ -103,12 +103,15 @@ pub async fn forward_to_sandbox(
         Ok(row) => row,
         Err(e) => return super::error::ApiError::from(e).into_response(),
     };
-    let Some(agent) = row
-        .filter(|r| r.state == "running")
-        .and_then(|r| r.agent_url)
-    else {
+    let Some(row) = row.filter(|r| r.state == "running" && r.agent_url.is_some()) else {
         return not_found_response(&id);
     };
+    let agent = row.agent_url.clone().unwrap_or_default();
+    if !address.is_envd() {
+        if let Some(refused) = traffic_refused(&row, &address, request.headers_mut()) {
+            return refused;
+        }
+    }
     // The agent finds the sandbox by these, whichever way this request named it.
     let headers = request.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&id) {
@@ -148,6 +151,38 @@ pub async fn forward_to_sandbox(
     response
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
+}
+
+/// The header a request for a non-public sandbox's port carries its traffic token in (E2B's).
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
+/// The refusal of a request for a port of a sandbox created with `allowPublicTraffic: false`
+/// that does not carry its traffic token; `None` lets it through, without the token (the
+/// sandbox's own server has no use for it).
+fn traffic_refused(
+    row: &crate::projections::sandboxes::SandboxRow,
+    address: &SandboxAddress,
+    headers: &mut axum::http::HeaderMap,
+) -> Option<Response> {
+    let presented = headers.remove(TRAFFIC_TOKEN_HEADER);
+    let expected = row.traffic_token.as_deref()?;
+    let matches = presented
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| crate::domain::token::tokens_equal(t, expected));
+    if matches {
+        return None;
+    }
+    let body = serde_json::json!({
+        "code": 403,
+        "message": format!(
+            "sandbox {} was created with allowPublicTraffic false: a request for its port {} must \
+             carry the sandbox's traffic access token in the {TRAFFIC_TOKEN_HEADER} header",
+            address.id, address.port
+        ),
+        "sandboxId": address.id,
+    });
+    Some((StatusCode::FORBIDDEN, axum::Json(body)).into_response())
 }
 
 /// The answer when the node running sandbox `id` cannot be reached.

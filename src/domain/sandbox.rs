@@ -107,6 +107,11 @@ pub struct SandboxRequest {
     pub cpu_count: u32,
     pub memory_mb: u32,
     pub envd_token: String,
+    /// The token a request for one of its ports must carry (`e2b-traffic-access-token`), when
+    /// it was created with `allowPublicTraffic: false`; `None`: its ports are public (E2B's
+    /// default, and every sandbox requested before this field).
+    #[serde(default)]
+    pub traffic_token: Option<String>,
     /// Pause at the deadline instead of ending (E2B's `autoPause`, lifecycle
     /// `on_timeout="pause"`).
     #[serde(default)]
@@ -627,6 +632,7 @@ mod tests {
             cpu_count: 2,
             memory_mb: 512,
             envd_token: "tok".into(),
+            traffic_token: None,
             auto_pause: false,
             backend: None,
         }

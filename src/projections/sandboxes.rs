@@ -31,8 +31,8 @@ impl InlineProjection for SandboxesProjection {
                     sqlx::query(
                         "INSERT INTO sandboxes (sandbox_id, team_id, template_id, alias, build_id, \
                          snapshot_id, state, envd_token, metadata, env_vars, allow_internet, \
-                         timeout_secs, cpu_count, memory_mb, requested_at, auto_pause) \
-                         VALUES ($1, $2, $3, $4, $5, $6, 'requested', $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+                         timeout_secs, cpu_count, memory_mb, requested_at, auto_pause, traffic_token) \
+                         VALUES ($1, $2, $3, $4, $5, $6, 'requested', $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
                          ON CONFLICT (sandbox_id) DO NOTHING",
                     )
                     .bind(id)
@@ -50,6 +50,7 @@ impl InlineProjection for SandboxesProjection {
                     .bind(r.memory_mb as i32)
                     .bind(requested_at)
                     .bind(r.auto_pause)
+                    .bind(&r.traffic_token)
                     .execute(&mut *conn)
                     .await?;
                 }
@@ -212,6 +213,8 @@ pub struct SandboxRow {
     pub auto_pause: bool,
     /// Why its last resume did not get as far as running, while it is paused again.
     pub resume_detail: Option<String>,
+    /// What a request for one of its ports must carry; `None`: they are public.
+    pub traffic_token: Option<String>,
 }
 
 impl SandboxRow {

@@ -210,3 +210,34 @@ def test_a_port_request_reaches_only_the_named_sandboxs_own_loopback(strata, ser
     finally:
         other.kill()
         node.close()
+
+
+def test_a_sandbox_without_public_traffic_serves_its_ports_only_with_its_traffic_token(strata, serving):
+    """E2B's `allowPublicTraffic: false`: create answers a traffic token, and a request for a
+    port is refused (403) unless it carries it in `e2b-traffic-access-token`. A public
+    sandbox has no token and asks for none."""
+    assert serving["sbx"].traffic_access_token is None
+    o = serving["opts"]
+    sbx = Sandbox.create(
+        serving["sbx"].get_info().template_id, timeout=120, network={"allow_public_traffic": False}, **o
+    )
+    try:
+        token = sbx.traffic_access_token
+        assert token, "create answers a traffic token"
+        sbx.files.write("/tmp/server.py", SERVER)
+        sbx.commands.run("python3 /tmp/server.py", background=True, user="root")
+        host = sbx.get_host(8080)
+        with_token = {"e2b-traffic-access-token": token}
+        deadline = time.monotonic() + 30
+        while get(strata, host, headers=with_token).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        r = get(strata, host, "/private", headers=with_token)
+        assert r.status_code == 200 and r.text.startswith("GET /private HTTP/1.1"), r.text
+        for headers in [{}, {"e2b-traffic-access-token": token + "x"}, {"e2b-traffic-access-token": ""}]:
+            r = get(strata, host, headers=headers)
+            assert r.status_code == 403, (headers, r.text)
+            assert "e2b-traffic-access-token" in r.json()["message"], r.text
+        # envd is the SDK's, with its own token: unchanged.
+        assert sbx.commands.run("echo envd").stdout == "envd\n"
+    finally:
+        sbx.kill()

@@ -48,6 +48,15 @@ struct NewSandbox {
     env_vars: Option<BTreeMap<String, String>>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
+    #[serde(default)]
+    network: Option<NetworkBody>,
+}
+
+/// The create call's `network`: strata honours `allowPublicTraffic`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NetworkBody {
+    allow_public_traffic: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -180,6 +189,8 @@ async fn create_sandbox(
         cpu_count: resources.effective_cpu_count(),
         memory_mb: resources.effective_memory_mb(),
         envd_token: random_token(),
+        traffic_token: (new.network.and_then(|n| n.allow_public_traffic) == Some(false))
+            .then(random_token),
         auto_pause,
         backend: Some(backend),
     };
@@ -328,7 +339,7 @@ fn sandbox_json(state: &AppState, row: &SandboxRow) -> serde_json::Value {
         "clientID": CLIENT_ID,
         "envdVersion": crate::envd::ENVD_VERSION,
         "envdAccessToken": row.envd_token,
-        "trafficAccessToken": null,
+        "trafficAccessToken": row.traffic_token,
         "domain": state.protocol.sandbox_domain,
         "alias": row.alias,
     })
@@ -364,6 +375,7 @@ fn detail_json(state: &AppState, row: &SandboxRow) -> serde_json::Value {
     let extra = serde_json::json!({
         "domain": state.protocol.sandbox_domain,
         "envdAccessToken": row.envd_token,
+        "trafficAccessToken": row.traffic_token,
         "allowInternetAccess": row.allow_internet,
         "lifecycle": {
             "onTimeout": if row.auto_pause { "pause" } else { "kill" },

@@ -352,6 +352,7 @@ fn a_live_sandbox_roots_its_stack_even_when_its_template_is_deleted_and_an_ended
         cpu_count: 1,
         memory_mb: 512,
         envd_token: "t".into(),
+        traffic_token: None,
         auto_pause: false,
         backend: None,
     };
