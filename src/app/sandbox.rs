@@ -45,7 +45,16 @@ pub async fn request(
     request: SandboxRequest,
     now: DateTime<Utc>,
 ) -> Result<State> {
-    run(store, ctx, id, Command::Request { request, now }).await
+    run(
+        store,
+        ctx,
+        id,
+        Command::Request {
+            request: Box::new(request),
+            now,
+        },
+    )
+    .await
 }
 
 /// This node takes `id`; answers the epoch its later writes are fenced by, or `None` when

@@ -192,7 +192,8 @@ impl State {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     Request {
-        request: SandboxRequest,
+        /// Boxed: the request is most of a command's size, and the other variants are small.
+        request: Box<SandboxRequest>,
         now: DateTime<Utc>,
     },
     /// A node takes a requested sandbox.
@@ -258,7 +259,8 @@ pub enum Command {
 pub enum Event {
     #[serde(rename = "SandboxRequested.v1")]
     Requested {
-        request: SandboxRequest,
+        /// Boxed as in [`Command::Request`]; serialized as the request itself.
+        request: Box<SandboxRequest>,
         requested_at: DateTime<Utc>,
     },
     #[serde(rename = "SandboxPlaced.v1")]
@@ -375,7 +377,7 @@ pub fn decide(state: &State, command: &Command) -> Result<Vec<Event>, Error> {
     match command {
         Command::Request { request, .. } => {
             // A replayed request with the same body is its own answer.
-            if state.request.as_ref() == Some(request) {
+            if state.request.as_ref() == Some(&**request) {
                 Ok(Vec::new())
             } else {
                 Err(Error::AlreadyExists)
@@ -568,7 +570,7 @@ pub fn evolve(mut state: State, event: &Event) -> State {
             requested_at,
         } => {
             state.phase = Phase::Requested;
-            state.request = Some(request.clone());
+            state.request = Some((**request).clone());
             state.requested_at = Some(*requested_at);
         }
         Event::Placed { node, epoch, .. } => {
@@ -651,7 +653,7 @@ mod tests {
     fn running() -> Vec<Command> {
         vec![
             Command::Request {
-                request: request(),
+                request: Box::new(request()),
                 now: at(0),
             },
             Command::Place {
@@ -785,7 +787,7 @@ mod tests {
             decide(
                 &s,
                 &Command::Request {
-                    request: other,
+                    request: Box::new(other),
                     now: at(0)
                 }
             ),
@@ -1007,7 +1009,7 @@ mod tests {
         req.auto_pause = true;
         let mut cmds = running();
         cmds[0] = Command::Request {
-            request: req,
+            request: Box::new(req),
             now: at(0),
         };
         let s = run(&cmds).unwrap();
