@@ -52,6 +52,10 @@ try:
             served = repr(e)
         time.sleep(0.2)
     out["served"] = served
+    # Signed file URLs name the sandbox's envd host: usable from curl or a browser as they are.
+    out["download"] = httpx.get(sbx.download_url("/tmp/www/index.html"), verify=trust, timeout=10).text
+    up = httpx.post(sbx.upload_url("/tmp/www/uploaded.txt"), files={"file": ("x", b"up-over-tls")}, verify=trust, timeout=10)
+    out["upload"] = [up.status_code, sbx.files.read("/tmp/www/uploaded.txt")]
     try:
         system = ssl.create_default_context(cafile="/etc/ssl/certs/ca-certificates.crt")
         httpx.get(f"https://{sbx.get_host(8080)}/", verify=system, timeout=10)
@@ -121,6 +125,8 @@ def test_the_sdk_without_a_sandbox_url_reaches_envd_and_ports_over_tls(tls_serve
     assert got["echo"] == "over-tls\n", got
     assert got["read"] == "served-over-tls\n", got
     assert got["served"] == "served-over-tls\n", got
+    assert got["download"] == "served-over-tls\n", got
+    assert got["upload"] == [200, "up-over-tls"], got
     # The machine's own trust store (not SSL_CERT_FILE) does not know the test CA: the
     # certificate is what is checked.
     assert got["untrusted"] == "ConnectError", got
