@@ -9,6 +9,11 @@ Builds (once, untimed) a template on --image, then per run: `Sandbox.create`, th
 `commands.run("true")`, `kill`; with --pause, between the first run and the kill, a 1 MiB file
 write (untimed), `pause`, `Sandbox.connect` (the resume) and the first command after. Prints the template's name on the first line, then one JSON
 object per run with the seconds each call took.
+
+With --serve, it then launches one more sandbox serving a small page with busybox `httpd` on
+port 8080 and prints `{"serve": {"id", "host", "marker"}}` (the marker is in the server's
+command line, so the bench finds its process, and with it the sandbox's network namespace,
+on the host); it kills that sandbox when its standard input closes.
 """
 
 import argparse
@@ -25,6 +30,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--image", default="busybox")
     parser.add_argument("--pause", action="store_true")
+    parser.add_argument("--serve", action="store_true")
     args = parser.parse_args()
     name = f"bench-launch-{uuid.uuid4().hex[:8]}"
     Template.build(Template().from_image(args.image).run_cmd("true"), name, api_url=args.url)
@@ -52,6 +58,22 @@ def main() -> None:
         t3 = time.perf_counter()
         timed["kill"] = t3 - t2
         print(json.dumps(timed), flush=True)
+    if args.serve:
+        serve(name, opts)
+
+
+def serve(name, opts) -> None:
+    import sys
+
+    marker = f"/tmp/www-{uuid.uuid4().hex[:8]}"
+    sbx = Sandbox.create(name, timeout=3600, **opts)
+    try:
+        sbx.commands.run(f"mkdir -p {marker} && echo bench-page > {marker}/index.html")
+        sbx.commands.run(f"httpd -f -p 8080 -h {marker}", background=True)
+        print(json.dumps({"serve": {"id": sbx.sandbox_id, "host": sbx.get_host(8080), "marker": marker}}), flush=True)
+        sys.stdin.read()
+    finally:
+        sbx.kill()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 //! next to the same three steps done by `strata template exec` in the same run (a fresh
 //! process that boots a sandbox on the template, runs `true` and destroys it).
 //!
+//! Then the proxied-request figure (`--proxied-requests`, [`super::bench_proxied`]): a small GET
+//! to a sandbox's port through host routing against the same GET straight into its namespace.
+//!
 //! The client timings come from `scripts/bench_sandbox_api.py` (run with the repository's
 //! `.venv`), against the running strata at `--url`; the baseline runs this binary with the same
 //! storage settings, so it boots on the same node directory.
@@ -15,6 +18,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Deserialize;
 use strata::config::StorageArgs;
+use tokio::io::AsyncBufReadExt;
 
 const TEAM: &str = "bench-sandbox-api";
 
@@ -42,6 +46,11 @@ pub struct BenchSandboxApiArgs {
     /// pause, the resume and the first command after it.
     #[arg(long)]
     pause: bool,
+    /// GETs of a sandbox's page through host routing, and as many straight into its network
+    /// namespace, for the proxied-request figure; 0 skips it. Needs the bench on the node that
+    /// runs the sandbox (it finds the sandbox's server among the host's processes).
+    #[arg(long, default_value_t = 400)]
+    proxied_requests: usize,
     #[command(flatten)]
     storage: StorageArgs,
 }
@@ -57,6 +66,26 @@ struct Run {
     resumed_run: Option<f64>,
 }
 
+/// The script's last line with `--serve`.
+#[derive(Debug, Deserialize)]
+struct Serving {
+    serve: super::bench_proxied::Served,
+}
+
+/// The API's address from its base URL.
+fn api_address(url: &str) -> anyhow::Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let parsed = reqwest::Url::parse(url).with_context(|| format!("--url {url}"))?;
+    let host = parsed.host_str().context("--url names no host")?;
+    let port = parsed
+        .port_or_known_default()
+        .context("--url names no port")?;
+    (host, port)
+        .to_socket_addrs()?
+        .next()
+        .with_context(|| format!("{host} resolves to no address"))
+}
+
 fn percentile(mut values: Vec<f64>, p: f64) -> f64 {
     values.sort_by(f64::total_cmp);
     let i = ((values.len() as f64 - 1.0) * p).round() as usize;
@@ -70,27 +99,53 @@ pub async fn run(args: BenchSandboxApiArgs) -> anyhow::Result<()> {
     let key = super::bench_sdk::issue_key(&store, TEAM).await?;
     pool.close().await;
 
-    let output = tokio::process::Command::new(&args.python)
+    let mut script = tokio::process::Command::new(&args.python)
         .arg(&args.script)
         .args(["--url", &args.url, "--runs", &args.runs.max(1).to_string()])
         .args(["--image", &args.image])
         .args(args.pause.then_some("--pause"))
+        .args((args.proxied_requests > 0).then_some("--serve"))
         .env("E2B_API_KEY", &key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .output()
-        .await
+        .spawn()
         .with_context(|| format!("running {}", args.python.display()))?;
-    if !output.status.success() {
-        bail!("the SDK timing script failed ({})", output.status);
-    }
-    let text = String::from_utf8(output.stdout)?;
-    let mut lines = text.lines();
+    let mut lines = tokio::io::BufReader::new(script.stdout.take().expect("piped stdout")).lines();
     let template = lines
-        .next()
+        .next_line()
+        .await?
         .context("the script printed no template name")?;
-    let runs: Vec<Run> = lines
-        .map(|l| serde_json::from_str(l).with_context(|| format!("parsing {l:?}")))
-        .collect::<anyhow::Result<_>>()?;
+    let mut runs: Vec<Run> = Vec::new();
+    let mut served = None;
+    while let Some(line) = lines.next_line().await? {
+        if let Some(serve) = serde_json::from_str::<Serving>(&line).ok().map(|s| s.serve) {
+            served = Some(serve);
+            break;
+        }
+        runs.push(serde_json::from_str(&line).with_context(|| format!("parsing {line:?}"))?);
+    }
+    let proxied = match served {
+        Some(served) => {
+            let api = api_address(&args.url)?;
+            let n = args.proxied_requests;
+            Some(
+                tokio::task::spawn_blocking(move || super::bench_proxied::measure(api, &served, n))
+                    .await??,
+            )
+        }
+        None => None,
+    };
+    drop(script.stdin.take());
+    while lines.next_line().await?.is_some() {}
+    let status = script.wait().await?;
+    if !status.success() {
+        bail!("the SDK timing script failed ({status})");
+    }
+    if args.proxied_requests > 0 && proxied.is_none() {
+        bail!("the SDK timing script did not leave a sandbox serving");
+    }
+    let template = template.as_str();
     if runs.is_empty() {
         bail!("the SDK timing script printed no runs");
     }
@@ -169,6 +224,37 @@ pub async fn run(args: BenchSandboxApiArgs) -> anyhow::Result<()> {
         println!(
             "resume -> first result p50 / create -> first result p50: {:.2}",
             percentile(resumed, 0.5) / create
+        );
+    }
+    if let Some(f) = proxied {
+        let (direct, through) = (f.direct, f.proxied);
+        println!();
+        println!(
+            "a small GET of a sandbox's port, {} each, a new connection per request:",
+            direct.len()
+        );
+        println!(
+            "{:<48} {:>9} {:>9} {:>9}",
+            "path", "req/s", "p50 ms", "p99 ms"
+        );
+        for (name, times) in [
+            ("straight into the sandbox's namespace", &direct),
+            ("host routing (API -> node's agent -> sandbox)", &through),
+        ] {
+            println!(
+                "{:<48} {:>9.0} {:>9.2} {:>9.2}",
+                name,
+                super::bench_proxied::rate(times),
+                percentile(times.clone(), 0.5) * 1e3,
+                percentile(times.clone(), 0.99) * 1e3
+            );
+        }
+        let ratio = super::bench_proxied::rate(&through) / super::bench_proxied::rate(&direct);
+        let added = (percentile(through, 0.99) - percentile(direct, 0.99)) * 1e3;
+        println!(
+            "proxied/direct rate {ratio:.2}x (goal >= 0.8x: {}); p99 {added:+.2} ms (goal <= +2 ms: {})",
+            if ratio >= 0.8 { "met" } else { "not met" },
+            if added <= 2.0 { "met" } else { "not met" }
         );
     }
     let p50 = percentile(to_first, 0.5);

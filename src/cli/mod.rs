@@ -9,6 +9,7 @@ pub mod bench_cache;
 pub mod bench_gc;
 pub mod bench_lifecycle;
 pub mod bench_probe;
+pub mod bench_proxied;
 pub mod bench_pull;
 pub mod bench_sandbox;
 pub mod bench_sandbox_api;
