@@ -5,6 +5,7 @@ pub mod admin_settings;
 pub mod e2b;
 pub mod error;
 pub mod sandbox_proxy;
+pub mod sandbox_routes;
 pub mod state;
 pub mod stream_news;
 pub mod ui;

@@ -99,16 +99,23 @@ pub async fn forward_to_sandbox(
         Err(id) => return not_found_response(&id),
     };
     let id = address.id.clone();
-    let row = match crate::projections::sandboxes::get(&state.pool, &id).await {
-        Ok(row) => row,
-        Err(e) => return super::error::ApiError::from(e).into_response(),
-    };
-    let Some(row) = row.filter(|r| r.state == "running" && r.agent_url.is_some()) else {
+    let Ok(sandbox) = crate::domain::sandbox::SandboxId::parse(&id) else {
         return not_found_response(&id);
     };
-    let agent = row.agent_url.clone().unwrap_or_default();
+    let route = match state
+        .sandbox_routes
+        .route(&state.pool, &state.stream_news, &sandbox)
+        .await
+    {
+        Ok(route) => route,
+        Err(e) => return super::error::ApiError::from(e).into_response(),
+    };
+    let Some(route) = route else {
+        return not_found_response(&id);
+    };
+    let agent = route.agent_url.clone();
     if !address.is_envd() {
-        if let Some(refused) = traffic_refused(&row, &address, request.headers_mut()) {
+        if let Some(refused) = traffic_refused(&route, &address, request.headers_mut()) {
             return refused;
         }
     }
@@ -160,12 +167,12 @@ pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 /// that does not carry its traffic token; `None` lets it through, without the token (the
 /// sandbox's own server has no use for it).
 fn traffic_refused(
-    row: &crate::projections::sandboxes::SandboxRow,
+    route: &super::sandbox_routes::Route,
     address: &SandboxAddress,
     headers: &mut axum::http::HeaderMap,
 ) -> Option<Response> {
     let presented = headers.remove(TRAFFIC_TOKEN_HEADER);
-    let expected = row.traffic_token.as_deref()?;
+    let expected = route.traffic_token.as_deref()?;
     let matches = presented
         .as_ref()
         .and_then(|v| v.to_str().ok())

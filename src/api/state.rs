@@ -87,6 +87,8 @@ pub struct AppState {
     pub metrics_token: Option<Arc<str>>,
     /// Wakes held status requests (`STRATA_STATUS_MAX_HELD` of them at most).
     pub stream_news: crate::api::stream_news::StreamNews,
+    /// Running sandboxes' nodes, kept until their streams have news.
+    pub sandbox_routes: Arc<crate::api::sandbox_routes::SandboxRoutes>,
 }
 
 impl AppState {
@@ -144,6 +146,7 @@ impl AppState {
                 pool.clone(),
                 serve.status_max_held,
             ),
+            sandbox_routes: Arc::default(),
         })
     }
 

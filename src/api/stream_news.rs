@@ -140,6 +140,16 @@ impl StreamWatch {
     }
 }
 
+impl StreamWatch {
+    /// Whether the stream (or any stream) had news since the watch was taken; what a reader
+    /// that keeps an answer checks before using it again.
+    pub fn has_changed(&self) -> bool {
+        self.rx
+            .as_ref()
+            .is_none_or(|rx| rx.has_changed().unwrap_or(true))
+    }
+}
+
 impl Drop for StreamWatch {
     fn drop(&mut self) {
         drop(self.rx.take());
@@ -252,7 +262,9 @@ mod tests {
             let mut cx = std::task::Context::from_waker(&waker);
             fut.as_mut().poll(&mut cx).is_ready()
         };
+        assert!(!of_sandbox.has_changed());
         news.inner.wake("sandbox-iabc");
+        assert!(of_sandbox.has_changed() && !of_build.has_changed());
         assert!(woke(&mut of_sandbox) && !woke(&mut of_build));
         news.inner.wake(&ids::stream::build(&build));
         assert!(woke(&mut of_build) && !woke(&mut of_sandbox));
