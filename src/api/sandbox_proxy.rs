@@ -20,7 +20,7 @@ use futures::TryStreamExt;
 
 use super::AppState;
 use crate::domain::sandbox_address::{self, SandboxAddress};
-use crate::envd::ports::PORT_HEADER;
+use crate::envd::ports::{PORT_HEADER, TRAFFIC_TOKEN_HEADER};
 use crate::envd::server::{not_found_response, SANDBOX_HEADER};
 
 fn client() -> &'static reqwest::Client {
@@ -115,7 +115,7 @@ pub async fn forward_to_sandbox(
     };
     let agent = route.agent_url.clone();
     if !address.is_envd() {
-        if let Some(refused) = traffic_refused(&route, &address, request.headers_mut()) {
+        if let Some(refused) = traffic_refused(&route, &address, request.headers()) {
             return refused;
         }
     }
@@ -160,36 +160,20 @@ pub async fn forward_to_sandbox(
         .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response())
 }
 
-/// The header a request for a non-public sandbox's port carries its traffic token in (E2B's).
-pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
-
 /// The refusal of a request for a port of a sandbox created with `allowPublicTraffic: false`
-/// that does not carry its traffic token; `None` lets it through, without the token (the
-/// sandbox's own server has no use for it).
+/// that does not carry its traffic token; `None` lets it through (the node's agent checks it
+/// again and does not pass it on to the sandbox's server).
 fn traffic_refused(
     route: &super::sandbox_routes::Route,
     address: &SandboxAddress,
-    headers: &mut axum::http::HeaderMap,
+    headers: &axum::http::HeaderMap,
 ) -> Option<Response> {
-    let presented = headers.remove(TRAFFIC_TOKEN_HEADER);
     let expected = route.traffic_token.as_deref()?;
-    let matches = presented
-        .as_ref()
+    let matches = headers
+        .get(TRAFFIC_TOKEN_HEADER)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| crate::domain::token::tokens_equal(t, expected));
-    if matches {
-        return None;
-    }
-    let body = serde_json::json!({
-        "code": 403,
-        "message": format!(
-            "sandbox {} was created with allowPublicTraffic false: a request for its port {} must \
-             carry the sandbox's traffic access token in the {TRAFFIC_TOKEN_HEADER} header",
-            address.id, address.port
-        ),
-        "sandboxId": address.id,
-    });
-    Some((StatusCode::FORBIDDEN, axum::Json(body)).into_response())
+    (!matches).then(|| crate::envd::ports::traffic_refused(address))
 }
 
 /// The answer when the node running sandbox `id` cannot be reached.

@@ -16,6 +16,10 @@ use crate::vmm::Sandbox;
 pub struct LiveSandbox {
     pub id: String,
     token: String,
+    /// What a request for one of its ports must carry (`allowPublicTraffic: false`); `None`:
+    /// they are public. Checked here too, not only by the API: the agent's address may be
+    /// reachable by more than the API (`STRATA_AGENT_LISTEN`).
+    traffic_token: Option<String>,
     /// Held only to start agents (a quick, synchronous call), never across an await; `None`
     /// once the sandbox was taken for its destruction (a request still in flight then finds
     /// it not running).
@@ -42,12 +46,29 @@ impl LiveSandbox {
         LiveSandbox {
             id,
             token,
+            traffic_token: None,
             sandbox: Mutex::new(Some(sandbox)),
             default_user,
             env_vars,
             processes: Arc::new(Table::default()),
             streams: Default::default(),
             watchers: super::watches::Watchers::default(),
+        }
+    }
+
+    /// The same sandbox whose ports ask for `token` (`None`: public).
+    pub fn with_traffic_token(mut self, token: Option<String>) -> LiveSandbox {
+        self.traffic_token = token;
+        self
+    }
+
+    /// Whether a request for one of its ports may pass, presenting `presented`.
+    pub fn traffic_allowed(&self, presented: Option<&str>) -> bool {
+        match &self.traffic_token {
+            None => true,
+            Some(expected) => {
+                presented.is_some_and(|p| crate::domain::token::tokens_equal(p, expected))
+            }
         }
     }
 

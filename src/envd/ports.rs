@@ -3,9 +3,11 @@
 //! The API finds the node and relays a port request here with `E2b-Sandbox-Id` and
 //! `E2b-Sandbox-Port` (any port but envd's, which the agent's own routes serve); this connects
 //! to that port on the sandbox's loopback from inside its network namespace and relays the
-//! request, upgrades included. Like E2B's, a sandbox's ports are public: whoever has the host
-//! name reaches them, with no envd token. A port nothing listens on answers 502 with the words
-//! the SDK maps ("port is not open").
+//! request, upgrades included. Like E2B's, a sandbox's ports are public (whoever has the host
+//! name reaches them, with no envd token) unless it was created with `allowPublicTraffic:
+//! false`: then a request must carry its traffic token, checked here as well as by the API,
+//! and not passed on. A port nothing listens on answers 502 with the words the SDK maps ("port
+//! is not open").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +38,7 @@ fn addressed_port(request: &Request) -> Option<SandboxAddress> {
 /// Serves a request for one of a sandbox's ports; hands any other to the agent's routes.
 pub async fn serve_port(
     State(agents): State<Arc<Agents>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let Some(address) = addressed_port(&request) else {
@@ -45,6 +47,10 @@ pub async fn serve_port(
     let Some(sandbox) = agents.get(&address.id) else {
         return not_found_response(&address.id);
     };
+    let presented = request.headers_mut().remove(TRAFFIC_TOKEN_HEADER);
+    if !sandbox.traffic_allowed(presented.as_ref().and_then(|v| v.to_str().ok())) {
+        return traffic_refused(&address);
+    }
     let door = match sandbox.with(|s| s.port_door()) {
         Ok(door) => door,
         Err(_) => return not_found_response(&address.id),
@@ -70,6 +76,24 @@ pub async fn serve_port(
             port_not_open(&address, &e.to_string())
         }
     }
+}
+
+/// The header a request for a non-public sandbox's port carries its traffic token in (E2B's).
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
+/// The refusal of a port request without the traffic token of a sandbox created with
+/// `allowPublicTraffic: false`.
+pub fn traffic_refused(address: &SandboxAddress) -> Response {
+    let body = serde_json::json!({
+        "code": 403,
+        "message": format!(
+            "sandbox {} was created with allowPublicTraffic false: a request for its port {} must \
+             carry the sandbox's traffic access token in the {TRAFFIC_TOKEN_HEADER} header",
+            address.id, address.port
+        ),
+        "sandboxId": address.id,
+    });
+    (StatusCode::FORBIDDEN, Json(body)).into_response()
 }
 
 /// The answer for a port nothing listens on (or that closed without answering): E2B's words,

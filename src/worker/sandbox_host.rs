@@ -396,7 +396,8 @@ impl Hosting {
             sandbox,
             runtime.user.clone(),
             request.env_vars.clone(),
-        );
+        )
+        .with_traffic_token(request.traffic_token.clone());
         if let Some(start) = &record.start_cmd {
             start_command(&live, start)?;
             if let Some(ready) = &record.ready_cmd {

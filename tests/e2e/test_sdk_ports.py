@@ -10,6 +10,7 @@ DNS or TLS here; `domain` is the API's own host, STRATA_SANDBOX_DOMAIN's default
 import hashlib
 import json
 import socket
+import subprocess
 import time
 import urllib.parse
 import uuid
@@ -75,6 +76,16 @@ def serving(strata):
     blob = hashlib.sha256(sbx.files.read("/tmp/www/blob", format="bytes")).hexdigest()
     yield {"sbx": sbx, "strata": strata, "blob": blob, "opts": o}
     sbx.kill()
+
+
+def agent_address(strata):
+    """The node agent's address: the server's one listening TCP socket that is not the API's."""
+    listening = subprocess.run(["ss", "-ltnpH"], check=True, capture_output=True, text=True).stdout
+    api_port = urllib.parse.urlsplit(strata.url).port
+    mine = [line.split()[3] for line in listening.splitlines() if f"pid={strata.proc.pid}," in line]
+    others = [a for a in mine if not a.endswith(f":{api_port}")]
+    assert len(others) == 1, f"expected the agent's one socket beside the API's: {mine}"
+    return others[0]
 
 
 def get(strata, host, path="/", **kwargs):
@@ -237,6 +248,13 @@ def test_a_sandbox_without_public_traffic_serves_its_ports_only_with_its_traffic
             r = get(strata, host, headers=headers)
             assert r.status_code == 403, (headers, r.text)
             assert "e2b-traffic-access-token" in r.json()["message"], r.text
+        # Hostile: straight to the node's agent, past the API's check, the token is still asked.
+        agent = agent_address(strata)
+        direct = {"e2b-sandbox-id": sbx.sandbox_id, "e2b-sandbox-port": "8080"}
+        r = httpx.get(f"http://{agent}/", headers=direct, timeout=30)
+        assert r.status_code == 403, r.text
+        r = httpx.get(f"http://{agent}/", headers={**direct, **with_token}, timeout=30)
+        assert r.status_code == 200, r.text
         # envd is the SDK's, with its own token: unchanged.
         assert sbx.commands.run("echo envd").stdout == "envd\n"
     finally:
