@@ -8,7 +8,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -75,32 +75,21 @@ fn get(mut stream: TcpStream, host: &str, started: Instant) -> anyhow::Result<f6
     Ok(elapsed)
 }
 
-/// `n` GETs straight to port 8080 in the namespace `netns`, from a thread that joined it.
+/// `n` GETs straight to port 8080 in the namespace `netns`, from one thread that joined it.
 fn direct(netns: &std::fs::File, host: &str, n: usize) -> anyhow::Result<Vec<f64>> {
-    let fd = netns.as_raw_fd();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: setns on this scoped thread only, which ends with the closure.
-            if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
-                bail!(
-                    "joining the sandbox's network namespace: {}",
-                    std::io::Error::last_os_error()
-                );
-            }
-            (0..n)
-                .map(|_| {
-                    let started = Instant::now();
-                    get(
-                        TcpStream::connect((Ipv4Addr::LOCALHOST, 8080))?,
-                        host,
-                        started,
-                    )
-                })
-                .collect()
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("the direct requests' thread panicked"))?
+    strata::vmm::port_door::in_network_namespace(netns.as_fd(), || {
+        (0..n)
+            .map(|_| {
+                let started = Instant::now();
+                get(
+                    TcpStream::connect((Ipv4Addr::LOCALHOST, 8080))?,
+                    host,
+                    started,
+                )
+            })
+            .collect::<anyhow::Result<Vec<f64>>>()
     })
+    .context("joining the sandbox's network namespace")?
 }
 
 /// `n` GETs through the API at `api`, by host name.

@@ -9,7 +9,7 @@
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 /// A sandbox's network namespace, held to open connections into it.
@@ -25,18 +25,32 @@ impl PortDoor {
     /// A connection to `port` on the sandbox's loopback; `ConnectionRefused` when nothing
     /// listens there.
     pub fn connect(&self, port: u16, timeout: Duration) -> io::Result<TcpStream> {
-        let netns = self.netns.as_fd().try_clone_to_owned()?;
+        in_network_namespace(self.netns.as_fd(), || {
+            TcpStream::connect_timeout(&SocketAddr::from((Ipv4Addr::LOCALHOST, port)), timeout)
+        })?
+    }
+}
+
+/// Runs `f` on a fresh thread that has joined the network namespace `netns`: the sockets it
+/// makes are that namespace's. The thread ends with `f`, so no pooled thread is ever left
+/// inside a namespace for the next caller.
+pub fn in_network_namespace<T: Send>(
+    netns: BorrowedFd<'_>,
+    f: impl FnOnce() -> T + Send,
+) -> io::Result<T> {
+    let fd = netns.as_raw_fd();
+    std::thread::scope(|s| {
         std::thread::Builder::new()
-            .name("strata-port-door".into())
-            .spawn(move || {
-                // SAFETY: setns on this thread only, which ends with the closure; `netns` is
-                // an open namespace descriptor it owns.
-                if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            .name("strata-netns".into())
+            .spawn_scoped(s, move || {
+                // SAFETY: setns on this scoped thread only, which ends with the closure; `fd`
+                // is borrowed for the scope.
+                if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
                     return Err(io::Error::last_os_error());
                 }
-                TcpStream::connect_timeout(&SocketAddr::from((Ipv4Addr::LOCALHOST, port)), timeout)
+                Ok(f())
             })?
             .join()
-            .map_err(|_| io::Error::other("the thread opening a sandbox connection panicked"))?
-    }
+            .map_err(|_| io::Error::other("a thread inside a network namespace panicked"))?
+    })
 }

@@ -62,6 +62,14 @@ fn node_service() -> u16 {
     port
 }
 
+/// The sandbox's default gateway: its link's host end, an address of the node.
+async fn gateway(sb: &mut Box<dyn Sandbox>) -> String {
+    sh(sb, "ip route | awk '/default/ {print $3}'")
+        .await
+        .trim()
+        .to_string()
+}
+
 /// The host's own address on its first real interface (not loopback, not a test's link).
 fn host_address() -> Ipv4Addr {
     strata::host_interfaces::addresses()
@@ -119,10 +127,10 @@ async fn no_service_of_the_node_is_reachable_unless_its_address_is_listed() {
     // An allow list that names other ranges opens nothing of the node's.
     let backend = backend_with_network(config("10.252.0.0/16, 192.168.0.0/16"));
     let mut sb = boot(&backend, networked(busybox(&backend).await)).await;
-    let gateway = sh(&mut sb, "ip route | awk '/default/ {print $3}'").await;
+    let gateway = gateway(&mut sb).await;
     for target in [
         host.to_string(),
-        gateway.trim().to_string(),
+        gateway.clone(),
         "127.0.0.1".to_string(),
         "169.254.169.254".to_string(),
     ] {
@@ -167,12 +175,8 @@ async fn a_range_that_holds_the_nodes_addresses_does_not_open_the_node() {
         Some("outside-ok"),
         "the range is open"
     );
-    let gateway = sh(&mut sb, "ip route | awk '/default/ {print $3}'").await;
-    for target in [
-        host.to_string(),
-        gateway.trim().to_string(),
-        world.host_ip.to_string(),
-    ] {
+    let gateway = gateway(&mut sb).await;
+    for target in [host.to_string(), gateway.clone(), world.host_ip.to_string()] {
         assert_eq!(
             fetch(&mut sb, &format!("http://{target}:{port}/")).await,
             None,
@@ -246,8 +250,7 @@ async fn the_node_restores_its_firewall_when_something_else_removes_it() {
     let policy = network.policy.clone();
     let backend = backend_with_network(network);
     let mut sb = boot(&backend, networked(busybox(&backend).await)).await;
-    let gateway = sh(&mut sb, "ip route | awk '/default/ {print $3}'").await;
-    let gateway = gateway.trim();
+    let gateway = gateway(&mut sb).await;
 
     let nft = |args: &str| {
         let out = std::process::Command::new("sh")

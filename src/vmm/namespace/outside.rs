@@ -3,7 +3,7 @@
 //! `strata bench sandbox` (nothing they send leaves the machine). It dies with the process.
 
 use std::net::Ipv4Addr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 use super::netlink::Netlink;
 use super::network::{linked_netns, Slot, SlotPool};
@@ -40,20 +40,8 @@ impl OutsideWorld {
 
     /// `f` run on a thread inside the world's namespace (sockets it opens stay there).
     pub fn inside<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let fd = self.netns.as_raw_fd();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                // SAFETY: setns on this thread only, which ends with the closure.
-                assert_eq!(
-                    unsafe { libc::setns(fd, libc::CLONE_NEWNET) },
-                    0,
-                    "joining the outside world's namespace"
-                );
-                f()
-            })
-            .join()
-            .expect("the outside world's thread")
-        })
+        crate::vmm::port_door::in_network_namespace(self.netns.as_fd(), f)
+            .expect("joining the outside world's namespace")
     }
 }
 
